@@ -1,0 +1,1 @@
+"""NATS JetStream: subjects, topology, middleware and the adapters that talk to the server."""

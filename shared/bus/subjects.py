@@ -1,0 +1,45 @@
+"""Every subject torpor uses: ``<domain>.<kind>.<verb-or-fact>.<sandbox id>`` (id last).
+
+This is a public interface: other platform services publish commands and read events here.
+"""
+
+from __future__ import annotations
+
+# Commands (work queue, one owning consumer each).
+CMD_PREFIX = "sandbox.cmd"
+CMD_CREATE = "sandbox.cmd.create"
+CMD_PAUSE = "sandbox.cmd.pause"
+CMD_RESUME = "sandbox.cmd.resume"
+CMD_KILL = "sandbox.cmd.kill"
+
+# Events (fan-out, past tense).
+EVT_PREFIX = "sandbox.evt"
+EVT_CREATED = "sandbox.evt.created"
+EVT_SNAPSHOTTED = "sandbox.evt.snapshotted"
+EVT_PAUSED = "sandbox.evt.paused"
+EVT_RESUMED = "sandbox.evt.resumed"
+EVT_KILLED = "sandbox.evt.killed"
+EVT_FAILED = "sandbox.evt.failed"
+EVT_EXPIRED = "sandbox.evt.expired"
+EVT_TIMEOUT_SET = "sandbox.evt.timeout_set"
+EVT_ACTIVITY = "sandbox.evt.activity"
+
+# Durable timers (NATS message schedules): holder and target live in one stream.
+SCHED_TIMEOUT = "sandbox.sched.timeout"
+TIMER_FIRED = "sandbox.timer.fired"
+
+DLQ_PREFIX = "sandbox.dlq"
+
+
+def of(prefix: str, sandbox_id: str) -> str:
+    """``of(CMD_PAUSE, "sbx1") == "sandbox.cmd.pause.sbx1"``."""
+    return f"{prefix}.{sandbox_id}"
+
+
+def all_of(prefix: str) -> str:
+    """The filter for one verb across sandboxes: ``sandbox.cmd.pause.*``."""
+    return f"{prefix}.*"
+
+
+def sandbox_id_of(subject: str) -> str:
+    return subject.rsplit(".", 1)[-1]

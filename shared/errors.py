@@ -1,0 +1,68 @@
+"""torpor's own exception tree. Adapters translate library errors into these at the boundary.
+
+TorporError
+├── ConfigError                  bad configuration (one readable line, no traceback)
+├── NotFound                     the thing does not exist (or is not yours)
+├── Conflict                     optimistic-concurrency loss or an illegal state transition
+│   └── IllegalTransition
+├── Unavailable                  a dependency cannot be reached right now (retry later)
+│   └── EnvdUnavailable
+├── EnvdError                    the in-sandbox daemon answered with an error
+├── RuntimeFailure               the runtime could not do what was asked
+│   └── PodNotReady              a pod did not become ready in time
+└── SnapshotTooLarge             a snapshot would not fit the annotation size limit
+"""
+
+from __future__ import annotations
+
+
+class TorporError(Exception):
+    """Base of every error torpor raises on purpose."""
+
+
+class ConfigError(TorporError):
+    """Configuration is invalid; the message is one line meant for an operator."""
+
+
+class NotFound(TorporError):
+    """The object does not exist (or belongs to someone else)."""
+
+
+class Conflict(TorporError):
+    """A compare-and-set lost a race, or the object changed underneath."""
+
+
+class IllegalTransition(Conflict):
+    """The sandbox is in a state from which the requested transition is not allowed."""
+
+    def __init__(self, message: str, *, state: str | None = None) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class Unavailable(TorporError):
+    """A dependency is unreachable; the operation may succeed later."""
+
+
+class EnvdUnavailable(Unavailable):
+    """The in-sandbox daemon could not be reached."""
+
+
+class EnvdError(TorporError):
+    """The in-sandbox daemon answered with a Connect/HTTP error."""
+
+    def __init__(self, message: str, *, code: str = "unknown") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class RuntimeFailure(TorporError):
+    """The runtime (local or Kubernetes) failed to carry out an operation."""
+
+
+class PodNotReady(RuntimeFailure):
+    """The workload's pod did not become ready before the deadline."""
+
+
+class SnapshotTooLarge(TorporError):
+    """The encoded snapshot exceeds the annotation budget."""

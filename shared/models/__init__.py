@@ -1,0 +1,1 @@
+"""Frozen pydantic models that travel on the wire (bus, annotations, REST)."""

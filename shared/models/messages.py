@@ -1,0 +1,125 @@
+"""Commands and events on the bus. Versioned in the payload (``schema_version``), additive changes
+only; consumers ignore unknown fields. Headers carry ``correlation_id`` and ``causation_id``.
+
+Message ids (``Nats-Msg-Id``) are derived from the sandbox id and generation (see ``msg_id``) so a
+user's pause and a timeout's pause for the same generation deduplicate against each other.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    schema_version: Literal[1] = 1
+    sandbox_id: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+# ---- commands ------------------------------------------------------------------------------
+
+
+class CreateSandbox(_Message):
+    type: Literal["sandbox.cmd.create"] = "sandbox.cmd.create"
+    owner: str
+    template: str = "sandbox-base"
+    timeout: int = Field(default=300, ge=1)
+    auto_pause: bool = False
+    auto_resume: bool = False
+    metadata: dict[str, str] = Field(default_factory=dict)
+    envs: dict[str, str] = Field(default_factory=dict)
+
+
+class PauseSandbox(_Message):
+    type: Literal["sandbox.cmd.pause"] = "sandbox.cmd.pause"
+    generation: int
+    reason: Literal["user", "timeout", "platform"] = "user"
+
+
+class ResumeSandbox(_Message):
+    type: Literal["sandbox.cmd.resume"] = "sandbox.cmd.resume"
+    generation: int
+    timeout: int | None = Field(default=None, ge=1)  # new inactivity timeout, if given
+    reason: Literal["user", "auto", "platform"] = "user"
+
+
+class KillSandbox(_Message):
+    type: Literal["sandbox.cmd.kill"] = "sandbox.cmd.kill"
+    generation: int
+    reason: Literal["user", "timeout", "retention", "platform"] = "user"
+
+
+# ---- events --------------------------------------------------------------------------------
+
+
+class _Event(_Message):
+    generation: int
+    at: datetime
+
+
+class SandboxCreated(_Event):
+    type: Literal["sandbox.evt.created"] = "sandbox.evt.created"
+
+
+class SandboxSnapshotted(_Event):
+    type: Literal["sandbox.evt.snapshotted"] = "sandbox.evt.snapshotted"
+    snapshot_id: str
+    process_count: int
+
+
+class SandboxPaused(_Event):
+    type: Literal["sandbox.evt.paused"] = "sandbox.evt.paused"
+    snapshot_id: str | None = None
+
+
+class ProcessOutcome(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    cmd: str
+    args: list[str]
+    tag: str | None = None
+    old_pid: int
+    new_pid: int | None = None
+    error: str | None = None
+
+
+class SandboxResumed(_Event):
+    type: Literal["sandbox.evt.resumed"] = "sandbox.evt.resumed"
+    processes: list[ProcessOutcome] = Field(default_factory=list)
+
+
+class SandboxKilled(_Event):
+    type: Literal["sandbox.evt.killed"] = "sandbox.evt.killed"
+
+
+class SandboxFailed(_Event):
+    type: Literal["sandbox.evt.failed"] = "sandbox.evt.failed"
+    op: str
+    reason: str
+
+
+class SandboxExpired(_Event):
+    type: Literal["sandbox.evt.expired"] = "sandbox.evt.expired"
+    decision: Literal["pause", "kill"]
+    deadline: datetime
+
+
+class SandboxTimeoutSet(_Event):
+    type: Literal["sandbox.evt.timeout_set"] = "sandbox.evt.timeout_set"
+    deadline: datetime
+
+
+class SandboxActivity(_Event):
+    """Throttled activity report from the proxy or the api (one per sandbox every few seconds)."""
+
+    type: Literal["sandbox.evt.activity"] = "sandbox.evt.activity"
+
+
+def msg_id(kind: str, sandbox_id: str, generation: int, *extra: str) -> str:
+    """``msg_id("pause", "sbx1", 3) == "pause:sbx1:g3"``."""
+    tail = "".join(f":{e}" for e in extra)
+    return f"{kind}:{sandbox_id}:g{generation}{tail}"

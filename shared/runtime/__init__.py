@@ -1,0 +1,1 @@
+"""The runtime port (ReplicaSet-shaped workloads) and its adapters."""

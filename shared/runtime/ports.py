@@ -1,0 +1,60 @@
+"""The runtime port: the one narrow interface the snapshotter and scaler use to move workloads.
+
+Both adapters (``shared.runtime.local`` and ``shared.runtime.kubernetes``) implement it and both
+pass ``tests/contract/test_runtime_contract.py``. Errors are torpor's own (``shared.errors``):
+``NotFound`` for a missing workload, ``Conflict`` for a stale ``resource_version``,
+``PodNotReady`` when waiting times out, ``RuntimeFailure`` for anything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from shared.runtime.models import Endpoint, Workload, WorkloadSpec
+
+
+class Runtime(Protocol):
+    async def create(self, spec: WorkloadSpec) -> Workload:
+        """Create the workload (idempotent: an existing one with the same name is returned)."""
+        ...
+
+    async def get(self, name: str) -> Workload | None:
+        """The workload, or ``None`` when it does not exist."""
+        ...
+
+    async def patch_annotations(
+        self,
+        name: str,
+        annotations: Mapping[str, str | None],
+        *,
+        resource_version: str | None = None,
+    ) -> Workload:
+        """Merge annotations (``None`` removes a key). With ``resource_version`` the patch only
+        applies if the workload is unchanged since; otherwise ``Conflict``."""
+        ...
+
+    async def scale(self, name: str, replicas: int) -> Workload:
+        """Set desired replicas to 0 or 1 (idempotent)."""
+        ...
+
+    async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
+        """Wait until a *new*, non-terminating pod of the workload is Ready; its daemon endpoint.
+        Raises ``PodNotReady`` after ``timeout`` seconds."""
+        ...
+
+    async def wait_stopped(self, name: str, *, timeout: float) -> None:
+        """Wait until no pod of the workload exists any more (after scale to 0)."""
+        ...
+
+    async def delete(self, name: str) -> None:
+        """Delete the workload and its pods (idempotent: a missing one is fine)."""
+        ...
+
+    async def list(self, *, labels: Mapping[str, str] | None = None) -> list[Workload]:
+        """Workloads whose labels include ``labels`` (all torpor workloads when ``None``)."""
+        ...
+
+    async def close(self) -> None:
+        """Release clients, watches and (local runtime) supervised processes' bookkeeping."""
+        ...
