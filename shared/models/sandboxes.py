@@ -12,6 +12,7 @@ SCHEMA_VERSION = 1
 
 
 class SandboxState(StrEnum):
+    CREATING = "creating"  # record written, first pod not ready yet (E2B: running)
     RUNNING = "running"
     PAUSING = "pausing"
     PAUSED = "paused"
@@ -30,6 +31,7 @@ class SandboxState(StrEnum):
 
 # Which states each transition may start from (the state machine, in one place).
 TRANSITIONS: dict[str, tuple[frozenset[SandboxState], SandboxState]] = {
+    "created": (frozenset({SandboxState.CREATING}), SandboxState.RUNNING),
     "pause": (frozenset({SandboxState.RUNNING}), SandboxState.PAUSING),
     "paused": (frozenset({SandboxState.PAUSING}), SandboxState.PAUSED),
     "resume": (frozenset({SandboxState.PAUSED, SandboxState.FAILED}), SandboxState.RESUMING),
@@ -37,6 +39,7 @@ TRANSITIONS: dict[str, tuple[frozenset[SandboxState], SandboxState]] = {
     "kill": (
         frozenset(
             {
+                SandboxState.CREATING,
                 SandboxState.RUNNING,
                 SandboxState.PAUSING,
                 SandboxState.PAUSED,

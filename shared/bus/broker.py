@@ -1,0 +1,58 @@
+"""Building and connecting the FastStream broker every service uses (bus design §7.1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from faststream import AckPolicy
+from faststream.nats import JStream, NatsBroker, PullSub
+from nats.js.kv import KeyValue
+
+from shared.bus.middleware import LogContextMiddleware, RetryDlqMiddleware
+from shared.bus.topology import Durable, ensure_topology
+from shared.settings import BusSettings
+
+
+def make_broker(settings: BusSettings, *, service: str, **kwargs: Any) -> NatsBroker:
+    """NACK_ON_ERROR + our middlewares (REJECT_ON_ERROR would TERM on the first exception);
+    reconnect forever (nats-py gives up after ~2 min by default)."""
+    extra: dict[str, Any] = {}
+    if settings.nats_creds is not None:
+        extra["user_credentials"] = str(settings.nats_creds)
+    return NatsBroker(
+        settings.nats_url.split(","),
+        name=f"torpor-{service}",
+        ack_policy=AckPolicy.NACK_ON_ERROR,
+        middlewares=[LogContextMiddleware, RetryDlqMiddleware],
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=1,
+        graceful_timeout=20,
+        **extra,
+        **kwargs,
+    )
+
+
+def subscriber_args(durable: Durable, *, max_workers: int = 8) -> dict[str, Any]:
+    """Keyword arguments for ``broker.subscriber(...)`` binding one provisioned durable.
+
+    The first filter is passed as the subject; the consumer itself was created (with all its
+    filters) by ``ensure_topology``, and binding never changes it.
+    """
+    return {
+        "subject": durable.filters[0],
+        "stream": JStream(durable.stream, declare=False),
+        "durable": durable.name,
+        "pull_sub": PullSub(batch_size=1, timeout=5),
+        "config": durable.config(),
+        "max_workers": max_workers,
+    }
+
+
+async def prepare(broker: NatsBroker, settings: BusSettings) -> None:
+    """Connect and converge the topology (idempotent; every replica of every service does it)."""
+    await broker.connect()
+    await ensure_topology(broker.config.connection_state.stream, replicas=settings.bus_replicas)
+
+
+async def key_value(broker: NatsBroker, bucket: str) -> KeyValue:
+    return await broker.key_value(bucket, declare=False)  # type: ignore[no-any-return]

@@ -1,0 +1,125 @@
+"""FastStream middlewares every torpor worker installs (bus design §4 and §7.2).
+
+- ``LogContextMiddleware`` binds correlation id, causation id, subject, sandbox id and delivery
+  count into structlog's contextvars for the duration of one message, so every log line and every
+  publish made while handling it carries them.
+- ``RetryDlqMiddleware`` turns exceptions into acknowledgements: poison → dead-letter copy + TERM;
+  ``Retry``/transient → NAK with exponential delay; after ``max_attempts`` → dead-letter + TERM.
+  NAK with delay because consumer ``backoff`` does not apply to NAKs (pitfall 2).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import structlog
+from faststream import BaseMiddleware
+from faststream.exceptions import AckMessage, NackMessage, RejectMessage, SkipMessage
+from pydantic import ValidationError
+
+from shared.bus import subjects
+from shared.bus.topology import STREAM_DLQ
+from shared.errors import IllegalTransition
+
+log = structlog.get_logger()
+
+CORRELATION_HEADER = "correlation_id"
+CAUSATION_HEADER = "causation_id"
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+class PoisonMessage(Exception):  # noqa: N818 - a message, not an error condition of ours
+    """The message can never be handled: dead-letter it at once."""
+
+
+class Retry(Exception):  # noqa: N818
+    """Handle again later (e.g. the sandbox is mid-transition). ``delay`` in seconds."""
+
+    def __init__(self, reason: str, *, delay: float = 2.0) -> None:
+        super().__init__(reason)
+        self.delay = delay
+
+
+def _headers(msg: Any) -> dict[str, str]:
+    raw = getattr(msg, "raw_message", None)
+    return dict(getattr(raw, "headers", None) or {})
+
+
+def _num_delivered(msg: Any) -> int:
+    raw = getattr(msg, "raw_message", None)
+    try:
+        return int(raw.metadata.num_delivered)  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - core NATS messages have no JetStream metadata
+        return 1
+
+
+class LogContextMiddleware(BaseMiddleware):  # type: ignore[type-arg]
+    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+        headers = _headers(msg)
+        raw = getattr(msg, "raw_message", None)
+        subject = str(getattr(raw, "subject", "") or "")
+        bound = {
+            "correlation_id": headers.get(CORRELATION_HEADER) or getattr(msg, "correlation_id", None),
+            "causation_id": headers.get(MSG_ID_HEADER),
+            "subject": subject,
+            "sandbox_id": subjects.sandbox_id_of(subject) if subject else None,
+            "delivery": _num_delivered(msg),
+        }
+        with structlog.contextvars.bound_contextvars(**bound):
+            return await call_next(msg)
+
+
+class RetryDlqMiddleware(BaseMiddleware):  # type: ignore[type-arg]
+    max_attempts = 8
+    max_delay = 60.0
+
+    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+        try:
+            return await call_next(msg)
+        except (AckMessage, NackMessage, RejectMessage, SkipMessage):
+            raise
+        except (ValidationError, PoisonMessage, ValueError) as e:
+            await dead_letter(msg, e)
+            raise RejectMessage from e
+        except IllegalTransition as e:
+            # Redelivery or a race already settled by another replica: nothing left to do.
+            log.info("transition_not_applicable", error=str(e))
+            raise AckMessage from e
+        except Retry as e:
+            log.info("retry_later", reason=str(e), delay=e.delay)
+            raise NackMessage(delay=e.delay) from e
+        except Exception as e:
+            n = _num_delivered(msg)
+            if n >= self.max_attempts:
+                log.error("giving_up", error=repr(e), deliveries=n)
+                await dead_letter(msg, e)
+                raise RejectMessage from e
+            delay = min(self.max_delay, 2.0**n) * random.uniform(0.8, 1.2)
+            log.warning("handler_failed_will_retry", error=repr(e), deliveries=n, delay=delay)
+            raise NackMessage(delay=delay) from e
+
+
+async def dead_letter(msg: Any, exc: BaseException) -> None:
+    """Copy the original message, its headers and the error into the DLQ stream (then caller TERMs;
+    in a work-queue stream a TERM deletes the original)."""
+    raw = msg.raw_message
+    md = getattr(raw, "metadata", None)
+    consumer = getattr(md, "consumer", None) or "core"
+    seq = getattr(getattr(md, "sequence", None), "stream", 0)
+    stream = getattr(md, "stream", None) or "core"
+    sid = subjects.sandbox_id_of(raw.subject) or "unknown"
+    headers = {
+        **(raw.headers or {}),
+        "x-error": repr(exc).replace("\n", " ")[:1024],
+        "x-src-subject": raw.subject,
+        "x-src-stream": str(stream),
+        "x-src-seq": str(seq),
+        "x-deliveries": str(_num_delivered(msg)),
+        MSG_ID_HEADER: f"dlq:{stream}:{seq}:{consumer}",
+    }
+    js = raw._client.jetstream()  # noqa: SLF001 - the message's own connection
+    await js.publish(
+        f"{subjects.DLQ_PREFIX}.{consumer}.{sid}", raw.data, stream=STREAM_DLQ, headers=headers
+    )
+    log.error("dead_lettered", error=headers["x-error"], src_subject=raw.subject)

@@ -1,0 +1,45 @@
+"""Ports of the bus: what services need from NATS, as narrow Protocols (fakes in tests/fakes.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from pydantic import BaseModel
+
+from shared.models.sandboxes import SandboxRecord
+
+
+class Publisher(Protocol):
+    async def publish(self, message: BaseModel, subject: str, *, msg_id: str) -> bool:
+        """Publish durably; ``True`` if stored, ``False`` if deduplicated."""
+        ...
+
+
+Mutation = Callable[[SandboxRecord], SandboxRecord]
+
+
+class SandboxStore(Protocol):
+    """The KV bucket of sandbox records. Writes are compare-and-set on the revision only."""
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
+
+    async def get_with_revision(self, sandbox_id: str) -> tuple[SandboxRecord, int] | None: ...
+
+    async def create(self, record: SandboxRecord) -> SandboxRecord:
+        """Insert a new record; ``Conflict`` if the id is taken."""
+        ...
+
+    async def update(self, sandbox_id: str, mutate: Mutation) -> SandboxRecord:
+        """Read, ``mutate`` (which may raise ``IllegalTransition``), CAS write; retries lost races."""
+        ...
+
+    async def delete(self, sandbox_id: str) -> None: ...
+
+    async def list(self) -> list[SandboxRecord]: ...
+
+    async def wait_for(
+        self, sandbox_id: str, predicate: Callable[[SandboxRecord], bool], *, timeout: float
+    ) -> SandboxRecord:
+        """Block until the record satisfies ``predicate`` (watch-based); ``TimeoutError`` if not."""
+        ...

@@ -1,0 +1,94 @@
+"""``SandboxStore`` over the NATS KV bucket ``sandboxes``: compare-and-set on the revision only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.kv import KeyValue
+
+from shared.bus.ports import Mutation
+from shared.errors import Conflict, NotFound
+from shared.models.sandboxes import SandboxRecord
+
+_CAS_ATTEMPTS = 16
+
+
+class KvSandboxStore:
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    async def get_with_revision(self, sandbox_id: str) -> tuple[SandboxRecord, int] | None:
+        try:
+            entry = await self._kv.get(sandbox_id)
+        except KeyNotFoundError:
+            return None
+        if entry.value is None or entry.operation in ("DEL", "PURGE"):
+            return None
+        return SandboxRecord.model_validate_json(entry.value), int(entry.revision or 0)
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        found = await self.get_with_revision(sandbox_id)
+        return found[0] if found else None
+
+    async def create(self, record: SandboxRecord) -> SandboxRecord:
+        try:
+            await self._kv.create(record.sandbox_id, record.model_dump_json().encode())
+        except KeyWrongLastSequenceError as e:
+            msg = f"sandbox {record.sandbox_id} already exists"
+            raise Conflict(msg) from e
+        return record
+
+    async def update(self, sandbox_id: str, mutate: Mutation) -> SandboxRecord:
+        for _ in range(_CAS_ATTEMPTS):
+            found = await self.get_with_revision(sandbox_id)
+            if found is None:
+                msg = f"sandbox {sandbox_id} not found"
+                raise NotFound(msg)
+            record, revision = found
+            new = mutate(record).model_copy(update={"updated_at": datetime.now(UTC)})
+            try:
+                await self._kv.update(sandbox_id, new.model_dump_json().encode(), last=revision)
+            except KeyWrongLastSequenceError:
+                await asyncio.sleep(0)  # lost the race: re-read and re-validate
+                continue
+            return new
+        msg = f"sandbox {sandbox_id}: too much contention on its record"
+        raise Conflict(msg)
+
+    async def delete(self, sandbox_id: str) -> None:
+        with contextlib.suppress(KeyNotFoundError):
+            await self._kv.delete(sandbox_id)
+
+    async def list(self) -> list[SandboxRecord]:
+        try:
+            keys = await self._kv.keys()
+        except NoKeysError:
+            return []
+        out: list[SandboxRecord] = []
+        for key in keys:
+            if (record := await self.get(key)) is not None:
+                out.append(record)
+        return out
+
+    async def wait_for(
+        self, sandbox_id: str, predicate: Callable[[SandboxRecord], bool], *, timeout: float
+    ) -> SandboxRecord:
+        watcher = await self._kv.watch(sandbox_id)
+        try:
+            async with asyncio.timeout(timeout):
+                async for entry in watcher:
+                    if entry is None or entry.value is None or entry.operation in ("DEL", "PURGE"):
+                        if entry is not None and entry.operation in ("DEL", "PURGE"):
+                            msg = f"sandbox {sandbox_id} was deleted"
+                            raise NotFound(msg)
+                        continue
+                    record = SandboxRecord.model_validate_json(entry.value)
+                    if predicate(record):
+                        return record
+        finally:
+            await watcher.stop()
+        raise TimeoutError(sandbox_id)  # pragma: no cover - the watch only ends by timeout

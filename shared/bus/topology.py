@@ -1,0 +1,181 @@
+"""Streams, consumers and KV buckets, created idempotently at start-up by every service.
+
+One definition, here; FastStream subscribers bind with ``declare=False`` so no service can
+overwrite a stream's config with defaults (pitfall 4 in the bus design). Existing consumers are
+updated in place with ``add_consumer`` (create-or-update), since binding ignores new config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.client import JetStreamContext
+from nats.js.errors import BadRequestError
+
+from shared.bus import subjects as s
+
+STREAM_CMD = "SANDBOX_CMD"
+STREAM_EVT = "SANDBOX_EVT"
+STREAM_TIMERS = "SANDBOX_TIMERS"
+STREAM_DLQ = "SANDBOX_DLQ"
+
+KV_SANDBOXES = "sandboxes"
+KV_USERS = "torpor_users"
+KV_API_KEYS = "torpor_api_keys"
+
+DAY = 86400
+
+
+def streams(replicas: int) -> list[StreamConfig]:
+    return [
+        StreamConfig(
+            name=STREAM_CMD,
+            description="torpor commands (work queue; one owning consumer per verb)",
+            subjects=[f"{s.CMD_PREFIX}.>"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            duplicate_window=600,
+            max_age=DAY,
+            max_msg_size=65536,
+        ),
+        StreamConfig(
+            name=STREAM_EVT,
+            description="torpor events (fan-out, kept 7 days)",
+            subjects=[f"{s.EVT_PREFIX}.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            duplicate_window=600,
+            max_age=7 * DAY,
+        ),
+        StreamConfig(
+            name=STREAM_TIMERS,
+            description="torpor durable timers (NATS message schedules)",
+            subjects=["sandbox.sched.>", "sandbox.timer.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            allow_msg_schedules=True,
+            allow_msg_ttl=True,
+            max_age=0,  # a max_age below the longest timeout silently drops schedules
+            max_msgs_per_subject=1,
+            duplicate_window=600,
+        ),
+        StreamConfig(
+            name=STREAM_DLQ,
+            description="torpor dead letters: the original message plus the error",
+            subjects=[f"{s.DLQ_PREFIX}.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            max_age=14 * DAY,
+            duplicate_window=600,
+        ),
+    ]
+
+
+@dataclass(frozen=True)
+class Durable:
+    stream: str
+    name: str
+    filters: tuple[str, ...]
+    backoff: tuple[float, ...] = (30, 60, 120, 240)
+    max_deliver: int = 12
+    max_ack_pending: int = 256
+
+    def config(self) -> ConsumerConfig:
+        return ConsumerConfig(
+            durable_name=self.name,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            # backoff[0] silently replaces ack_wait (pitfall 3): state it explicitly.
+            ack_wait=self.backoff[0],
+            backoff=list(self.backoff),
+            max_deliver=self.max_deliver,
+            max_ack_pending=self.max_ack_pending,
+            filter_subjects=list(self.filters),
+        )
+
+
+SNAPSHOTTER_PAUSE = Durable(STREAM_CMD, "snapshotter-pause", (s.all_of(s.CMD_PAUSE),))
+SCALER_LIFECYCLE = Durable(
+    STREAM_CMD,
+    "scaler-lifecycle",
+    (s.all_of(s.CMD_CREATE), s.all_of(s.CMD_RESUME), s.all_of(s.CMD_KILL)),
+)
+SCALER_ON_SNAPSHOTTED = Durable(STREAM_EVT, "scaler-on-snapshotted", (s.all_of(s.EVT_SNAPSHOTTED),))
+SCHEDULER_LIFECYCLE = Durable(
+    STREAM_EVT,
+    "scheduler-lifecycle",
+    tuple(
+        s.all_of(p)
+        for p in (
+            s.EVT_CREATED,
+            s.EVT_RESUMED,
+            s.EVT_TIMEOUT_SET,
+            s.EVT_PAUSED,
+            s.EVT_KILLED,
+            s.EVT_ACTIVITY,
+            s.EVT_FAILED,
+        )
+    ),
+    backoff=(10, 30, 60),
+    max_deliver=10,
+)
+SCHEDULER_FIRED = Durable(
+    STREAM_TIMERS, "scheduler-fired", (s.all_of(s.TIMER_FIRED),), backoff=(10, 30, 60), max_deliver=10
+)
+
+DURABLES = (SNAPSHOTTER_PAUSE, SCALER_LIFECYCLE, SCALER_ON_SNAPSHOTTED, SCHEDULER_LIFECYCLE, SCHEDULER_FIRED)
+
+
+def kv_buckets(replicas: int) -> list[KeyValueConfig]:
+    return [
+        KeyValueConfig(
+            bucket=KV_SANDBOXES,
+            description="one record per sandbox; compare-and-set writes only",
+            history=10,
+            replicas=replicas,
+            max_value_size=256 * 1024,
+            storage=StorageType.FILE,
+        ),
+        KeyValueConfig(bucket=KV_USERS, history=5, replicas=replicas, storage=StorageType.FILE),
+        KeyValueConfig(bucket=KV_API_KEYS, history=5, replicas=replicas, storage=StorageType.FILE),
+    ]
+
+
+_STREAM_EXISTS_DIFFERENT = 10058
+
+
+async def ensure_topology(js: JetStreamContext, *, replicas: int = 1) -> None:
+    """Create or converge every stream, KV bucket and durable. Safe to call from every replica."""
+    for cfg in streams(replicas):
+        try:
+            await js.add_stream(cfg)
+        except BadRequestError as e:
+            if e.err_code != _STREAM_EXISTS_DIFFERENT:
+                raise
+            await js.update_stream(cfg)
+    for kv in kv_buckets(replicas):
+        try:
+            await js.create_key_value(kv)
+        except BadRequestError as e:
+            if e.err_code != _STREAM_EXISTS_DIFFERENT:
+                raise
+            # KV streams are named KV_<bucket>; keep our limits and description on drift.
+            info = await js.stream_info(f"KV_{kv.bucket}")
+            await js.update_stream(
+                replace(info.config, description=kv.description, max_msgs_per_subject=kv.history)
+            )
+    for durable in DURABLES:
+        await js.add_consumer(durable.stream, durable.config())

@@ -1,0 +1,88 @@
+"""Settings read once from the environment into pydantic-settings objects and passed in.
+
+Each service composes the pieces it needs (``services/<name>/settings.py``). No module-level
+singletons: call ``load(SomeSettings)`` in the entrypoint and hand the object down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import ConfigError
+
+
+class _Base(BaseSettings):
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", env_prefix="TORPOR_")
+
+
+class BusSettings(_Base):
+    """How to reach NATS. ``NATS_URL`` may carry credentials (``nats://user:pass@host:4222``)."""
+
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222", validation_alias=AliasChoices("NATS_URL", "TORPOR_NATS_URL")
+    )
+    nats_creds: Path | None = Field(
+        default=None, validation_alias=AliasChoices("NATS_CREDS", "TORPOR_NATS_CREDS")
+    )
+    # Stream and KV replicas: 1 for the embedded broker, 3 for a production cluster.
+    bus_replicas: int = Field(default=1, ge=1, le=5)
+
+    @field_validator("nats_url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        for url in value.split(","):
+            scheme, sep, rest = url.strip().partition("://")
+            if not sep or scheme not in {"nats", "tls", "ws", "wss"} or not rest:
+                msg = f"NATS_URL must look like nats://host:4222, got {url!r}"
+                raise ValueError(msg)
+        return value
+
+
+class LoggingSettings(_Base):
+    log_format: Literal["console", "json"] = "console"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class RuntimeSettings(_Base):
+    """Which runtime moves the workloads, and where."""
+
+    runtime: Literal["local", "kubernetes"] = "local"
+    namespace: str = "torpor-sandboxes"  # kubernetes: where sandbox ReplicaSets live
+    kubeconfig: Path | None = None  # kubernetes: None = in-cluster config
+    templates_dir: Path | None = None  # None = the packaged templates
+    data_dir: Path = Path.home() / ".local" / "share" / "torpor"  # local runtime: pod dirs, volumes
+
+
+class FeatureFlags(_Base):
+    """``PAUSE_RESUME``: ``true`` for everyone, ``false``/unset for no one, or a comma-separated
+    list of user names. Gates only auto-pause on timeout, never manual pause/resume."""
+
+    pause_resume: str = Field(
+        default="false", validation_alias=AliasChoices("PAUSE_RESUME", "TORPOR_PAUSE_RESUME")
+    )
+
+    def pause_resume_enabled_for(self, user: str) -> bool:
+        raw = self.pause_resume.strip()
+        if raw.lower() in {"true", "1", "yes", "on", "*"}:
+            return True
+        if raw.lower() in {"", "false", "0", "no", "off"}:
+            return False
+        return user in {u.strip() for u in raw.split(",") if u.strip()}
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load(cls: type[S]) -> S:
+    """Read settings from the environment; bad values become one readable ``ConfigError`` line."""
+    try:
+        return cls()
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or cls.__name__
+        msg = f"invalid configuration {where}: {first['msg']}"
+        raise ConfigError(msg) from None
