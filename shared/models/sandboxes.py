@@ -88,6 +88,8 @@ class SandboxRecord(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     envs: dict[str, str] = Field(default_factory=dict)
     envd_access_token: str | None = None
+    host: str | None = None  # the current pod's daemon address (pod IP); None unless running
+    pod_uid: str | None = None
     created_at: datetime
     started_at: datetime  # last time it became running (create or resume)
     deadline: datetime | None = None  # None while paused / killed

@@ -1,0 +1,1 @@
+"""The sandbox lifecycle as an application service: what the api, proxy and CLI call."""

@@ -1,0 +1,83 @@
+"""The lifecycle port: create / pause / resume / kill / timeouts of sandboxes, for one owner.
+
+Implemented by ``shared.lifecycle.service.SandboxLifecycle`` over the ``SandboxStore`` (KV, reads
+and waits) and the ``Publisher`` (commands and events). Every method takes the calling user as
+``owner``: another user's sandbox is ``NotFound`` (404), never 403.
+
+Errors: ``NotFound``; ``IllegalTransition`` (409, e.g. pausing a paused sandbox); ``Conflict``
+(create with an id that exists); ``TimeoutError`` when a transition did not finish within
+``wait`` seconds (the command stays queued and will still complete); ``Unavailable`` (bus down).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.models.sandboxes import SandboxRecord
+
+
+class CreateRequest(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    owner: str
+    sandbox_id: str | None = None  # None: generate one
+    template: str = "sandbox-base"
+    timeout: int = Field(default=300, ge=1)
+    auto_pause: bool = False
+    auto_resume: bool = False
+    metadata: dict[str, str] = Field(default_factory=dict)
+    envs: dict[str, str] = Field(default_factory=dict)
+
+
+class ResumeResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    record: SandboxRecord
+    resumed: bool  # True if this call took the sandbox out of paused (E2B connect: 201)
+
+
+class Lifecycle(Protocol):
+    async def create(self, request: CreateRequest, *, wait: float = 60.0) -> SandboxRecord:
+        """Publish ``create``; return once the sandbox is running (pod ready)."""
+        ...
+
+    async def get(self, sandbox_id: str, *, owner: str | None) -> SandboxRecord:
+        """``owner=None`` is the admin view (any owner)."""
+        ...
+
+    async def list(self, *, owner: str | None) -> list[SandboxRecord]: ...
+
+    async def pause(self, sandbox_id: str, *, owner: str | None, wait: float = 55.0) -> SandboxRecord:
+        """Manual pause (always allowed, no feature flag). ``IllegalTransition`` if already
+        paused; waits through an in-flight pause."""
+        ...
+
+    async def resume(
+        self,
+        sandbox_id: str,
+        *,
+        owner: str | None,
+        timeout: int | None = None,
+        wait: float = 55.0,
+    ) -> ResumeResult:
+        """Resume a paused sandbox (no-op returning ``resumed=False`` when already running).
+        Concurrent callers share one resume (same message id for the same generation)."""
+        ...
+
+    async def kill(self, sandbox_id: str, *, owner: str | None, wait: float = 30.0) -> None: ...
+
+    async def set_timeout(self, sandbox_id: str, *, owner: str | None, timeout: int) -> SandboxRecord:
+        """New inactivity timeout from now (may shorten)."""
+        ...
+
+    async def extend_timeout(
+        self, sandbox_id: str, *, owner: str | None, timeout: int
+    ) -> SandboxRecord:
+        """E2B connect semantics: move the deadline only if that makes it later."""
+        ...
+
+    async def touch(self, sandbox_id: str) -> None:
+        """Activity (throttled by the caller): pushes the deadline by the sandbox's timeout."""
+        ...

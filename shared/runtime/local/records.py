@@ -1,0 +1,156 @@
+"""Workload records of the local runtime, kept in a NATS KV bucket and changed only by CAS.
+
+Key ``wl.<name>`` holds one :class:`WorkloadRecord`; key ``addr.<a>-<b>-<c>-<d>`` reserves a
+loopback address for a workload. The KV revision of ``wl.<name>`` is the workload's
+``resource_version``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Literal
+
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.kv import KeyValue
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.errors import Conflict, NotFound
+
+WORKLOAD_PREFIX = "wl."
+ADDRESS_PREFIX = "addr."
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PodRecord(_Frozen):
+    """One started pod: the outer bwrap process and its private workspace."""
+
+    uid: str
+    pid: int
+    started_at: float  # wall clock, for humans and logs
+    pod_dir: str  # host dir holding workspace/ and pod.log; removed when the pod stops
+
+
+class WorkloadRecord(_Frozen):
+    version: Literal[1] = 1
+    name: str
+    template: str
+    owner: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    envs: dict[str, str] = Field(default_factory=dict)
+    access_token: str | None = None
+    replicas: int
+    address: str  # this workload's loopback address, stable for its lifetime
+    pod: PodRecord | None = None  # the current pod (not terminating)
+    terminating: list[PodRecord] = Field(default_factory=list)
+    restarts: int = 0  # crashes since the last scale to 1 (drives the restart back-off)
+    not_before: float = 0.0  # wall clock: no restart before this (crash back-off)
+    deleting: bool = False
+
+
+def workload_key(name: str) -> str:
+    return f"{WORKLOAD_PREFIX}{name}"
+
+
+def address_key(address: str) -> str:
+    return ADDRESS_PREFIX + address.replace(".", "-")
+
+
+class WorkloadStore:
+    """CAS access to the records; translates nats-py errors into ``shared.errors``."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    async def get(self, name: str) -> tuple[WorkloadRecord, int] | None:
+        try:
+            entry = await self._kv.get(workload_key(name))
+        except (KeyNotFoundError, BucketNotFoundError):
+            return None
+        if entry.value is None or entry.revision is None:
+            return None
+        return WorkloadRecord.model_validate_json(entry.value), entry.revision
+
+    async def create(self, record: WorkloadRecord) -> int | None:
+        """The new revision, or ``None`` when the key already exists."""
+        try:
+            return await self._kv.create(workload_key(record.name), record.model_dump_json().encode())
+        except KeyWrongLastSequenceError:
+            return None
+
+    async def put(self, record: WorkloadRecord, *, last: int) -> int:
+        try:
+            return await self._kv.update(
+                workload_key(record.name), record.model_dump_json().encode(), last=last
+            )
+        except KeyWrongLastSequenceError as e:
+            msg = f"workload {record.name} changed concurrently (expected revision {last})"
+            raise Conflict(msg) from e
+
+    async def mutate(
+        self, name: str, change: Callable[[WorkloadRecord], WorkloadRecord | None]
+    ) -> tuple[WorkloadRecord, int]:
+        """Read-modify-CAS until it sticks; ``change`` returning ``None`` means no write."""
+        while True:
+            current = await self.get(name)
+            if current is None:
+                msg = f"workload {name} not found"
+                raise NotFound(msg)
+            record, revision = current
+            new = change(record)
+            if new is None or new == record:
+                return record, revision
+            try:
+                return new, await self.put(new, last=revision)
+            except Conflict:
+                continue
+
+    async def remove(self, name: str, *, last: int) -> None:
+        try:
+            await self._kv.delete(workload_key(name), last=last)
+        except KeyWrongLastSequenceError as e:
+            msg = f"workload {name} changed concurrently"
+            raise Conflict(msg) from e
+
+    async def _keys(self, prefix: str) -> list[str]:
+        # nats-py's ``keys(filters=...)`` matches substrings, so filter by prefix here.
+        try:
+            keys = await self._kv.keys()
+        except NoKeysError:
+            return []
+        return sorted(k.removeprefix(prefix) for k in keys if k.startswith(prefix))
+
+    async def names(self) -> list[str]:
+        return await self._keys(WORKLOAD_PREFIX)
+
+    # ---- loopback address reservations -------------------------------------------------
+
+    async def reserve_address(self, address: str, name: str) -> bool:
+        try:
+            await self._kv.create(address_key(address), json.dumps({"workload": name}).encode())
+        except KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def address_holder(self, address: str) -> str | None:
+        try:
+            entry = await self._kv.get(address_key(address))
+        except KeyNotFoundError:
+            return None
+        if entry.value is None:
+            return None
+        holder = json.loads(entry.value).get("workload")
+        return holder if isinstance(holder, str) else None
+
+    async def release_address(self, address: str) -> None:
+        try:
+            await self._kv.purge(address_key(address))
+        except KeyNotFoundError:
+            return
+
+    async def reserved_addresses(self) -> list[str]:
+        return [k.replace("-", ".") for k in await self._keys(ADDRESS_PREFIX)]
