@@ -30,6 +30,9 @@ class BusSettings(_Base):
     )
     # Stream and KV replicas: 1 for the embedded broker, 3 for a production cluster.
     bus_replicas: int = Field(default=1, ge=1, le=5)
+    # false: streams/KV/durables are created by someone else (deploy/: a provisioning Job with
+    # the admin user), because least-privilege service users may not create them.
+    bus_provision: bool = True
 
     @field_validator("nats_url")
     @classmethod

@@ -10,6 +10,8 @@ import pytest
 
 from shared.bus.server import EmbeddedNats
 
+pytest_plugins = ["tests.k8s.plugin"]  # k8s_cluster, k8s_kubelet, k8s_namespace, k8s_runtime
+
 ON_CI = os.environ.get("CI", "").lower() == "true"
 
 

@@ -22,6 +22,9 @@ def make_broker(settings: BusSettings, *, service: str, **kwargs: Any) -> NatsBr
     return NatsBroker(
         settings.nats_url.split(","),
         name=f"torpor-{service}",
+        # Replies land under a per-service prefix that only this service's NATS user may
+        # subscribe to (deploy/nats/auth.conf), so no other user can read them.
+        inbox_prefix=f"_INBOX_{service}",
         ack_policy=AckPolicy.NACK_ON_ERROR,
         middlewares=[LogContextMiddleware, RetryDlqMiddleware],
         max_reconnect_attempts=-1,
@@ -45,13 +48,17 @@ def subscriber_args(durable: Durable, *, max_workers: int = 8) -> dict[str, Any]
         "pull_sub": PullSub(batch_size=1, timeout=5),
         "config": durable.config(),
         "max_workers": max_workers,
+        # Durables are named <service>-<purpose>; pull replies must land under that service's
+        # inbox prefix (see make_broker), FastStream would otherwise use the global _INBOX.
+        "inbox_prefix": f"_INBOX_{durable.name.split('-', 1)[0]}.".encode(),
     }
 
 
 async def prepare(broker: NatsBroker, settings: BusSettings) -> None:
     """Connect and converge the topology (idempotent; every replica of every service does it)."""
     await broker.connect()
-    await ensure_topology(broker.config.connection_state.stream, replicas=settings.bus_replicas)
+    if settings.bus_provision:
+        await ensure_topology(broker.config.connection_state.stream, replicas=settings.bus_replicas)
 
 
 async def key_value(broker: NatsBroker, bucket: str) -> KeyValue:

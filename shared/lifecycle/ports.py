@@ -49,7 +49,9 @@ class Lifecycle(Protocol):
 
     async def list(self, *, owner: str | None) -> list[SandboxRecord]: ...
 
-    async def pause(self, sandbox_id: str, *, owner: str | None, wait: float = 55.0) -> SandboxRecord:
+    async def pause(
+        self, sandbox_id: str, *, owner: str | None, wait: float = 55.0
+    ) -> SandboxRecord:
         """Manual pause (always allowed, no feature flag). ``IllegalTransition`` if already
         paused; waits through an in-flight pause."""
         ...
@@ -68,7 +70,9 @@ class Lifecycle(Protocol):
 
     async def kill(self, sandbox_id: str, *, owner: str | None, wait: float = 30.0) -> None: ...
 
-    async def set_timeout(self, sandbox_id: str, *, owner: str | None, timeout: int) -> SandboxRecord:
+    async def set_timeout(
+        self, sandbox_id: str, *, owner: str | None, timeout: int
+    ) -> SandboxRecord:
         """New inactivity timeout from now (may shorten)."""
         ...
 

@@ -11,7 +11,12 @@ import json
 from collections.abc import Callable
 from typing import Literal
 
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+)
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,6 +37,7 @@ class PodRecord(_Frozen):
     pid: int
     started_at: float  # wall clock, for humans and logs
     pod_dir: str  # host dir holding workspace/ and pod.log; removed when the pod stops
+    ready: bool = False  # the daemon answered /health once
 
 
 class WorkloadRecord(_Frozen):
@@ -78,7 +84,9 @@ class WorkloadStore:
     async def create(self, record: WorkloadRecord) -> int | None:
         """The new revision, or ``None`` when the key already exists."""
         try:
-            return await self._kv.create(workload_key(record.name), record.model_dump_json().encode())
+            return await self._kv.create(
+                workload_key(record.name), record.model_dump_json().encode()
+            )
         except KeyWrongLastSequenceError:
             return None
 

@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make up` (set up, then run torpor) and `make test`.
+VENV := .venv
+BIN := $(VENV)/bin
+SETUP_STAMP := $(VENV)/.torpor-setup
+
+.PHONY: up test setup lint typecheck imports k8s-bins pytest
+
+setup: $(SETUP_STAMP)
+
+$(SETUP_STAMP): pyproject.toml scripts/setup.sh
+	scripts/setup.sh
+	touch $@
+
+# Extra flags: make up ARGS="--api-port 8000"
+up: setup
+	$(BIN)/torpor up $(ARGS)
+
+# The Kubernetes test binaries (cached outside the repo); without Go they are skipped off CI.
+k8s-bins:
+	@if ! scripts/build-k8s.sh >/dev/null; then \
+	  if [ "$$CI" = "true" ]; then echo "make: scripts/build-k8s.sh failed" >&2; exit 1; fi; \
+	  echo "make: scripts/build-k8s.sh failed; Kubernetes tests will skip" >&2; \
+	fi
+
+lint: setup
+	$(BIN)/ruff check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+imports: setup
+	$(BIN)/lint-imports
+
+# pytest exit code 5 ("no tests collected") is a failure, not a pass.
+pytest: setup k8s-bins
+	$(BIN)/pytest tests $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+test: setup lint typecheck imports pytest

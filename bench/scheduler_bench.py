@@ -1,0 +1,250 @@
+"""Scheduler benchmark: N sandboxes with random deadlines on a real nats-server (loopback only).
+
+Phases:
+1. load: N running records into KV plus N ``created`` events (scheduler not running yet);
+2. arm: start the scheduler (a subprocess), time until it has armed every schedule;
+3. idle: scheduler CPU and RSS over a quiet window while N schedules wait in NATS;
+4. fire: deadlines spread uniformly over [--spread-min, --spread-max] s after arming; lateness
+   of every command = JetStream store time of the command - the record's deadline.
+
+Writes bench/results/scheduler.json and prints a table.
+``.venv/bin/python bench/scheduler_bench.py --sandboxes 100000``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import nats
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from shared.bus import subjects  # noqa: E402
+from shared.bus.server import EmbeddedNats, free_port  # noqa: E402
+from shared.bus.topology import (  # noqa: E402
+    KV_SANDBOXES,
+    SCALER_LIFECYCLE,
+    SCHEDULER_FIRED,
+    SCHEDULER_LIFECYCLE,
+    SNAPSHOTTER_PAUSE,
+    STREAM_CMD,
+    ensure_topology,
+)
+from shared.models.messages import SandboxCreated  # noqa: E402
+from shared.models.sandboxes import SandboxRecord, SandboxState  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def mem_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+async def gather_in_batches(coros: list, size: int = 500) -> None:  # type: ignore[type-arg]
+    for i in range(0, len(coros), size):
+        await asyncio.gather(*coros[i : i + size])
+
+
+async def consumer_idle(js, stream: str, durable: str) -> bool:  # type: ignore[no-untyped-def]
+    info = await js.consumer_info(stream, durable)
+    return info.num_pending == 0 and info.num_ack_pending == 0
+
+
+async def run(args: argparse.Namespace) -> dict[str, object]:
+    n = args.sandboxes
+    tmp = Path(tempfile.mkdtemp(prefix="sched-bench-"))
+    server = EmbeddedNats(data_dir=tmp / "nats").start()
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        nc = await nats.connect(server.url, max_reconnect_attempts=-1)
+        js = nc.jetstream(timeout=30)
+        await ensure_topology(js)
+        kv = await js.key_value(KV_SANDBOXES)
+
+        # 1. load: deadlines are placed after the expected arming time (--margin).
+        t_load = time.monotonic()
+        base = datetime.now(UTC) + timedelta(seconds=args.margin)
+        deadlines: dict[str, datetime] = {}
+        records = []
+        for i in range(n):
+            sid = f"b{i:07d}"
+            deadline = base + timedelta(seconds=random.uniform(args.spread_min, args.spread_max))
+            deadlines[sid] = deadline
+            now = datetime.now(UTC)
+            records.append(
+                SandboxRecord(
+                    sandbox_id=sid,
+                    owner="bench",
+                    state=SandboxState.RUNNING,
+                    generation=1,
+                    timeout=int(args.spread_max),
+                    auto_pause=i % 2 == 0,  # half pause (event + pause + check), half kill
+                    created_at=now,
+                    started_at=now,
+                    deadline=deadline,
+                    updated_at=now,
+                )
+            )
+        await gather_in_batches([kv.put(r.sandbox_id, r.model_dump_json().encode()) for r in records])
+        created = [
+            js.publish(
+                subjects.of(subjects.EVT_CREATED, r.sandbox_id),
+                SandboxCreated(sandbox_id=r.sandbox_id, generation=1, at=r.created_at)
+                .model_dump_json()
+                .encode(),
+            )
+            for r in records
+        ]
+        await gather_in_batches(created)
+        load_s = time.monotonic() - t_load
+        del records, created
+        print(f"loaded {n} records + events in {load_s:.1f}s", flush=True)
+
+        # 2. arm
+        port = free_port()
+        env = {
+            **os.environ,
+            "NATS_URL": server.url,
+            "PAUSE_RESUME": "true",
+            "TORPOR_LOG_LEVEL": "warning",
+            "TORPOR_LOG_FORMAT": "json",
+            "TORPOR_HEALTH_HOST": "127.0.0.1",
+            "TORPOR_HEALTH_PORT": str(port),
+            "TORPOR_PAUSE_CHECK_SECONDS": "3600",  # nobody pauses in the bench: keep checks out
+        }
+        log = open(tmp / "scheduler.log", "wb")  # noqa: SIM115
+        t_arm = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.scheduler.main"], env=env, stdout=log, stderr=log, cwd=ROOT
+        )
+        await asyncio.sleep(1)
+        while not await consumer_idle(js, SCHEDULER_LIFECYCLE.stream, SCHEDULER_LIFECYCLE.name):
+            if proc.poll() is not None:
+                raise RuntimeError("scheduler died; see " + str(tmp / "scheduler.log"))
+            await asyncio.sleep(0.5)
+        arm_s = time.monotonic() - t_arm
+        first_deadline = min(deadlines.values())
+        slack = (first_deadline - datetime.now(UTC)).total_seconds()
+        print(f"armed {n} schedules in {arm_s:.1f}s; first deadline in {slack:.1f}s", flush=True)
+
+        # 3. idle window (must end before the first deadline)
+        idle_window = max(0.0, min(args.idle_window, slack - 1))
+        rss_idle = mem_kib(proc.pid, "VmRSS")
+        c0 = cpu_seconds(proc.pid)
+        await asyncio.sleep(idle_window)
+        idle_cpu = (cpu_seconds(proc.pid) - c0) / idle_window if idle_window else float("nan")
+        print(f"idle: {idle_window:.1f}s window, cpu {100 * idle_cpu:.2f}%, rss {rss_idle} KiB", flush=True)
+
+        # 4. fire: wait for the last deadline, then for the fired consumer to drain.
+        c_fire = cpu_seconds(proc.pid)
+        t_fire = time.monotonic()
+        last = max(deadlines.values())
+        while datetime.now(UTC) < last + timedelta(seconds=1) or not await consumer_idle(
+            js, SCHEDULER_FIRED.stream, SCHEDULER_FIRED.name
+        ):
+            if proc.poll() is not None:
+                raise RuntimeError("scheduler died; see " + str(tmp / "scheduler.log"))
+            await asyncio.sleep(1)
+        fire_cpu_s = cpu_seconds(proc.pid) - c_fire
+        fire_wall = time.monotonic() - t_fire
+        rss_peak = mem_kib(proc.pid, "VmHWM")
+
+        lateness: list[float] = []
+        seen: set[str] = set()
+        duplicates = 0
+        for durable in (SNAPSHOTTER_PAUSE, SCALER_LIFECYCLE):
+            sub = await js.pull_subscribe_bind(durable.name, stream=STREAM_CMD)
+            while True:
+                try:
+                    msgs = await sub.fetch(1000, timeout=2)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    break
+                for m in msgs:
+                    sid = subjects.sandbox_id_of(m.subject)
+                    if sid in seen:
+                        duplicates += 1
+                    seen.add(sid)
+                    lateness.append((m.metadata.timestamp - deadlines[sid]).total_seconds())
+                await asyncio.gather(*(m.ack() for m in msgs))
+        await nc.close()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
+        server.stop()
+
+    return {
+        "sandboxes": n,
+        "spread_s": [args.spread_min, args.spread_max],
+        "load_s": round(load_s, 1),
+        "arm_s": round(arm_s, 1),
+        "arm_rate_per_s": round(n / arm_s),
+        "idle_window_s": round(idle_window, 1),
+        "idle_cpu_pct": round(100 * idle_cpu, 3),
+        "rss_idle_mib": round(rss_idle / 1024, 1),
+        "rss_peak_mib": round(rss_peak / 1024, 1),
+        "fire_phase_cpu_s": round(fire_cpu_s, 1),
+        "fire_phase_wall_s": round(fire_wall, 1),
+        "commands": len(lateness),
+        "missing": n - len(seen),
+        "duplicates": duplicates,
+        "lateness_p50_s": round(statistics.median(lateness), 3) if lateness else None,
+        "lateness_p99_s": round(pct(lateness, 99), 3) if lateness else None,
+        "lateness_max_s": round(max(lateness), 3) if lateness else None,
+        "lateness_min_s": round(min(lateness), 3) if lateness else None,
+        "cpu_count": os.cpu_count(),
+        "nats_sync_always": True,
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--sandboxes", type=int, default=100_000)
+    parser.add_argument("--spread-min", type=float, default=60.0)
+    parser.add_argument("--spread-max", type=float, default=120.0)
+    parser.add_argument("--margin", type=float, default=None, help="s from load to the spread start")
+    parser.add_argument("--idle-window", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scheduler.json")
+    args = parser.parse_args()
+    if args.margin is None:
+        args.margin = 20 + args.sandboxes / 400  # the expected arming time, measured at ~1k/s
+    result = asyncio.run(run(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    width = max(len(k) for k in result)
+    print()
+    print(f"{'metric':<{width}}  value")
+    print(f"{'-' * width}  -----")
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value}")
+    print(f"\nwritten to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

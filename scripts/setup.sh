@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Creates .venv with torpor and its dev tools; installs bubblewrap when missing (root + apt only).
+# Idempotent and quick when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+if [[ ! -x .venv/bin/python ]]; then
+  "$PYTHON" -m venv .venv
+fi
+if [[ ! -x .venv/bin/uv ]]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip uv
+fi
+.venv/bin/uv pip install --quiet --python .venv/bin/python -e '.[dev]'
+
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing bubblewrap (the local runtime's sandbox)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
+  else
+    echo "setup: bubblewrap is missing; install it with: sudo apt-get install -y bubblewrap" >&2
+  fi
+fi

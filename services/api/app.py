@@ -1,0 +1,103 @@
+"""The API's app factory. ``create_app(settings, wiring=...)`` for tests (fakes or real parts);
+``create_app(settings, bus=...)`` for the service, wiring NATS in the lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import structlog
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from services.api import errors
+from services.api.deps import Wiring
+from services.api.observability import HttpMetrics, RequestContext
+from services.api.routes import e2b, native
+from services.api.schemas import ErrorBody
+from services.api.settings import ApiSettings
+from shared.settings import BusSettings
+
+log = structlog.get_logger()
+
+DESCRIPTION = """\
+torpor's control-plane API.
+
+* **E2B-compatible** (`/sandboxes…`, `/v2/sandboxes…`): what the unmodified `e2b` SDK calls.
+  Authenticate with `X-API-KEY`. Errors are `{"code": <int>, "message": "…"}`.
+* **Native** (`/api/v1/sandbox…`): create, get, list, delete, pause and resume, with
+  `Authorization: Bearer <api-key>`. Pause and resume are always available, whatever the
+  `PAUSE_RESUME` flag says.
+"""
+
+
+@asynccontextmanager
+async def bus_wiring(settings: ApiSettings, bus: BusSettings) -> AsyncIterator[Wiring]:
+    """Connect to NATS and build the lifecycle service and key store over it."""
+    from shared.auth.keys import KvApiKeys, KvUsers
+    from shared.bus.broker import key_value, make_broker, prepare
+    from shared.bus.kv import NatsBucket
+    from shared.bus.publishing import BrokerPublisher
+    from shared.bus.records import KvSandboxStore
+    from shared.bus.topology import KV_API_KEYS, KV_SANDBOXES, KV_USERS
+    from shared.lifecycle.service import SandboxLifecycle
+
+    broker = make_broker(bus, service="api")
+    await prepare(broker, bus)
+    try:
+        store = KvSandboxStore(await key_value(broker, KV_SANDBOXES))
+        users = KvUsers(NatsBucket(await key_value(broker, KV_USERS)))
+        keys = KvApiKeys(NatsBucket(await key_value(broker, KV_API_KEYS)), users)
+        lifecycle = SandboxLifecycle(store, BrokerPublisher(broker))
+        yield Wiring(settings=settings, lifecycle=lifecycle, keys=keys)
+    finally:
+        await broker.stop()
+
+
+def create_app(
+    settings: ApiSettings,
+    *,
+    wiring: Wiring | None = None,
+    bus: BusSettings | None = None,
+    registry: CollectorRegistry | None = None,
+) -> FastAPI:
+    registry = registry or CollectorRegistry()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if wiring is not None or bus is None:
+            yield
+            return
+        async with bus_wiring(settings, bus) as wired:
+            app.state.wiring = wired
+            log.info("api_ready", host=settings.host, port=settings.port)
+            yield
+
+    app = FastAPI(
+        title="torpor API",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.wiring = wiring
+    errors.install(app)
+    app.include_router(e2b.router)
+    app.include_router(native.router)
+
+    @app.get(
+        "/health",
+        tags=["ops"],
+        summary="Liveness and readiness",
+        responses={503: {"model": ErrorBody}},
+    )
+    async def health(request: Request) -> dict[str, str]:
+        if getattr(request.app.state, "wiring", None) is None:
+            raise errors.ApiError(503, "the API is starting")
+        return {"status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(RequestContext, metrics=HttpMetrics(registry, prefix="torpor_api"))
+    return app

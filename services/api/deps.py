@@ -1,0 +1,75 @@
+"""Request dependencies: the caller (API key as ``X-API-KEY`` or ``Authorization: Bearer``) and
+the wired services on ``app.state``. Keys are never logged; only the user name is bound."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Protocol
+
+import structlog
+from fastapi import Depends, Request, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from services.api.errors import ApiError
+from services.api.settings import ApiSettings
+from shared.auth.models import User
+from shared.lifecycle.ports import Lifecycle
+
+
+class Authenticator(Protocol):
+    """The slice of ``shared.auth.ports.ApiKeys`` the API needs."""
+
+    async def authenticate(self, secret: str) -> User | None: ...
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What the routes use; put on ``app.state.wiring`` by the app factory or its lifespan."""
+
+    settings: ApiSettings
+    lifecycle: Lifecycle
+    keys: Authenticator
+
+
+_api_key = APIKeyHeader(name="X-API-KEY", auto_error=False, description="An API key (E2B SDK)")
+_bearer = HTTPBearer(auto_error=False, description="An API key as a Bearer token")
+
+
+@dataclass(frozen=True)
+class Caller:
+    user: User
+
+    @property
+    def name(self) -> str:
+        return self.user.name
+
+    @property
+    def scope(self) -> str | None:
+        """The owner filter for reads and writes: admins see every sandbox."""
+        return None if self.user.admin else self.user.name
+
+
+def wiring(request: Request) -> Wiring:
+    found: Wiring | None = getattr(request.app.state, "wiring", None)
+    if found is None:
+        raise ApiError(503, "the API is starting")
+    return found
+
+
+async def caller(
+    w: Annotated[Wiring, Depends(wiring)],
+    api_key: Annotated[str | None, Security(_api_key)] = None,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
+) -> Caller:
+    secret = api_key or (bearer.credentials if bearer else None)
+    if not secret:
+        raise ApiError(401, "missing API key: send X-API-KEY or Authorization: Bearer")
+    user = await w.keys.authenticate(secret.strip())
+    if user is None:
+        raise ApiError(401, "invalid API key")
+    structlog.contextvars.bind_contextvars(user=user.name)
+    return Caller(user)
+
+
+WiringDep = Annotated[Wiring, Depends(wiring)]
+CallerDep = Annotated[Caller, Depends(caller)]

@@ -1,0 +1,127 @@
+"""The one place where torpor errors become HTTP responses.
+
+Every error body is JSON ``{"code": <int>, "message": "..."}``: the E2B SDK's generated parser
+runs ``Error.from_dict`` on it and crashes on anything else (wire contract §2.1). 5xx answers
+say ``Should-Retry: false`` except 503, so the SDK's transport does not blindly repeat a create
+whose first attempt may still complete.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from shared.errors import (
+    ConfigError,
+    Conflict,
+    EnvdError,
+    EnvdUnavailable,
+    IllegalTransition,
+    NotFound,
+    PodNotReady,
+    RuntimeFailure,
+    SnapshotTooLarge,
+    TorporError,
+    Unavailable,
+)
+
+log = structlog.get_logger()
+
+NATIVE_PREFIX = "/api/"
+
+
+class ApiError(Exception):
+    """Raised by route code for a specific status and message."""
+
+    def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+def error_response(
+    status: int, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    out = dict(headers or {})
+    if status >= 500 and status != HTTPStatus.SERVICE_UNAVAILABLE:
+        out.setdefault("Should-Retry", "false")
+    return JSONResponse({"code": status, "message": message}, status_code=status, headers=out)
+
+
+def status_for(error: TorporError) -> int:
+    """HTTP status of a torpor error (most specific class first)."""
+    table: list[tuple[type[TorporError], int]] = [
+        (NotFound, 404),
+        (IllegalTransition, 409),
+        (SnapshotTooLarge, 409),
+        (Conflict, 409),
+        (EnvdUnavailable, 503),
+        (Unavailable, 503),
+        (EnvdError, 502),
+        (PodNotReady, 504),
+        (RuntimeFailure, 500),
+        (ConfigError, 500),
+    ]
+    for cls, status in table:
+        if isinstance(error, cls):
+            return status
+    return 500
+
+
+def _is_native(request: Request) -> bool:
+    return request.url.path.startswith(NATIVE_PREFIX)
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.message, exc.headers)
+
+
+async def _torpor_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, TorporError)
+    status = status_for(exc)
+    if status >= 500:
+        log.warning("request_failed", error=type(exc).__name__, reason=str(exc))
+    return error_response(status, str(exc) or type(exc).__name__)
+
+
+async def _timeout(_: Request, exc: Exception) -> JSONResponse:
+    # A transition that did not finish in time: its command stays queued and will complete.
+    return error_response(504, f"the operation is still in progress: {exc}")
+
+
+async def _validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "request"
+        problems.append(f"{where}: {err.get('msg', 'invalid')}")
+    # The native API answers 422 (FastAPI's convention); E2B's spec says 400 for bad input.
+    status = 422 if _is_native(request) else 400
+    return error_response(status, "; ".join(problems) or "invalid request")
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+    return error_response(exc.status_code, message, dict(exc.headers or {}))
+
+
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled_error", error=type(exc).__name__, exc_info=exc)
+    return error_response(500, "internal error")
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(TorporError, _torpor_error)
+    app.add_exception_handler(TimeoutError, _timeout)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,359 @@
+"""The E2B-compatible REST API: every call the ``e2b`` SDK 2.x makes, both path generations
+(``/sandboxes…`` and ``/v2/sandboxes…``), with the exact status codes of the wire contract."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from datetime import datetime
+from typing import Annotated, Literal
+from urllib.parse import parse_qsl, unquote
+
+from fastapi import APIRouter, Header, Query, Response, status
+
+from services.api.deps import CallerDep, WiringDep
+from services.api.errors import ApiError
+from services.api.schemas import (
+    ConnectSandbox,
+    ErrorBody,
+    ListedSandboxOut,
+    MetricOut,
+    NewSandbox,
+    PauseRequest,
+    RefreshRequest,
+    ResumedSandbox,
+    SandboxDetailOut,
+    SandboxLogsOut,
+    SandboxOut,
+    TimeoutRequest,
+)
+from services.api.views import detail_out, listed_out, sandbox_out, visible
+from shared.errors import Conflict, NotFound
+from shared.ids import is_valid_sandbox_id
+from shared.lifecycle.ports import CreateRequest
+from shared.models.sandboxes import SandboxRecord, SandboxState
+
+router = APIRouter(tags=["e2b"])
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 429, 500, 503, 504)
+}
+
+
+def _id_or_404(sandbox_id: str) -> str:
+    # E2B paths answer 404 for ids that cannot exist (the SDK maps 404, not 422).
+    if not is_valid_sandbox_id(sandbox_id):
+        raise ApiError(404, f"sandbox {sandbox_id} not found")
+    return sandbox_id
+
+
+async def _get(w: WiringDep, caller: CallerDep, sandbox_id: str) -> SandboxRecord:
+    record = await w.lifecycle.get(_id_or_404(sandbox_id), owner=caller.scope)
+    if not visible(record):
+        raise ApiError(404, f"sandbox {sandbox_id} not found")
+    return record
+
+
+def _timeout(w: WiringDep, value: int | None, *, default: int | None = None) -> int:
+    chosen = value if value else (default or w.settings.default_timeout)
+    if chosen > w.settings.max_timeout:
+        raise ApiError(400, f"timeout must be at most {w.settings.max_timeout} seconds")
+    return chosen
+
+
+def _idempotent_id(owner: str, key: str) -> str:
+    """A retried create with the same key targets the same sandbox id, across replicas."""
+    digest = hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
+    return f"i{digest[:24]}"
+
+
+@router.post(
+    "/sandboxes",
+    status_code=201,
+    response_model=SandboxOut,
+    responses=_ERRORS,
+    summary="Create a sandbox (SDK < 2.52)",
+)
+@router.post(
+    "/v2/sandboxes",
+    status_code=201,
+    response_model=SandboxOut,
+    responses=_ERRORS,
+    summary="Create a sandbox",
+)
+async def create_sandbox(
+    w: WiringDep,
+    caller: CallerDep,
+    body: NewSandbox,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> SandboxOut:
+    request = CreateRequest(
+        owner=caller.name,
+        sandbox_id=_idempotent_id(caller.name, idempotency_key) if idempotency_key else None,
+        template=body.template_id,
+        timeout=_timeout(w, body.timeout),
+        auto_pause=body.wants_auto_pause(),
+        auto_resume=body.wants_auto_resume(),
+        metadata=body.metadata or {},
+        envs=body.env_vars or {},
+    )
+    if request.sandbox_id is not None:
+        try:
+            existing = await w.lifecycle.get(request.sandbox_id, owner=caller.name)
+        except NotFound:
+            existing = None
+        if existing is not None and visible(existing):
+            return sandbox_out(existing, w.settings)
+    try:
+        record = await w.lifecycle.create(request, wait=w.settings.create_wait)
+    except Conflict:
+        if request.sandbox_id is None:
+            raise
+        # A concurrent retry with the same key won the race: answer with its sandbox.
+        record = await w.lifecycle.get(request.sandbox_id, owner=caller.name)
+    return sandbox_out(record, w.settings)
+
+
+@router.get(
+    "/sandboxes/{sandbox_id}",
+    response_model=SandboxDetailOut,
+    responses=_ERRORS,
+    summary="Get a sandbox",
+)
+@router.get(
+    "/v2/sandboxes/{sandbox_id}",
+    response_model=SandboxDetailOut,
+    responses=_ERRORS,
+    include_in_schema=False,
+)
+async def get_sandbox(w: WiringDep, caller: CallerDep, sandbox_id: str) -> SandboxDetailOut:
+    return detail_out(await _get(w, caller, sandbox_id), w.settings)
+
+
+def _parse_metadata(raw: str | None) -> dict[str, str]:
+    """The SDK double-encodes: ``metadata=a%2520b=c`` → ``{"a b": "c"}`` (contract §2.2)."""
+    if not raw:
+        return {}
+    return {unquote(k): unquote(v) for k, v in parse_qsl(raw, keep_blank_values=True)}
+
+
+def _encode_token(record: SandboxRecord) -> str:
+    return base64.urlsafe_b64encode(
+        f"{record.started_at.isoformat()}|{record.sandbox_id}".encode()
+    ).decode()
+
+
+def _decode_token(token: str) -> tuple[str, str]:
+    try:
+        started, _, sandbox_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
+    except (binascii.Error, UnicodeDecodeError, ValueError) as e:
+        raise ApiError(400, "invalid nextToken") from e
+    if not sandbox_id:
+        raise ApiError(400, "invalid nextToken")
+    return started, sandbox_id
+
+
+async def _listed(w: WiringDep, caller: CallerDep) -> list[SandboxRecord]:
+    return [r for r in await w.lifecycle.list(owner=caller.scope) if visible(r)]
+
+
+@router.get(
+    "/v2/sandboxes",
+    response_model=list[ListedSandboxOut],
+    responses=_ERRORS,
+    summary="List sandboxes (filters, x-next-token pagination)",
+)
+async def list_sandboxes_v2(  # noqa: PLR0917 - one parameter per query field of the spec
+    w: WiringDep,
+    caller: CallerDep,
+    response: Response,
+    metadata: str | None = None,
+    state: Annotated[str | None, Query(description="comma-separated: running,paused")] = None,
+    order: Literal["asc", "desc"] = "asc",
+    started_after: Annotated[datetime | None, Query(alias="startedAfter")] = None,
+    template: str | None = None,
+    next_token: Annotated[str | None, Query(alias="nextToken")] = None,
+    limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
+) -> list[ListedSandboxOut]:
+    wanted_states = {s.strip() for s in (state or "").split(",") if s.strip()}
+    if wanted_states - {"running", "paused"}:
+        raise ApiError(400, "state must be a comma-separated list of running, paused")
+    meta = _parse_metadata(metadata)
+    records = [
+        r
+        for r in await _listed(w, caller)
+        if (not wanted_states or r.state.e2b in wanted_states)
+        and all(r.metadata.get(k) == v for k, v in meta.items())
+        and (template is None or r.template == template)
+        and (started_after is None or r.started_at > started_after)
+    ]
+
+    def key(r: SandboxRecord) -> tuple[str, str]:
+        return (r.started_at.isoformat(), r.sandbox_id)
+
+    records.sort(key=key, reverse=order == "desc")
+    if next_token:
+        cursor = _decode_token(next_token)
+        records = [r for r in records if (key(r) < cursor if order == "desc" else key(r) > cursor)]
+    page_size = min(limit or w.settings.list_max_limit, w.settings.list_max_limit)
+    page, rest = records[:page_size], records[page_size:]
+    if rest and page:
+        response.headers["x-next-token"] = _encode_token(page[-1])
+    return [listed_out(r, w.settings) for r in page]
+
+
+@router.get(
+    "/sandboxes",
+    response_model=list[ListedSandboxOut],
+    responses=_ERRORS,
+    summary="List running sandboxes (SDK < 2.52)",
+)
+async def list_sandboxes_v1(
+    w: WiringDep, caller: CallerDep, metadata: str | None = None
+) -> list[ListedSandboxOut]:
+    meta = _parse_metadata(metadata)
+    records = sorted(
+        (
+            r
+            for r in await _listed(w, caller)
+            if r.state.e2b == "running" and all(r.metadata.get(k) == v for k, v in meta.items())
+        ),
+        key=lambda r: (r.started_at, r.sandbox_id),
+    )
+    return [listed_out(r, w.settings) for r in records]
+
+
+@router.post(
+    "/v2/sandboxes/{sandbox_id}/connect",
+    response_model=SandboxOut,
+    responses={200: {"model": SandboxOut}, 201: {"model": SandboxOut}, **_ERRORS},
+    summary="Connect: extend a running sandbox's TTL, or resume a paused one (201)",
+)
+@router.post(
+    "/sandboxes/{sandbox_id}/connect",
+    response_model=SandboxOut,
+    responses={200: {"model": SandboxOut}, 201: {"model": SandboxOut}, **_ERRORS},
+    summary="Connect (SDK < 2.52)",
+)
+async def connect_sandbox(
+    w: WiringDep,
+    caller: CallerDep,
+    sandbox_id: str,
+    response: Response,
+    body: ConnectSandbox | None = None,
+) -> SandboxOut:
+    record = await _get(w, caller, sandbox_id)
+    timeout = _timeout(w, body.timeout if body else None, default=record.timeout)
+    if record.state in (SandboxState.RUNNING, SandboxState.CREATING):
+        record = await w.lifecycle.extend_timeout(sandbox_id, owner=caller.scope, timeout=timeout)
+        response.status_code = status.HTTP_200_OK
+        return sandbox_out(record, w.settings)
+    result = await w.lifecycle.resume(
+        sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
+    )
+    response.status_code = status.HTTP_201_CREATED if result.resumed else status.HTTP_200_OK
+    return sandbox_out(result.record, w.settings)
+
+
+@router.post(
+    "/sandboxes/{sandbox_id}/resume",
+    status_code=201,
+    response_model=SandboxOut,
+    responses=_ERRORS,
+    summary="Resume a paused sandbox (SDK 2.0; 409 when it is running)",
+)
+async def resume_sandbox(
+    w: WiringDep, caller: CallerDep, sandbox_id: str, body: ResumedSandbox | None = None
+) -> SandboxOut:
+    record = await _get(w, caller, sandbox_id)
+    if record.state in (SandboxState.RUNNING, SandboxState.CREATING):
+        raise ApiError(409, f"sandbox {sandbox_id} is already running")
+    timeout = _timeout(w, body.timeout if body else None, default=record.timeout)
+    result = await w.lifecycle.resume(
+        sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
+    )
+    return sandbox_out(result.record, w.settings)
+
+
+@router.post(
+    "/sandboxes/{sandbox_id}/pause",
+    status_code=204,
+    responses=_ERRORS,
+    summary="Pause a sandbox (409 when it is already paused)",
+)
+async def pause_sandbox(
+    w: WiringDep, caller: CallerDep, sandbox_id: str, body: PauseRequest | None = None
+) -> Response:
+    await _get(w, caller, sandbox_id)
+    await w.lifecycle.pause(sandbox_id, owner=caller.scope, wait=w.settings.transition_wait)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/sandboxes/{sandbox_id}/timeout",
+    status_code=204,
+    responses=_ERRORS,
+    summary="Set the inactivity timeout, counted from now",
+)
+async def set_sandbox_timeout(
+    w: WiringDep, caller: CallerDep, sandbox_id: str, body: TimeoutRequest
+) -> Response:
+    await _get(w, caller, sandbox_id)
+    await w.lifecycle.set_timeout(sandbox_id, owner=caller.scope, timeout=_timeout(w, body.timeout))
+    return Response(status_code=204)
+
+
+@router.post(
+    "/sandboxes/{sandbox_id}/refreshes",
+    status_code=204,
+    responses=_ERRORS,
+    summary="Keep a sandbox alive for `duration` more seconds (only extends)",
+)
+async def refresh_sandbox(
+    w: WiringDep, caller: CallerDep, sandbox_id: str, body: RefreshRequest | None = None
+) -> Response:
+    record = await _get(w, caller, sandbox_id)
+    duration = _timeout(w, body.duration if body else None, default=record.timeout)
+    await w.lifecycle.extend_timeout(sandbox_id, owner=caller.scope, timeout=duration)
+    return Response(status_code=204)
+
+
+@router.delete(
+    "/sandboxes/{sandbox_id}",
+    status_code=204,
+    responses=_ERRORS,
+    summary="Kill a sandbox (404 when it is gone)",
+)
+async def kill_sandbox(w: WiringDep, caller: CallerDep, sandbox_id: str) -> Response:
+    await _get(w, caller, sandbox_id)
+    await w.lifecycle.kill(sandbox_id, owner=caller.scope, wait=w.settings.transition_wait)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/sandboxes/{sandbox_id}/metrics",
+    response_model=list[MetricOut],
+    responses=_ERRORS,
+    summary="Sandbox metrics (not collected: always empty)",
+)
+async def sandbox_metrics(
+    w: WiringDep,
+    caller: CallerDep,
+    sandbox_id: str,
+    start: Annotated[int | None, Query(ge=0)] = None,
+    end: Annotated[int | None, Query(ge=0)] = None,
+) -> list[MetricOut]:
+    await _get(w, caller, sandbox_id)
+    return []
+
+
+@router.get(
+    "/sandboxes/{sandbox_id}/logs",
+    response_model=SandboxLogsOut,
+    responses=_ERRORS,
+    summary="Sandbox logs (not collected: always empty)",
+)
+async def sandbox_logs(w: WiringDep, caller: CallerDep, sandbox_id: str) -> SandboxLogsOut:
+    await _get(w, caller, sandbox_id)
+    return SandboxLogsOut()

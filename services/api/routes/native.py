@@ -1,0 +1,92 @@
+"""torpor's native REST API (the seed's ``/api/v1/sandbox/pause|resume/{name}`` and the calls
+around them). Always available, whatever ``PAUSE_RESUME`` says: the flag gates only auto-pause
+on timeout. Shows the real state (``pausing``, ``resuming``…), the last snapshot and retention."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Response
+
+from services.api.deps import CallerDep, WiringDep
+from services.api.errors import ApiError
+from services.api.schemas import ErrorBody, NativeCreate, NativeList, NativeSandbox
+from services.api.views import native_out
+from shared.ids import SANDBOX_ID_PATTERN
+from shared.lifecycle.ports import CreateRequest
+from shared.models.sandboxes import SandboxState
+
+router = APIRouter(prefix="/api/v1/sandbox", tags=["native"])
+
+Name = Annotated[
+    str,
+    Path(pattern=SANDBOX_ID_PATTERN, max_length=63, description="The sandbox name (its id)"),
+]
+_ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 422, 503, 504)
+}
+
+
+@router.post("", status_code=201, response_model=NativeSandbox, responses=_ERRORS)
+async def create(w: WiringDep, caller: CallerDep, body: NativeCreate) -> NativeSandbox:
+    """Create a sandbox and wait until it runs."""
+    if body.timeout > w.settings.max_timeout:
+        raise ApiError(422, f"timeout must be at most {w.settings.max_timeout} seconds")
+    record = await w.lifecycle.create(
+        CreateRequest(
+            owner=caller.name,
+            sandbox_id=body.name,
+            template=body.template,
+            timeout=body.timeout,
+            auto_pause=body.auto_pause,
+            auto_resume=body.auto_resume,
+            metadata=body.metadata,
+            envs=body.envs,
+        ),
+        wait=w.settings.create_wait,
+    )
+    return native_out(record)
+
+
+@router.get("", response_model=NativeList, responses=_ERRORS)
+async def list_sandboxes(w: WiringDep, caller: CallerDep) -> NativeList:
+    """Your sandboxes (an admin sees everyone's), in creation order."""
+    records = [
+        r for r in await w.lifecycle.list(owner=caller.scope) if r.state != SandboxState.KILLED
+    ]
+    records.sort(key=lambda r: (r.created_at, r.sandbox_id))
+    return NativeList(sandboxes=[native_out(r) for r in records])
+
+
+@router.get("/{name}", response_model=NativeSandbox, responses=_ERRORS)
+async def get(w: WiringDep, caller: CallerDep, name: Name) -> NativeSandbox:
+    """State, last snapshot (base64, as annotated on the ReplicaSet) and retention time."""
+    record = await w.lifecycle.get(name, owner=caller.scope)
+    if record.state == SandboxState.KILLED:
+        raise ApiError(404, f"sandbox {name} not found")
+    return native_out(record)
+
+
+@router.delete("/{name}", status_code=204, responses=_ERRORS)
+async def delete(w: WiringDep, caller: CallerDep, name: Name) -> Response:
+    """Kill the sandbox and delete its workload."""
+    await w.lifecycle.kill(name, owner=caller.scope, wait=w.settings.transition_wait)
+    return Response(status_code=204)
+
+
+@router.post("/pause/{name}", response_model=NativeSandbox, responses=_ERRORS)
+async def pause(w: WiringDep, caller: CallerDep, name: Name) -> NativeSandbox:
+    """Snapshot the processes, then scale to zero. 409 when already paused."""
+    return native_out(
+        await w.lifecycle.pause(name, owner=caller.scope, wait=w.settings.transition_wait)
+    )
+
+
+@router.post("/resume/{name}", response_model=NativeSandbox, responses=_ERRORS)
+async def resume(w: WiringDep, caller: CallerDep, name: Name) -> NativeSandbox:
+    """Scale to one, wait for the pod, replay the snapshot. 409 when already running."""
+    record = await w.lifecycle.get(name, owner=caller.scope)
+    if record.state in (SandboxState.RUNNING, SandboxState.CREATING):
+        raise ApiError(409, f"sandbox {name} is already running")
+    result = await w.lifecycle.resume(name, owner=caller.scope, wait=w.settings.transition_wait)
+    return native_out(result.record)

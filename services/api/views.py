@@ -1,0 +1,109 @@
+"""Records to wire shapes (E2B and native), in one place."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from services.api.schemas import (
+    LifecycleOut,
+    ListedSandboxOut,
+    NativeSandbox,
+    SandboxDetailOut,
+    SandboxOut,
+    SnapshotOut,
+)
+from services.api.settings import ENVD_VERSION, ApiSettings
+from shared.models.sandboxes import SandboxRecord, SandboxState
+
+# Hidden from every view: the sandbox is gone or going (E2B kill answers 404 from here on).
+GONE = frozenset({SandboxState.KILLING, SandboxState.KILLED})
+
+
+def visible(record: SandboxRecord) -> bool:
+    return record.state not in GONE
+
+
+def e2b_metadata(record: SandboxRecord) -> dict[str, str]:
+    """User metadata plus ``snapshot`` (base64) once the sandbox has been paused."""
+    out = dict(record.metadata)
+    if record.snapshot is not None:
+        out["snapshot"] = record.snapshot.annotation
+    return out
+
+
+def end_at(record: SandboxRecord) -> datetime:
+    if record.deadline is not None:
+        return record.deadline
+    if record.retain_until is not None:
+        return record.retain_until
+    return record.started_at + timedelta(seconds=record.timeout)
+
+
+def sandbox_out(record: SandboxRecord, settings: ApiSettings) -> SandboxOut:
+    return SandboxOut(
+        template_id=record.template,
+        sandbox_id=record.sandbox_id,
+        client_id=settings.client_id,
+        envd_version=ENVD_VERSION,
+        envd_access_token=record.envd_access_token,
+        domain=settings.sandbox_domain,
+    )
+
+
+def listed_out(record: SandboxRecord, settings: ApiSettings) -> ListedSandboxOut:
+    return ListedSandboxOut(
+        template_id=record.template,
+        sandbox_id=record.sandbox_id,
+        client_id=settings.client_id,
+        started_at=record.started_at,
+        end_at=end_at(record),
+        cpu_count=settings.cpu_count,
+        memory_mb=settings.memory_mb,
+        disk_size_mb=settings.disk_size_mb,
+        metadata=e2b_metadata(record),
+        state=record.state.e2b,
+        envd_version=ENVD_VERSION,
+    )
+
+
+def detail_out(record: SandboxRecord, settings: ApiSettings) -> SandboxDetailOut:
+    listed = listed_out(record, settings)
+    return SandboxDetailOut(
+        **listed.model_dump(),
+        envd_access_token=record.envd_access_token,
+        domain=settings.sandbox_domain,
+        lifecycle=LifecycleOut(
+            auto_resume=record.auto_resume,
+            on_timeout="pause" if record.auto_pause else "kill",
+        ),
+    )
+
+
+def native_out(record: SandboxRecord) -> NativeSandbox:
+    snap = record.snapshot
+    return NativeSandbox(
+        name=record.sandbox_id,
+        owner=record.owner,
+        template=record.template,
+        state=record.state.value,
+        timeout=record.timeout,
+        auto_pause=record.auto_pause,
+        auto_resume=record.auto_resume,
+        metadata=dict(record.metadata),
+        created_at=record.created_at,
+        started_at=record.started_at,
+        deadline=record.deadline,
+        paused_at=record.paused_at,
+        retain_until=record.retain_until,
+        snapshot=(
+            SnapshotOut(
+                annotation=snap.annotation,
+                captured_at=snap.captured_at,
+                process_count=snap.process_count,
+            )
+            if snap is not None
+            else None
+        ),
+        failure=record.failure,
+        envd_access_token=record.envd_access_token,
+    )

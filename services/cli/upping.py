@@ -1,0 +1,156 @@
+"""``torpor up``: embedded NATS, the first user and key, then every service under one supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rich.live import Live
+
+from services.cli import catalog
+from services.cli.accounts import ensure_admin_key, open_accounts
+from services.cli.instance import InstanceState, remove_state, write_state
+from services.cli.status_view import StatusView
+from services.cli.supervising import Child, Supervisor
+from shared.bus.server import EmbeddedNats, free_port
+from shared.settings import BusSettings
+
+
+@dataclass(frozen=True)
+class Plan:
+    data_dir: Path
+    api_port: int
+    proxy_port: int
+    nats_port: int
+    grace: float = 10.0
+    host: str = "127.0.0.1"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.host}:{self.api_port}"
+
+    @property
+    def sandbox_url(self) -> str:
+        return f"http://{self.host}:{self.proxy_port}"
+
+
+def child_env(plan: Plan, nats_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "NATS_URL": nats_url,
+            "TORPOR_DATA_DIR": str(plan.data_dir),
+            "TORPOR_API_URL": plan.api_url,
+            "TORPOR_SANDBOX_URL": plan.sandbox_url,
+            "TORPOR_HEALTH_HOST": plan.host,
+        }
+    )
+    # NATS_URL above wins (never point at another broker); ports are set per service.
+    for name in ("TORPOR_NATS_URL", "TORPOR_PORT", "TORPOR_API_PORT", "TORPOR_PROXY_PORT"):
+        env.pop(name, None)
+    return env
+
+
+def run_up(plan: Plan) -> int:
+    """Blocks until Ctrl-C/SIGTERM. NATS starts first and stops last."""
+    nats = EmbeddedNats(data_dir=plan.data_dir / "nats", host=plan.host, port=plan.nats_port)
+    nats.start()
+    try:
+        return asyncio.run(_supervise(plan, nats))
+    finally:
+        remove_state(plan.data_dir)
+        nats.stop()
+
+
+async def _supervise(plan: Plan, nats: EmbeddedNats) -> int:
+    stop = asyncio.Event()
+    public = {"api": plan.api_port, "proxy": plan.proxy_port}
+    children = [
+        Child(
+            spec=spec,
+            health_port=free_port(plan.host),
+            port=public.get(spec.public_port) if spec.public_port else None,
+        )
+        for spec in catalog.SERVICES
+    ]
+    supervisor = Supervisor(
+        children=children,
+        env=child_env(plan, nats.url),
+        log_dir=plan.data_dir / "logs",
+        grace=plan.grace,
+    )
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            supervisor.grace = 0  # a second Ctrl-C: do not wait for the services
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, on_signal)
+
+    async with open_accounts(BusSettings(nats_url=nats.url)) as (keys, _):
+        await ensure_admin_key(keys, plan.data_dir)
+    if stop.is_set():
+        return 0
+    write_state(
+        InstanceState(
+            pid=os.getpid(),
+            data_dir=plan.data_dir,
+            nats_url=nats.url,
+            api_url=plan.api_url,
+            sandbox_url=plan.sandbox_url,
+            api_port=plan.api_port,
+            proxy_port=plan.proxy_port,
+            started_at=datetime.now(UTC),
+        )
+    )
+    view = StatusView(
+        header=(
+            f"NATS {nats.url}   API {plan.api_url}   sandboxes {plan.sandbox_url}\n"
+            f"data {plan.data_dir}   logs {plan.data_dir / 'logs'}\n"
+            'In another shell: eval "$(torpor env'
+            + ("" if _default_data_dir(plan.data_dir) else f" --data-dir {plan.data_dir}")
+            + ')"'
+        ),
+        nats_pid=nats.process.pid if nats.process else None,
+    )
+    supervisor.notify = view.event
+    if not view.interactive:
+        view.line(view.header.replace("\n", "   "))
+        await supervisor.run(stop)
+        view.line("stopped")
+        return 0
+    with Live(view.render(children), console=view.console, refresh_per_second=2) as live:
+        refresher = asyncio.create_task(_refresh(live, view, children))
+        try:
+            await supervisor.run(stop)
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+        live.update(view.render(children))
+    return 0
+
+
+async def _refresh(live: Live, view: StatusView, children: list[Child]) -> None:
+    while True:
+        live.update(view.render(children))
+        await asyncio.sleep(0.5)
+
+
+def _default_data_dir(data_dir: Path) -> bool:
+    from shared.settings import RuntimeSettings
+
+    try:
+        return RuntimeSettings().data_dir.expanduser().absolute() == data_dir
+    except Exception:
+        return False

@@ -1,0 +1,70 @@
+"""``python -m services.envd --listen HOST:PORT [--access-token T] [--root DIR]``.
+
+The listening socket is bound before the heavy imports (uvicorn, connectrpc, protobuf), so a
+client that connects during start-up waits in the backlog instead of being refused; ``/health``
+answers as soon as the application is loaded. The daemon imports nothing from ``shared``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="envd", description="torpor's in-sandbox daemon (envd-compatible)"
+    )
+    parser.add_argument("--listen", default="0.0.0.0:49983", help="HOST:PORT (default %(default)s)")
+    parser.add_argument(
+        "--access-token",
+        default=os.environ.get("ENVD_ACCESS_TOKEN") or None,
+        help="require this X-Access-Token (default: $ENVD_ACCESS_TOKEN, none when unset)",
+    )
+    parser.add_argument(
+        "--root",
+        default=None,
+        help="directory relative paths and the default cwd resolve against (default: $HOME)",
+    )
+    parser.add_argument("--log-level", default="warning")
+    return parser.parse_args(argv)
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise SystemExit(f"envd: --listen must be HOST:PORT, got {listen!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.set_inheritable(False)
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    host, port = _split_listen(args.listen)
+    root = os.path.abspath(args.root or os.environ.get("HOME") or os.getcwd())
+    if not os.path.isdir(root):
+        print(f"envd: --root {root} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        sock = _bind(host, port)
+    except OSError as exc:
+        print(f"envd: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    from services.envd.server import serve
+
+    return serve(sock, root=root, access_token=args.access_token, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

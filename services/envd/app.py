@@ -1,0 +1,170 @@
+"""The daemon's ASGI application: Connect services, ``/files``, ``/health``, ``/init``, ``/envs``.
+
+Why connectrpc's own ASGI applications: they implement the Connect protocol (unary, server and
+client streams, envelopes, error bodies, size limits) exactly as the SDK's connectrpc client
+expects; this module only routes, checks ``X-Access-Token`` and serves envd's plain HTTP API.
+Connect-Timeout-Ms is not enforced by connectrpc's server; the Start handler reads it through
+``ctx.timeout_ms()`` and turns it into the process deadline, as real envd does.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from services.envd.files_http import (
+    FilesApi,
+    Receive,
+    Scope,
+    Send,
+    header,
+    query,
+    send_error,
+    send_json,
+)
+from services.envd.filesystem_service import FilesystemService
+from services.envd.gen.filesystem.filesystem_connect import FilesystemASGIApplication
+from services.envd.gen.process.process_connect import ProcessASGIApplication
+from services.envd.process_service import ProcessService
+from services.envd.processes import ProcessTable
+from services.envd.version import ENVD_VERSION
+
+log = logging.getLogger("envd")
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # one Connect message (SendInput data, a ListDir reply)
+MAX_INIT_BYTES = 1024 * 1024
+
+
+class DaemonState:
+    """What /init can change after start: env vars, access token, default workdir."""
+
+    def __init__(self, *, root: str, access_token: str | None) -> None:
+        self.root = root
+        self.access_token = access_token or None
+        self.env_vars: dict[str, str] = {}
+        self.default_workdir: str | None = None
+
+    def home(self) -> str:
+        return os.environ.get("HOME") or self.root
+
+    def base_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env_vars}
+
+    def default_cwd(self) -> str:
+        return self.default_workdir or self.root
+
+
+class EnvdApp:
+    def __init__(self, *, root: str, access_token: str | None) -> None:
+        self.state = DaemonState(root=root, access_token=access_token)
+        self.table = ProcessTable(
+            base_env=self.state.base_env, default_cwd=self.state.default_cwd, root=root
+        )
+        self.filesystem = FilesystemService(root=root, home=self.state.home)
+        self._process_app = ProcessASGIApplication(
+            ProcessService(self.table), read_max_bytes=MAX_MESSAGE_BYTES, compressions=()
+        )
+        self._filesystem_app = FilesystemASGIApplication(
+            self.filesystem, read_max_bytes=MAX_MESSAGE_BYTES, compressions=()
+        )
+        self._files = FilesApi(root=root, home=self.state.home)
+
+    def close(self) -> None:
+        self.table.shutdown()
+        self.filesystem.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return  # no lifespan or websockets here
+        path: str = scope["path"]
+        try:
+            if path == "/health":
+                await send({"type": "http.response.start", "status": 204, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            if not self._authorized(scope):
+                await send_json(send, 401, {"code": "unauthenticated", "message": "invalid or "
+                                            "missing access token (X-Access-Token)"})
+                return
+            if path.startswith("/process.Process/"):
+                await self._process_app(scope, receive, send)  # type: ignore[arg-type]
+            elif path.startswith("/filesystem.Filesystem/"):
+                await self._filesystem_app(scope, receive, send)  # type: ignore[arg-type]
+            elif path == "/files":
+                await self._files(scope, receive, send)
+            elif path == "/init" and scope["method"] == "POST":
+                await self._init(receive, send)
+            elif path == "/envs" and scope["method"] == "GET":
+                await send_json(send, 200, self.state.env_vars)
+            elif path == "/version":
+                await send_json(send, 200, {"version": ENVD_VERSION})
+            else:
+                await send_error(send, 404, f"no route for {scope['method']} {path}")
+        except Exception:
+            log.exception("unhandled error on %s", path)
+            raise
+
+    def _authorized(self, scope: Scope) -> bool:
+        token = self.state.access_token
+        if token is None:
+            return True
+        given = header(scope, b"x-access-token")
+        if given and hmac.compare_digest(given.encode(), token.encode()):
+            return True
+        if scope["path"] == "/files":
+            return _valid_signature(scope, token)
+        return False
+
+    async def _init(self, receive: Receive, send: Send) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if len(body) > MAX_INIT_BYTES:
+                await send_error(send, 413, "init body too large")
+                return
+            if not message.get("more_body", False):
+                break
+        try:
+            data: Any = json.loads(body or b"{}")
+            if not isinstance(data, dict):
+                raise TypeError("not an object")
+            env_vars = data.get("envVars") or {}
+            if not isinstance(env_vars, dict):
+                raise TypeError("envVars is not an object")
+        except (ValueError, TypeError) as exc:
+            await send_error(send, 400, f"invalid init body: {exc}")
+            return
+        self.state.env_vars.update({str(k): str(v) for k, v in env_vars.items()})
+        if isinstance(data.get("accessToken"), str) and data["accessToken"]:
+            self.state.access_token = data["accessToken"]
+        if isinstance(data.get("defaultWorkdir"), str) and data["defaultWorkdir"]:
+            self.state.default_workdir = data["defaultWorkdir"]
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _valid_signature(scope: Scope, token: str) -> bool:
+    """The SDK's signed download/upload URLs: ``v1_`` + b64(sha256(path:op:user:token[:exp]))."""
+    params = query(scope)
+    signature = params.get("signature", "")
+    if not signature.startswith("v1_"):
+        return False
+    operation = "read" if scope["method"] == "GET" else "write"
+    raw = f"{params.get('path', '')}:{operation}:{params.get('username', '')}:{token}"
+    expiration = params.get("signature_expiration")
+    if expiration:
+        try:
+            if int(expiration) < time.time():
+                return False
+        except ValueError:
+            return False
+        raw += f":{expiration}"
+    digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
+    return hmac.compare_digest(signature[3:], digest)

@@ -1,0 +1,316 @@
+"""The sandbox proxy as a plain ASGI app: route, authorise, wake (auto-resume), forward.
+
+Errors are JSON ``{"code": <int>, "message": "..."}``; the SDK maps a 502 whose message says
+"was not found" to ``SandboxNotRunningException`` and "port is not open" to
+``SandboxUnreachableException`` (wire contract §3.2, §3.4).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+import httpx
+import structlog
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from starlette.types import Receive, Scope, Send
+
+from services.proxy.activity import ActivityThrottle, Toucher
+from services.proxy.forwarding import UpstreamUnreachableError, forward_http, forward_websocket
+from services.proxy.records import RecordSource
+from services.proxy.routing import BadTargetError, Target, target_of
+from services.proxy.settings import ProxySettings
+from services.proxy.waking import NotRunningError, Resumer, Waker
+from shared.auth.models import User
+from shared.models.sandboxes import SandboxRecord, SandboxState
+
+log = structlog.get_logger()
+
+
+class ProxyLifecycle(Resumer, Toucher, Protocol):
+    pass
+
+
+class Authenticator(Protocol):
+    async def authenticate(self, secret: str) -> User | None: ...
+
+
+@dataclass(frozen=True)
+class ProxyWiring:
+    records: RecordSource
+    lifecycle: ProxyLifecycle
+    keys: Authenticator | None
+
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def correlation_id_from(headers: list[tuple[bytes, bytes]]) -> str:
+    for name, value in headers:
+        if name.lower() in (b"x-correlation-id", b"x-request-id"):
+            candidate = value.decode("latin-1")
+            if _SAFE_ID.match(candidate):
+                return candidate
+    return uuid.uuid4().hex
+
+
+class RefusedError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers", []):
+        if k.lower() == name:
+            return str(v.decode("latin-1"))
+    return None
+
+
+def upstream_host(record: SandboxRecord) -> str:
+    host = record.host or ""
+    name, sep, port = host.rpartition(":")
+    return name if sep and port.isdigit() and ":" not in name else host
+
+
+class ProxyApp:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        *,
+        wiring: ProxyWiring | None = None,
+        connect: Callable[[], AbstractAsyncContextManager[ProxyWiring]] | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry or CollectorRegistry()
+        self._connect = connect
+        self._wiring: ProxyWiring | None = None
+        self._client: httpx.AsyncClient | None = None
+        self.waker: Waker | None = None
+        self.activity: ActivityThrottle | None = None
+        self._requests = Counter(
+            "torpor_proxy_requests_total",
+            "Proxied requests by outcome",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self._ttfb = Histogram(
+            "torpor_proxy_upstream_seconds",
+            "Time until the sandbox answered (response headers), wake-up included",
+            registry=self.registry,
+        )
+        if wiring is not None:
+            self.attach(wiring)
+
+    def attach(self, wiring: ProxyWiring) -> None:
+        self._wiring = wiring
+        self.waker = Waker(wiring.lifecycle, wait=self.settings.resume_wait, registry=self.registry)
+        self.activity = ActivityThrottle(wiring.lifecycle, interval=self.settings.touch_interval)
+
+    def _http_client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            limits = httpx.Limits(
+                max_connections=self.settings.max_connections,
+                max_keepalive_connections=min(100, self.settings.max_connections),
+                keepalive_expiry=30,
+            )
+            timeout = httpx.Timeout(
+                connect=self.settings.connect_timeout, read=None, write=None, pool=60
+            )
+            self._client = httpx.AsyncClient(
+                limits=limits, timeout=timeout, follow_redirects=False, trust_env=False
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self.activity is not None:
+            await self.activity.drain()
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # ---- ASGI -------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        cid = correlation_id_from(scope.get("headers", []))
+        with structlog.contextvars.bound_contextvars(correlation_id=cid):
+            try:
+                target = target_of(scope.get("headers", []))
+            except BadTargetError as e:
+                await self._refuse(scope, send, 400, str(e))
+                return
+            if target is None:
+                await self._own(scope, send)
+                return
+            with structlog.contextvars.bound_contextvars(sandbox_id=target.sandbox_id):
+                await self._proxy(scope, receive, send, target)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        stack: AbstractAsyncContextManager[ProxyWiring] | None = None
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    if self._connect is not None and self._wiring is None:
+                        stack = self._connect()
+                        self.attach(await stack.__aenter__())
+                except Exception as e:
+                    await send({"type": "lifespan.startup.failed", "message": repr(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                if stack is not None:
+                    await stack.__aexit__(None, None, None)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _own(self, scope: Scope, send: Send) -> None:
+        """Requests that name no sandbox: the proxy's own health and metrics."""
+        if scope["type"] != "http":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        path = scope["path"]
+        if path in ("/health", "/healthz", "/livez", "/readyz"):
+            ready = self._wiring is not None
+            await _plain(send, 200 if ready else 503, b"ok\n" if ready else b"starting\n")
+        elif path == "/metrics":
+            await _plain(send, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+        else:
+            await self._refuse(
+                scope,
+                send,
+                400,
+                "no sandbox named: send E2b-Sandbox-Id (and E2b-Sandbox-Port) or use the host "
+                "{port}-{sandboxID}.{domain}",
+            )
+
+    async def _refuse(self, scope: Scope, send: Send, status: int, message: str) -> None:
+        self._requests.labels(f"refused_{status}").inc()
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008 if status < 500 else 1011})
+            return
+        body = json.dumps({"code": status, "message": message}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    # ---- the hot path ----------------------------------------------------------------------
+
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
+        wiring = self._wiring
+        if wiring is None or self.waker is None or self.activity is None:
+            await self._refuse(scope, send, 503, "the proxy is starting")
+            return
+        started = time.perf_counter()
+        try:
+            record = await wiring.records.get(target.sandbox_id)
+            if record is None or record.state in (SandboxState.KILLING, SandboxState.KILLED):
+                raise RefusedError(502, f"The sandbox {target.sandbox_id} was not found")
+            await self._authorise(scope, target, record, wiring)
+            if self.waker.needs_waking(record):
+                record = await self.waker.running(record)
+                wiring.records.remember(record)
+        except RefusedError as e:
+            await self._refuse(scope, send, e.status, e.message)
+            return
+        except NotRunningError as e:
+            await self._refuse(scope, send, 502, str(e))
+            return
+        except TimeoutError:
+            await self._refuse(scope, send, 504, f"sandbox {target.sandbox_id} is still resuming")
+            return
+        except Exception as e:
+            log.warning("wake_failed", error=repr(e))
+            await self._refuse(
+                scope, send, 502, f"The sandbox {target.sandbox_id} was not found: {e}"
+            )
+            return
+        self.activity.seen(target.sandbox_id)
+        host = upstream_host(record)
+        try:
+            if scope["type"] == "websocket":
+                self._requests.labels("websocket").inc()
+                await forward_websocket(
+                    scope,
+                    receive,
+                    send,
+                    host=host,
+                    port=target.port,
+                    open_timeout=self.settings.connect_timeout,
+                )
+                return
+            status = await forward_http(
+                self._http_client(), scope, receive, send, host=host, port=target.port
+            )
+            self._requests.labels("proxied").inc()
+            self._ttfb.observe(time.perf_counter() - started)
+            log.debug("proxied", port=target.port, status=status)
+        except UpstreamUnreachableError:
+            await self._refuse(
+                scope,
+                send,
+                502,
+                f"The sandbox {target.sandbox_id} is running but port is not open: nothing "
+                f"listens on port {target.port}",
+            )
+
+    async def _authorise(
+        self, scope: Scope, target: Target, record: SandboxRecord, wiring: ProxyWiring
+    ) -> None:
+        """Another user's API key sees 404; the daemon port needs the sandbox's access token
+        (or the owner's API key). Bearer headers are left alone: they may be the app's own."""
+        api_key = _header(scope, b"x-api-key")
+        owner_key = False
+        if api_key and wiring.keys is not None:
+            user = await wiring.keys.authenticate(api_key.strip())
+            if user is None:
+                raise RefusedError(401, "invalid API key")
+            if not user.admin and user.name != record.owner:
+                raise RefusedError(404, f"sandbox {target.sandbox_id} not found")
+            owner_key = True
+        needs_token = target.is_daemon or not self.settings.public_ports
+        if needs_token and record.envd_access_token and not owner_key:
+            token = _header(scope, b"x-access-token") or ""
+            if not hmac.compare_digest(token.encode(), record.envd_access_token.encode()):
+                raise RefusedError(401, "invalid or missing X-Access-Token for this sandbox")
+
+
+async def _plain(send: Send, status: int, body: bytes, content_type: str = "text/plain") -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

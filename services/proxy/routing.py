@@ -1,0 +1,58 @@
+"""Which sandbox and port a request is for: ``E2b-Sandbox-Id``/``E2b-Sandbox-Port`` headers
+(what the SDK sends behind ``E2B_SANDBOX_URL``) or a ``{port}-{sandboxID}.{domain}`` host."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from services.proxy.settings import ENVD_PORT
+from shared.ids import is_valid_sandbox_id
+
+_HOST_LABEL = re.compile(r"^(\d{1,5})-([a-z0-9][a-z0-9-]*)$")
+
+
+@dataclass(frozen=True)
+class Target:
+    sandbox_id: str
+    port: int
+
+    @property
+    def is_daemon(self) -> bool:
+        return self.port == ENVD_PORT
+
+
+class BadTargetError(ValueError):
+    """The request names a sandbox, but not in a usable way."""
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return value.decode("latin-1").strip()
+    return None
+
+
+def _port(raw: str) -> int:
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        msg = f"invalid sandbox port {raw!r}"
+        raise BadTargetError(msg)
+    return int(raw)
+
+
+def target_of(headers: list[tuple[bytes, bytes]]) -> Target | None:
+    """The target; ``None`` when the request names no sandbox; ``BadTargetError`` if garbled."""
+    sandbox_id = _header(headers, b"e2b-sandbox-id")
+    if sandbox_id:
+        if not is_valid_sandbox_id(sandbox_id):
+            msg = f"invalid sandbox id {sandbox_id[:80]!r}"
+            raise BadTargetError(msg)
+        raw_port = _header(headers, b"e2b-sandbox-port")
+        return Target(sandbox_id, _port(raw_port) if raw_port else ENVD_PORT)
+    host = _header(headers, b"host") or ""
+    first = host.split(":", 1)[0].split(".", 1)
+    if len(first) == 2 and (m := _HOST_LABEL.match(first[0].lower())):
+        sandbox_id = m.group(2)
+        if is_valid_sandbox_id(sandbox_id):
+            return Target(sandbox_id, _port(m.group(1)))
+    return None

@@ -1,0 +1,27 @@
+"""Settings of the sandbox proxy (``TORPOR_PROXY_*``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from shared.settings import _Base
+
+ENVD_PORT = 49983
+
+
+class ProxySettings(_Base):
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", env_prefix="TORPOR_PROXY_")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=3001, ge=0, le=65535)
+    # Proxied traffic is activity: at most one ``touch`` per sandbox per this many seconds, per
+    # replica (a KV write and an event each).
+    touch_interval: float = Field(default=5.0, ge=0.0)
+    # How long a request may wait for its sandbox to (auto-)resume or finish creating.
+    resume_wait: float = Field(default=90.0, gt=0)
+    connect_timeout: float = Field(default=5.0, gt=0)
+    # E2B's default: ports other than the daemon's are reachable without a token. Set to false
+    # to require the sandbox's X-Access-Token on every port.
+    public_ports: bool = True
+    max_connections: int = Field(default=1000, ge=1)

@@ -1,0 +1,142 @@
+"""The scaler's subscribers.
+
+- ``scaler-lifecycle`` (SANDBOX_CMD): ``sandbox.cmd.create.*``, ``sandbox.cmd.resume.*`` and
+  ``sandbox.cmd.kill.*`` on one durable (work-queue filters must not overlap), dispatched by the
+  subject's verb.
+- ``scaler-on-snapshotted`` (SANDBOX_EVT): ``sandbox.evt.snapshotted.*`` → scale to 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from faststream.nats import NatsMessage, NatsRouter
+from pydantic import BaseModel
+
+from services.scaler.scaling import Scaler
+from shared.bus import subjects
+from shared.bus.broker import subscriber_args
+from shared.bus.middleware import PoisonMessage
+from shared.bus.topology import SCALER_LIFECYCLE, SCALER_ON_SNAPSHOTTED
+from shared.lifecycle.worker import guarded, header_msg_id, heartbeat
+from shared.models.messages import (
+    CreateSandbox,
+    KillSandbox,
+    ResumeSandbox,
+    SandboxCreated,
+    SandboxFailed,
+    SandboxKilled,
+    SandboxPaused,
+    SandboxResumed,
+    SandboxSnapshotted,
+    msg_id,
+)
+
+HEARTBEAT_EVERY = SCALER_LIFECYCLE.backoff[0] / 3
+_EVENTS: tuple[tuple[str, type[BaseModel], str], ...] = (
+    (subjects.EVT_CREATED, SandboxCreated, "The sandbox's first pod is ready; it is running."),
+    (subjects.EVT_PAUSED, SandboxPaused, "The workload is at 0 replicas with its snapshot stored."),
+    (subjects.EVT_RESUMED, SandboxResumed, "Running again; per-process replay outcomes."),
+    (subjects.EVT_KILLED, SandboxKilled, "The workload is deleted; the record is a tombstone."),
+    (
+        subjects.EVT_FAILED,
+        SandboxFailed,
+        "A transition gave up; the record is failed with a reason.",
+    ),
+)
+
+
+def _sandbox_id_checked(msg: NatsMessage, body_sid: str) -> str:
+    if subjects.sandbox_id_of(msg.raw_message.subject) != body_sid:
+        raise PoisonMessage("subject and body name different sandboxes")
+    return body_sid
+
+
+def build_router(scaler: Scaler, *, give_up_after: int, max_workers: int = 8) -> NatsRouter:
+    router = NatsRouter()
+    for subject, schema, description in _EVENTS:  # documentation of what the scaler emits
+        router.publisher(
+            subjects.all_of(subject), title=subject, description=description, schema=schema
+        )
+
+    @router.subscriber(
+        **subscriber_args(SCALER_LIFECYCLE, max_workers=max_workers),
+        title="sandbox.cmd.{create,resume,kill}",
+        description=(
+            "Commands owned by the scaler, on one durable: sandbox.cmd.create.<sid> "
+            "(CreateSandbox), sandbox.cmd.resume.<sid> (ResumeSandbox), sandbox.cmd.kill.<sid> "
+            "(KillSandbox). The verb is the subject's third token."
+        ),
+    )
+    async def on_command(body: dict[str, Any], msg: NatsMessage) -> None:
+        subject = msg.raw_message.subject
+        verb = subject.split(".")[2] if subject.count(".") >= 3 else ""
+        if verb == "create":
+            create = CreateSandbox.model_validate(body)
+            sid = _sandbox_id_checked(msg, create.sandbox_id)
+            cmd_id = header_msg_id(msg, msg_id("create", sid, 0))
+
+            async def fail_create(reason: str) -> None:
+                await scaler.give_up("create", sid, reason, cmd_msg_id=cmd_id)
+
+            await _run(
+                scaler, msg, sid, lambda: scaler.create(create, cmd_id), fail_create, give_up_after
+            )
+        elif verb == "resume":
+            resume = ResumeSandbox.model_validate(body)
+            sid = _sandbox_id_checked(msg, resume.sandbox_id)
+            cmd_id = header_msg_id(msg, msg_id("resume", sid, resume.generation))
+
+            async def fail_resume(reason: str) -> None:
+                await scaler.give_up("resume", sid, reason, cmd_msg_id=cmd_id)
+
+            await _run(
+                scaler,
+                msg,
+                sid,
+                lambda: scaler.resume(resume, cmd_id, msg.in_progress),
+                fail_resume,
+                give_up_after,
+            )
+        elif verb == "kill":
+            kill = KillSandbox.model_validate(body)
+            sid = _sandbox_id_checked(msg, kill.sandbox_id)
+            cmd_id = header_msg_id(msg, msg_id("kill", sid, kill.generation))
+
+            async def fail_kill(reason: str) -> None:
+                await scaler.give_up("kill", sid, reason, cmd_msg_id=cmd_id)
+
+            await _run(
+                scaler, msg, sid, lambda: scaler.kill(kill, cmd_id), fail_kill, give_up_after
+            )
+        else:
+            raise PoisonMessage(f"the scaler does not handle {subject}")
+
+    @router.subscriber(
+        **subscriber_args(SCALER_ON_SNAPSHOTTED, max_workers=max_workers),
+        title="sandbox.evt.snapshotted (scaler)",
+        description="Second half of a pause: check the stored snapshot, scale to 0, mark paused.",
+    )
+    async def on_snapshotted(body: SandboxSnapshotted, msg: NatsMessage) -> None:
+        sid = _sandbox_id_checked(msg, body.sandbox_id)
+
+        async def fail_pause(reason: str) -> None:
+            await scaler.give_up("pause", sid, reason, generation=body.generation)
+
+        await _run(
+            scaler,
+            msg,
+            sid,
+            lambda: scaler.finish_pause(body, msg.in_progress),
+            fail_pause,
+            give_up_after,
+        )
+
+    return router
+
+
+async def _run(
+    scaler: Scaler, msg: NatsMessage, sid: str, work: Any, fail: Any, give_up_after: int
+) -> None:
+    async with heartbeat(msg, every=HEARTBEAT_EVERY), scaler.lock(sid):
+        await guarded(work, msg=msg, give_up_after=give_up_after, fail=fail)

@@ -1,0 +1,369 @@
+"""The scaler: moves workloads between 0 and 1 replicas, replays snapshots, deletes workloads.
+
+Every operation is a sequence of idempotent effects between two compare-and-set steps on the
+record, so a redelivered message (crash, ack timeout, duplicate on another replica) repeats
+harmless work and the record says exactly how far a sandbox got:
+
+- create   ``creating`` → (create workload, scale 1, wait ready) → ``running``
+- pause    ``pausing`` + stored snapshot → (check the annotation is that snapshot, scale 0, wait
+           stopped) → ``paused``. Never scales to 0 unless the workload carries the snapshot.
+- resume   ``paused|failed`` → ``resuming`` → (scale 1, wait ready, replay once per pod) → ``running``
+- kill     any → ``killing`` → (delete workload) → ``killed`` (a tombstone)
+
+An operation that loses its record to a concurrent kill cleans up the workload it may have
+(re)created. Events are published after the CAS with ids derived from the new generation; a
+redelivery that finds the work done publishes the same id again (deduplicated by the stream), so
+a crash between the CAS and the publish never loses an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Literal
+
+import structlog
+
+from services.scaler import metrics
+from shared.bus import subjects
+from shared.bus.middleware import Retry
+from shared.bus.ports import Publisher, SandboxStore
+from shared.envd.ports import Envd
+from shared.errors import IllegalTransition, NotFound
+from shared.lifecycle import transitions as t
+from shared.lifecycle.pods import ensure_workload, workload_spec
+from shared.lifecycle.replay import plan, replay_key
+from shared.models.messages import (
+    CreateSandbox,
+    KillSandbox,
+    ProcessOutcome,
+    ResumeSandbox,
+    SandboxCreated,
+    SandboxFailed,
+    SandboxKilled,
+    SandboxPaused,
+    SandboxResumed,
+    SandboxSnapshotted,
+    msg_id,
+)
+from shared.models.sandboxes import SandboxRecord, SandboxState
+from shared.models.snapshots import Snapshot
+from shared.runtime.models import ANNOTATION_REPLAYED, ANNOTATION_SNAPSHOT, Endpoint
+from shared.runtime.ports import Runtime
+
+log = structlog.get_logger()
+
+Progress = Callable[[], Awaitable[None]]
+Outcome = Literal["done", "skipped"]
+
+
+async def _no_progress() -> None:
+    return None
+
+
+class Scaler:
+    def __init__(
+        self,
+        *,
+        store: SandboxStore,
+        runtime: Runtime,
+        envd: Envd,
+        publisher: Publisher,
+        ready_timeout: float = 60.0,
+        stop_timeout: float = 60.0,
+        start_timeout: float = 10.0,
+        retention: timedelta = timedelta(days=30),
+        tombstone_for: timedelta = timedelta(days=1),
+    ) -> None:
+        self._store = store
+        self._runtime = runtime
+        self._envd = envd
+        self._publisher = publisher
+        self._ready_timeout = ready_timeout
+        self._stop_timeout = stop_timeout
+        self._start_timeout = start_timeout
+        self._retention = retention
+        self._tombstone_for = tombstone_for
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def lock(self, sandbox_id: str) -> asyncio.Lock:
+        """Serialises this replica's handlers per sandbox (replicas race through CAS instead)."""
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+
+    # ---- create -------------------------------------------------------------------------
+
+    async def create(self, cmd: CreateSandbox, cmd_msg_id: str) -> Outcome:
+        sid = cmd.sandbox_id
+        started = time.monotonic()
+        try:
+            record = await self._store.update(sid, t.begin("create", cmd_msg_id, generation=None))
+        except NotFound:
+            return "skipped"
+        except IllegalTransition:
+            current = await self._store.get(sid)
+            if (
+                current is not None
+                and current.state == SandboxState.RUNNING
+                and current.paused_at is None
+                and current.snapshot is None
+            ):
+                await self._publish_created(current)  # done before; the event may be missing
+            return "skipped"
+        await self._runtime.create(workload_spec(record, replicas=1))
+        await self._runtime.scale(sid, 1)
+        endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
+        try:
+            record = await self._store.update(
+                sid, t.running(op="create", cmd_msg_id=cmd_msg_id, endpoint=endpoint)
+            )
+        except IllegalTransition:
+            await self._clean_up_if_killed(sid)
+            raise
+        await self._publish_created(record)
+        metrics.observe("create", "done", time.monotonic() - started)
+        return "done"
+
+    async def _publish_created(self, record: SandboxRecord) -> None:
+        sid = record.sandbox_id
+        await self._publisher.publish(
+            SandboxCreated(sandbox_id=sid, generation=record.generation, at=t.now()),
+            subjects.of(subjects.EVT_CREATED, sid),
+            msg_id=msg_id("created", sid, record.generation),
+        )
+
+    # ---- pause (second half) ------------------------------------------------------------
+
+    async def finish_pause(
+        self, event: SandboxSnapshotted, progress: Progress = _no_progress
+    ) -> Outcome:
+        sid = event.sandbox_id
+        record = await self._store.get(sid)
+        if record is None:
+            return "skipped"
+        if record.state == SandboxState.PAUSED and record.generation == event.generation + 1:
+            await self._publish_paused(record)  # done before; the event may be missing
+            return "skipped"
+        ref = t.snapshot_of_this_pause(record)
+        if record.generation != event.generation or ref is None:
+            log.info("pause_not_applicable", state=record.state.value, generation=record.generation)
+            return "skipped"
+        workload = await self._runtime.get(sid)
+        if workload is not None:
+            if workload.annotations.get(ANNOTATION_SNAPSHOT) != ref.annotation:
+                # A duplicate capture may have overwritten the annotation: the record is the
+                # truth, and the workload must carry it before its pod may go.
+                await self._runtime.patch_annotations(sid, {ANNOTATION_SNAPSHOT: ref.annotation})
+                workload = await self._runtime.get(sid)
+                if (
+                    workload is None
+                    or workload.annotations.get(ANNOTATION_SNAPSHOT) != ref.annotation
+                ):
+                    raise Retry("snapshot annotation not stored yet", delay=1.0)
+            await self._runtime.scale(sid, 0)
+            await progress()
+            await self._runtime.wait_stopped(sid, timeout=self._stop_timeout)
+        begun = record.pending.started_at if record.pending else None
+        try:
+            record = await self._store.update(
+                sid, t.paused(generation=event.generation, retention=self._retention)
+            )
+        except IllegalTransition:
+            await self._clean_up_if_killed(sid)
+            raise
+        await self._publish_paused(record)
+        if begun is not None and record.paused_at is not None:
+            metrics.observe("pause", "done", (record.paused_at - begun).total_seconds())
+        else:
+            metrics.observe("pause", "done", None)
+        return "done"
+
+    async def _publish_paused(self, record: SandboxRecord) -> None:
+        sid = record.sandbox_id
+        await self._publisher.publish(
+            SandboxPaused(
+                sandbox_id=sid,
+                generation=record.generation,
+                at=t.now(),
+                snapshot_id=record.snapshot.id if record.snapshot else None,
+            ),
+            subjects.of(subjects.EVT_PAUSED, sid),
+            msg_id=msg_id("paused", sid, record.generation),
+        )
+
+    # ---- resume -------------------------------------------------------------------------
+
+    async def resume(
+        self, cmd: ResumeSandbox, cmd_msg_id: str, progress: Progress = _no_progress
+    ) -> Outcome:
+        sid = cmd.sandbox_id
+        started = time.monotonic()
+        try:
+            record = await self._store.update(
+                sid, t.begin("resume", cmd_msg_id, generation=cmd.generation)
+            )
+        except NotFound:
+            return "skipped"
+        except IllegalTransition:
+            current = await self._store.get(sid)
+            if current is None:
+                return "skipped"
+            if current.state == SandboxState.PAUSING and current.generation == cmd.generation:
+                raise Retry("a pause is in flight; resume after it", delay=2.0) from None
+            if current.state == SandboxState.RUNNING and current.generation == cmd.generation + 1:
+                await self._publish_resumed(current, [])  # done before; the event may be missing
+            return "skipped"
+        try:
+            await ensure_workload(self._runtime, record)
+            await self._runtime.scale(sid, 1)
+            await progress()
+            endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
+            await progress()
+            outcomes = await self._replay(record, endpoint, progress)
+            record = await self._store.update(
+                sid,
+                t.running(
+                    op="resume", cmd_msg_id=cmd_msg_id, endpoint=endpoint, timeout=cmd.timeout
+                ),
+            )
+        except (IllegalTransition, NotFound):
+            if await self._clean_up_if_killed(sid):
+                return "skipped"
+            raise
+        await self._publish_resumed(record, outcomes)
+        metrics.observe("resume", "done", time.monotonic() - started)
+        for o in outcomes:
+            metrics.REPLAYED.labels("ok" if o.error is None else "error").inc()
+        return "done"
+
+    async def _replay(
+        self, record: SandboxRecord, endpoint: Endpoint, progress: Progress
+    ) -> list[ProcessOutcome]:
+        """Start every snapshot process once in this pod, in order; failures are reported."""
+        workload = await self._runtime.get(record.sandbox_id)
+        annotations = workload.annotations if workload is not None else {}
+        value = annotations.get(ANNOTATION_SNAPSHOT)
+        if value is None and record.snapshot is not None:
+            value = record.snapshot.annotation
+            await self._runtime.patch_annotations(record.sandbox_id, {ANNOTATION_SNAPSHOT: value})
+        if value is None:
+            return []  # never paused (e.g. resuming a failed create): nothing to replay
+        snapshot = Snapshot.decode(value)
+        key = replay_key(snapshot.id, endpoint.pod_uid)
+        if annotations.get(ANNOTATION_REPLAYED) == key:
+            log.info("replay_already_done", snapshot_id=snapshot.id, pod_uid=endpoint.pod_uid)
+            return []
+        token = record.envd_access_token
+        running = await self._envd.list_processes(
+            endpoint, access_token=token, timeout=self._start_timeout
+        )
+        outcomes: list[ProcessOutcome] = []
+        for step in plan(snapshot.processes, running):
+            p = step.process
+            outcome = ProcessOutcome(
+                cmd=p.config.cmd, args=list(p.config.args), tag=p.tag, old_pid=p.pid
+            )
+            if step.running_pid is not None:
+                outcomes.append(outcome.model_copy(update={"new_pid": step.running_pid}))
+                continue
+            try:
+                pid = await self._envd.start_process(
+                    endpoint, p.config, tag=p.tag, access_token=token, timeout=self._start_timeout
+                )
+                outcomes.append(outcome.model_copy(update={"new_pid": pid}))
+            except Exception as e:
+                log.warning(
+                    "replay_process_failed", cmd=p.config.cmd, args=p.config.args, error=repr(e)
+                )
+                outcomes.append(
+                    outcome.model_copy(update={"error": f"{type(e).__name__}: {e}"[:500]})
+                )
+            await progress()
+        await self._runtime.patch_annotations(record.sandbox_id, {ANNOTATION_REPLAYED: key})
+        log.info(
+            "replayed",
+            snapshot_id=snapshot.id,
+            started=sum(1 for o in outcomes if o.new_pid is not None),
+            failed=sum(1 for o in outcomes if o.error is not None),
+        )
+        return outcomes
+
+    async def _publish_resumed(self, record: SandboxRecord, outcomes: list[ProcessOutcome]) -> None:
+        sid = record.sandbox_id
+        await self._publisher.publish(
+            SandboxResumed(
+                sandbox_id=sid, generation=record.generation, at=t.now(), processes=outcomes
+            ),
+            subjects.of(subjects.EVT_RESUMED, sid),
+            msg_id=msg_id("resumed", sid, record.generation),
+        )
+
+    # ---- kill ---------------------------------------------------------------------------
+
+    async def kill(self, cmd: KillSandbox, cmd_msg_id: str) -> Outcome:
+        """User and platform kills apply whatever happened since; timeout and retention kills
+        only for the generation they were decided on (a resumed sandbox is not expired)."""
+        sid = cmd.sandbox_id
+        started = time.monotonic()
+        guard = cmd.generation if cmd.reason in ("timeout", "retention") else None
+        try:
+            record = await self._store.update(sid, t.begin("kill", cmd_msg_id, generation=guard))
+        except NotFound:
+            return "skipped"
+        except IllegalTransition:
+            current = await self._store.get(sid)
+            if current is not None and current.state == SandboxState.KILLED:
+                await self._publish_killed(current)
+            return "skipped"
+        await self._runtime.delete(sid)
+        record = await self._store.update(
+            sid, t.killed(cmd_msg_id, tombstone_for=self._tombstone_for)
+        )
+        await self._publish_killed(record)
+        metrics.observe("kill", "done", time.monotonic() - started)
+        return "done"
+
+    async def _publish_killed(self, record: SandboxRecord) -> None:
+        sid = record.sandbox_id
+        await self._publisher.publish(
+            SandboxKilled(sandbox_id=sid, generation=record.generation, at=t.now()),
+            subjects.of(subjects.EVT_KILLED, sid),
+            msg_id=msg_id("killed", sid, record.generation),
+        )
+
+    async def _clean_up_if_killed(self, sandbox_id: str) -> bool:
+        """After losing the record to a kill: delete what this operation may have re-created."""
+        current = await self._store.get(sandbox_id)
+        if current is None or current.state in (SandboxState.KILLING, SandboxState.KILLED):
+            await self._runtime.delete(sandbox_id)
+            return True
+        return False
+
+    # ---- giving up ----------------------------------------------------------------------
+
+    async def give_up(
+        self,
+        op: t.Op,
+        sandbox_id: str,
+        reason: str,
+        *,
+        cmd_msg_id: str | None = None,
+        generation: int | None = None,
+    ) -> None:
+        record = await self._store.update(
+            sandbox_id, t.failed(op, reason, cmd_msg_id=cmd_msg_id, generation=generation)
+        )
+        metrics.observe(op, "failed", None)
+        log.error("transition_failed", op=op, reason=reason)
+        await self._publisher.publish(
+            SandboxFailed(
+                sandbox_id=sandbox_id,
+                generation=record.generation,
+                at=t.now(),
+                op=op,
+                reason=reason,
+            ),
+            subjects.of(subjects.EVT_FAILED, sandbox_id),
+            msg_id=msg_id("failed", sandbox_id, record.generation),
+        )

@@ -1,0 +1,376 @@
+"""Pure decisions of the scheduler: what a fired timer or a lifecycle event leads to.
+
+No I/O here: every function takes the sandbox record (the truth, from KV), the feature flags and
+``now``, and returns a ``Plan`` (messages to publish, timers to arm or cancel, a record change)
+that ``services.scheduler.handlers`` carries out.
+
+Rules
+-----
+- The record's ``deadline`` is the truth; the NATS schedule only has to fire *no later* than it.
+  A fire that comes early (the deadline moved on because of activity) re-arms at the record's
+  deadline instead of expiring, so activity needs no schedule publish at all (lazy re-arm).
+- Expiry (``state == running`` and ``deadline <= now``): **pause** when ``auto_pause`` is set
+  and ``PAUSE_RESUME`` is on for the sandbox's owner, otherwise **kill**. The pause command's id
+  is ``pause:<sid>:g<gen>``, the same id the API uses for that generation, so a user's pause and a
+  timeout pause deduplicate; kill uses ``kill:<sid>:g<gen>``.
+- A timeout pause is checked: a ``pause_check`` fires ``pause_check_seconds`` after the command,
+  then after doubling delays. Paused (or gone) by then: nothing to do. Still running with its
+  deadline passed (the command was lost, or the snapshotter never got to it): the pause is
+  ordered again with a fresh id (``pause:<sid>:g<gen>:a<n>``; the first id is deduplicated).
+  Transient errors inside one attempt are retried by the snapshotter itself (NAK with backoff);
+  when it gives up, the sandbox is ``failed`` with its pod still running, and the state machine
+  allows no pause from there. So after ``pause_attempts`` attempts, or as soon as a timeout pause
+  ended ``failed`` (``sandbox.evt.failed`` with op ``pause``, or seen at the check), **the
+  sandbox is killed**: an expired sandbox is never left running. We chose kill over "pause
+  without processes" because such a sandbox would come back missing its processes without
+  anyone noticing. The kill is announced with a second ``sandbox.evt.expired``
+  (``decision="kill"``, id ``expired:<sid>:g<gen>:kill``).
+- Retention: a paused sandbox gets ``retain_until = paused_at + retention`` (written into the
+  record, which the APIs show) and a ``retention`` timer; when it fires and the sandbox is still
+  paused, it is killed with ``reason="retention"``.
+- Several replicas: every output has a deterministic message id and every decision re-reads the
+  record, so duplicate fires (redelivery, a replica crash) publish nothing new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel
+
+from services.scheduler.schedules import Holder, Timer
+from shared.bus import subjects
+from shared.models.messages import KillSandbox, PauseSandbox, SandboxExpired, msg_id
+from shared.models.sandboxes import SandboxRecord, SandboxState
+from shared.settings import FeatureFlags
+
+Decision = Literal["pause", "kill"]
+Mutation = Callable[[SandboxRecord], SandboxRecord]
+
+_GONE = frozenset({SandboxState.KILLING, SandboxState.KILLED})
+
+
+@dataclass(frozen=True)
+class Policy:
+    retention: timedelta
+    pause_check: timedelta
+    pause_attempts: int
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    subject: str
+    message: BaseModel
+    msg_id: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to do, in this order: change the record, publish, cancel, arm."""
+
+    outcome: str  # for logs and metrics: expired, stale, moved, retried, ...
+    publish: tuple[Outgoing, ...] = ()
+    arm: tuple[Timer, ...] = ()
+    cancel: tuple[Holder, ...] = ()
+    mutate: Mutation | None = None
+    decision: Decision | None = None
+    deadline: datetime | None = None  # the deadline that expired (lateness metric)
+
+
+@dataclass(frozen=True)
+class FailedPause:
+    """A ``sandbox.evt.failed`` for op ``pause``, with the pending timeout-holder timer."""
+
+    pending: Timer | None
+
+
+@dataclass(frozen=True)
+class Activity:
+    at: datetime
+
+
+@dataclass(frozen=True)
+class Changed:
+    """Any other lifecycle event: bring the timers in line with the record."""
+
+    pending: Timer | None = field(default=None)
+
+
+def decide(record: SandboxRecord, flags: FeatureFlags) -> Decision:
+    if record.auto_pause and flags.pause_resume_enabled_for(record.owner):
+        return "pause"
+    return "kill"
+
+
+# ---- fired timers --------------------------------------------------------------------------
+
+
+def on_fired(
+    timer: Timer,
+    record: SandboxRecord | None,
+    *,
+    flags: FeatureFlags,
+    policy: Policy,
+    now: datetime,
+) -> Plan:
+    if record is None or record.state in _GONE:
+        return Plan("gone", cancel=("timeout", "retention"))
+    if timer.kind == "timeout":
+        return _on_timeout(record, flags=flags, policy=policy, now=now)
+    if timer.kind == "pause_check":
+        return _on_pause_check(timer, record, policy=policy, now=now)
+    return _on_retention(record, now=now)
+
+
+def _on_timeout(
+    record: SandboxRecord, *, flags: FeatureFlags, policy: Policy, now: datetime
+) -> Plan:
+    if record.state != SandboxState.RUNNING or record.deadline is None:
+        return Plan("stale")
+    if record.deadline > now:
+        return Plan("moved", arm=(timeout_timer(record),))
+    decision = decide(record, flags)
+    sid, gen = record.sandbox_id, record.generation
+    command: Outgoing
+    if decision == "pause":
+        command = Outgoing(
+            subjects.of(subjects.CMD_PAUSE, sid),
+            PauseSandbox(sandbox_id=sid, generation=gen, reason="timeout"),
+            msg_id("pause", sid, gen),
+        )
+        check = pause_check_timer(record, attempt=1, due=now + check_delay(policy, 1))
+        arm: tuple[Timer, ...] = (check,)
+    else:
+        command = _kill(record, "timeout")
+        arm = ()
+    return Plan(
+        "expired",
+        publish=(_expired(record, decision, now, msg_id("expired", sid, gen)), command),
+        arm=arm,
+        decision=decision,
+        deadline=record.deadline,
+    )
+
+
+def _on_pause_check(timer: Timer, record: SandboxRecord, *, policy: Policy, now: datetime) -> Plan:
+    if record.state == SandboxState.FAILED:
+        if _failed_our_pause(record, timer):
+            return _give_up(record, now, "pause_failed")
+        return Plan("not_ours")
+    if record.generation != timer.generation or record.state == SandboxState.PAUSED:
+        return Plan("paused")  # the pause went through (generation moved on)
+    if (
+        record.state == SandboxState.RUNNING
+        and record.deadline is not None
+        and record.deadline > now
+    ):
+        # Activity revived it before the pause started: back to an ordinary deadline.
+        return Plan("revived", arm=(timeout_timer(record),))
+    if timer.attempt >= policy.pause_attempts:
+        return _give_up(record, now, "pause_attempts_exhausted")
+    attempt = timer.attempt + 1
+    check = pause_check_timer(record, attempt=attempt, due=now + check_delay(policy, attempt))
+    if record.state != SandboxState.RUNNING:
+        return Plan("pause_in_progress", arm=(check,))  # pausing (or resuming): look again later
+    sid, gen = record.sandbox_id, record.generation
+    retry = Outgoing(
+        subjects.of(subjects.CMD_PAUSE, sid),
+        PauseSandbox(sandbox_id=sid, generation=gen, reason="timeout"),
+        msg_id("pause", sid, gen, f"a{attempt}"),  # a fresh id: the first one is deduplicated
+    )
+    return Plan("pause_retried", publish=(retry,), arm=(check,))
+
+
+def check_delay(policy: Policy, attempt: int) -> timedelta:
+    """Backoff between pause attempts: ``pause_check * 2**(attempt-1)``."""
+    return policy.pause_check * float(2 ** max(0, attempt - 1))
+
+
+def _failed_our_pause(record: SandboxRecord, timer: Timer) -> bool:
+    """A failed pause moves the generation on by one (so a user retry gets a fresh id)."""
+    return (record.failure or "").startswith("pause") and record.generation in (
+        timer.generation,
+        timer.generation + 1,
+    )
+
+
+def _give_up(record: SandboxRecord, now: datetime, outcome: str) -> Plan:
+    sid, gen = record.sandbox_id, record.generation
+    return Plan(
+        outcome,
+        publish=(
+            _expired(record, "kill", now, msg_id("expired", sid, gen, "kill")),
+            _kill(record, "timeout"),
+        ),
+        decision="kill",
+    )
+
+
+def _on_retention(record: SandboxRecord, *, now: datetime) -> Plan:
+    if record.state != SandboxState.PAUSED or record.retain_until is None:
+        return Plan("stale")
+    if record.retain_until > now:
+        return Plan("moved", arm=(retention_timer(record, record.retain_until),))
+    return Plan("retention_expired", publish=(_kill(record, "retention"),))
+
+
+# ---- lifecycle events ----------------------------------------------------------------------
+
+
+def on_event(
+    event: Activity | FailedPause | Changed,
+    record: SandboxRecord | None,
+    *,
+    policy: Policy,
+    now: datetime,
+) -> Plan:
+    if record is None or record.state in _GONE:
+        return Plan("gone", cancel=("timeout", "retention"))
+    if isinstance(event, Activity):
+        return _on_activity(event, record)
+    if isinstance(event, FailedPause):
+        return _on_failed_pause(event.pending, record, now=now)
+    return sync(record, now=now, policy=policy, pending=event.pending)
+
+
+def _on_activity(event: Activity, record: SandboxRecord) -> Plan:
+    if record.state != SandboxState.RUNNING:
+        return Plan("ignored")
+    wanted = event.at + timedelta(seconds=record.timeout)
+    if record.deadline is None:
+        # No deadline at all: set one and arm it (the only activity that publishes a schedule).
+        return Plan(
+            "deadline_set", mutate=extend_deadline(wanted), arm=(_timeout_at(record, wanted),)
+        )
+    if wanted <= record.deadline:
+        return Plan("unchanged")
+    # Lazy: the pending schedule fires at the old deadline and re-arms at the record's.
+    return Plan("extended", mutate=extend_deadline(wanted))
+
+
+def _on_failed_pause(pending: Timer | None, record: SandboxRecord, *, now: datetime) -> Plan:
+    """A pause failed: if it was ours (a ``pause_check`` is pending), kill without waiting."""
+    if pending is None or pending.kind != "pause_check":
+        return Plan("not_ours")  # a user's pause failed: the sandbox just stays failed
+    if record.state == SandboxState.FAILED and _failed_our_pause(record, pending):
+        return _give_up(record, now, "pause_failed")
+    return Plan("not_ours")
+
+
+def needs_pending(record: SandboxRecord | None, now: datetime) -> bool:
+    """Whether ``sync`` must know the pending timeout-holder timer (a running sandbox past its
+    deadline may be mid-expiry: its holder then carries a ``pause_check`` to keep)."""
+    return (
+        record is not None
+        and record.state == SandboxState.RUNNING
+        and record.deadline is not None
+        and record.deadline <= now
+    )
+
+
+def sync(
+    record: SandboxRecord, *, now: datetime, policy: Policy, pending: Timer | None = None
+) -> Plan:
+    """Make the schedules match the record: timeout while running, retention while paused."""
+    if record.state == SandboxState.RUNNING:
+        # retain_until is set exactly while a retention timer may be pending (see below).
+        retained = record.retain_until is not None
+        clear = _clear_retention if retained else None
+        cancel: tuple[Holder, ...] = ("retention",) if retained else ()
+        if record.deadline is None:
+            return Plan("no_deadline", cancel=cancel, mutate=clear)
+        if record.deadline <= now and pending is not None and pending.kind == "pause_check":
+            return Plan("expiry_in_progress", cancel=cancel, mutate=clear)
+        return Plan("armed", arm=(timeout_timer(record),), cancel=cancel, mutate=clear)
+    if record.state == SandboxState.PAUSED:
+        retain_until = record.retain_until or (record.paused_at or now) + policy.retention
+        mutate = None if record.retain_until is not None else set_retention(retain_until)
+        return Plan(
+            "retained",
+            arm=(retention_timer(record, retain_until),),
+            cancel=("timeout",),
+            mutate=mutate,
+        )
+    return Plan("transitional")  # creating, pausing, resuming, failed: the next event settles it
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def timeout_timer(record: SandboxRecord) -> Timer:
+    assert record.deadline is not None
+    return _timeout_at(record, record.deadline)
+
+
+def _timeout_at(record: SandboxRecord, due: datetime) -> Timer:
+    return Timer(
+        kind="timeout", sandbox_id=record.sandbox_id, generation=record.generation, due=due
+    )
+
+
+def pause_check_timer(record: SandboxRecord, *, attempt: int, due: datetime) -> Timer:
+    return Timer(
+        kind="pause_check",
+        sandbox_id=record.sandbox_id,
+        generation=record.generation,
+        due=due,
+        attempt=attempt,
+    )
+
+
+def retention_timer(record: SandboxRecord, due: datetime) -> Timer:
+    return Timer(
+        kind="retention", sandbox_id=record.sandbox_id, generation=record.generation, due=due
+    )
+
+
+def _expired(record: SandboxRecord, decision: Decision, now: datetime, mid: str) -> Outgoing:
+    return Outgoing(
+        subjects.of(subjects.EVT_EXPIRED, record.sandbox_id),
+        SandboxExpired(
+            sandbox_id=record.sandbox_id,
+            generation=record.generation,
+            at=now,
+            decision=decision,
+            deadline=record.deadline or now,
+        ),
+        mid,
+    )
+
+
+def _kill(record: SandboxRecord, reason: Literal["timeout", "retention"]) -> Outgoing:
+    sid, gen = record.sandbox_id, record.generation
+    return Outgoing(
+        subjects.of(subjects.CMD_KILL, sid),
+        KillSandbox(sandbox_id=sid, generation=gen, reason=reason),
+        msg_id("kill", sid, gen),
+    )
+
+
+def extend_deadline(wanted: datetime) -> Mutation:
+    def mutate(record: SandboxRecord) -> SandboxRecord:
+        if record.state != SandboxState.RUNNING:
+            return record
+        if record.deadline is not None and record.deadline >= wanted:
+            return record
+        return record.model_copy(update={"deadline": wanted})
+
+    return mutate
+
+
+def set_retention(retain_until: datetime) -> Mutation:
+    def mutate(record: SandboxRecord) -> SandboxRecord:
+        if record.state != SandboxState.PAUSED or record.retain_until is not None:
+            return record
+        return record.model_copy(update={"retain_until": retain_until})
+
+    return mutate
+
+
+def _clear_retention(record: SandboxRecord) -> SandboxRecord:
+    if record.state == SandboxState.PAUSED:
+        return record
+    return record.model_copy(update={"retain_until": None})

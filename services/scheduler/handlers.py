@@ -1,0 +1,155 @@
+"""The scheduler's two message handlers: lifecycle events and fired timers.
+
+Each handler re-reads the sandbox record, asks ``expiry`` for a ``Plan`` and carries it out:
+record change, publishes (PubAck awaited), cancels, arms. Exceptions propagate to the bus
+middleware (NAK with backoff; the plan is recomputed on redelivery and every output is idempotent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Protocol
+
+import structlog
+
+from services.scheduler import expiry, metrics
+from services.scheduler.schedules import Holder, Timer
+from shared.bus import subjects
+from shared.bus.ports import Publisher, SandboxStore
+from shared.errors import NotFound
+from shared.models.messages import SandboxActivity, SandboxFailed
+from shared.models.sandboxes import SandboxRecord
+from shared.settings import FeatureFlags
+
+log = structlog.get_logger()
+
+Clock = Callable[[], datetime]
+
+_SYNC_ROUNDS = 3
+
+
+class Timers(Protocol):
+    async def arm(self, timer: Timer) -> None: ...
+
+    async def cancel(self, sandbox_id: str, holder: Holder) -> None: ...
+
+    async def pending(self, sandbox_id: str, holder: Holder) -> Timer | None: ...
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _timer_view(record: SandboxRecord | None) -> tuple[object, ...]:
+    """The record fields the schedules depend on."""
+    if record is None:
+        return ()
+    return (record.state, record.generation, record.deadline, record.retain_until, record.paused_at)
+
+
+class SchedulerHandlers:
+    def __init__(
+        self,
+        *,
+        store: SandboxStore,
+        publisher: Publisher,
+        timers: Timers,
+        flags: FeatureFlags,
+        policy: expiry.Policy,
+        clock: Clock = _utcnow,
+    ) -> None:
+        self._store = store
+        self._publisher = publisher
+        self._timers = timers
+        self._flags = flags
+        self._policy = policy
+        self._clock = clock
+
+    async def on_fired(self, body: bytes) -> str:
+        timer = Timer.model_validate_json(body)  # a ValidationError dead-letters the message
+        record = await self._store.get(timer.sandbox_id)
+        now = self._clock()
+        plan = expiry.on_fired(timer, record, flags=self._flags, policy=self._policy, now=now)
+        await self._execute(timer.sandbox_id, plan)
+        metrics.FIRED.labels(timer.kind, plan.outcome).inc()
+        if plan.decision is not None:
+            metrics.EXPIRIES.labels(plan.decision).inc()
+            if plan.deadline is not None:
+                metrics.LATENESS.observe((now - plan.deadline).total_seconds())
+            log.info(
+                "sandbox_expired",
+                sandbox_id=timer.sandbox_id,
+                decision=plan.decision,
+                outcome=plan.outcome,
+                generation=record.generation if record else None,
+            )
+        elif plan.outcome == "retention_expired":
+            metrics.RETENTION_KILLS.inc()
+            log.info("retention_expired", sandbox_id=timer.sandbox_id)
+        if plan.arm and not plan.publish:
+            # A re-arm raced with a lifecycle event? Make the schedule match the latest record.
+            await self._settle(timer.sandbox_id, record, plan)
+        return plan.outcome
+
+    async def on_event(self, subject: str, body: bytes) -> str:
+        sandbox_id = subjects.sandbox_id_of(subject)
+        name = subject.rsplit(".", 2)[-2]
+        record = await self._store.get(sandbox_id)
+        now = self._clock()
+        event: expiry.Activity | expiry.FailedPause | expiry.Changed
+        if subject.startswith(subjects.EVT_ACTIVITY + "."):
+            event = expiry.Activity(at=SandboxActivity.model_validate_json(body).at)
+        elif subject.startswith(subjects.EVT_FAILED + "."):
+            failed = SandboxFailed.model_validate_json(body)
+            if failed.op != "pause":
+                event = expiry.Changed()
+            else:
+                event = expiry.FailedPause(
+                    pending=await self._timers.pending(sandbox_id, "timeout")
+                )
+        else:
+            pending = None
+            if expiry.needs_pending(record, now):
+                pending = await self._timers.pending(sandbox_id, "timeout")
+            event = expiry.Changed(pending=pending)
+        plan = expiry.on_event(event, record, policy=self._policy, now=now)
+        await self._execute(sandbox_id, plan)
+        if plan.arm or plan.cancel:
+            await self._settle(sandbox_id, record, plan)
+        metrics.EVENTS.labels(name, plan.outcome).inc()
+        log.debug("event_handled", sandbox_id=sandbox_id, kind=name, outcome=plan.outcome)
+        return plan.outcome
+
+    async def _settle(self, sandbox_id: str, seen: SandboxRecord | None, plan: expiry.Plan) -> None:
+        """Concurrent handlers may arm from different versions of the record; the last publish
+        wins. Re-read after arming and sync again until the record stops moving under us."""
+        expected = plan.mutate(seen) if (plan.mutate and seen) else seen
+        for _ in range(_SYNC_ROUNDS):
+            latest = await self._store.get(sandbox_id)
+            if _timer_view(latest) == _timer_view(expected):
+                return
+            now = self._clock()
+            pending = None
+            if expiry.needs_pending(latest, now):
+                pending = await self._timers.pending(sandbox_id, "timeout")
+            again = expiry.on_event(
+                expiry.Changed(pending=pending), latest, policy=self._policy, now=now
+            )
+            await self._execute(sandbox_id, again)
+            expected = again.mutate(latest) if (again.mutate and latest) else latest
+
+    async def _execute(self, sandbox_id: str, plan: expiry.Plan) -> None:
+        if plan.mutate is not None:
+            try:
+                await self._store.update(sandbox_id, plan.mutate)
+            except NotFound:
+                return
+        for out in plan.publish:
+            await self._publisher.publish(out.message, out.subject, msg_id=out.msg_id)
+        for holder in plan.cancel:
+            await self._timers.cancel(sandbox_id, holder)
+            metrics.CANCELLED.labels(holder).inc()
+        for timer in plan.arm:
+            await self._timers.arm(timer)
+            metrics.ARMED.labels(timer.kind).inc()

@@ -1,0 +1,46 @@
+"""The scheduler's configuration (environment, read once in ``main``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.settings import BusSettings, FeatureFlags, LoggingSettings, load
+
+DAY = 86400
+
+
+class TimerSettings(BaseSettings):
+    """``TORPOR_RETENTION_SECONDS`` and the pause-retry policy (``services.scheduler.expiry``)."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", env_prefix="TORPOR_")
+
+    # Paused sandboxes are deleted this long after they were paused.
+    retention_seconds: int = Field(default=30 * DAY, ge=1)
+    # How long a timeout pause may take before the scheduler looks again; doubles per attempt.
+    pause_check_seconds: float = Field(default=30.0, gt=0)
+    # Pause attempts before the scheduler gives up and deletes the sandbox instead.
+    pause_attempts: int = Field(default=4, ge=1)
+    # Fired timer messages delete themselves after this (``Nats-Schedule-TTL``).
+    fired_ttl: str = "1h"
+    health_host: str = "0.0.0.0"
+    health_port: int = Field(default=8083, ge=0, le=65535)
+    max_workers: int = Field(default=16, ge=1)
+
+
+class SchedulerSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    bus: BusSettings
+    flags: FeatureFlags
+    logging: LoggingSettings
+    timers: TimerSettings
+
+
+def load_settings() -> SchedulerSettings:
+    return SchedulerSettings(
+        bus=load(BusSettings),
+        flags=load(FeatureFlags),
+        logging=load(LoggingSettings),
+        timers=load(TimerSettings),
+    )

@@ -1,0 +1,139 @@
+"""The snapshotter's half of a pause: running → pausing, List processes, store the snapshot.
+
+Order of effects, each safe to repeat:
+1. CAS ``running → pausing`` owned by the command's message id (a redelivery continues).
+2. ``List`` the daemon's processes and build the seed's snapshot.
+3. Patch the workload: the snapshot annotation, and the replay key of the pod it was captured
+   from (that pod already runs these processes).
+4. CAS the snapshot (a full copy of the annotation value) into the record.
+5. Publish ``snapshotted`` (id ``snapshotted:<sid>:g<gen>``): the scaler scales to 0 only after
+   checking the workload carries exactly this stored snapshot.
+
+A snapshot over the annotation budget (``MAX_SNAPSHOT_ANNOTATION_BYTES``, 200 KiB of the 256 KiB
+Kubernetes allows for all annotations) fails the pause: the sandbox goes to ``failed`` with the
+reason and keeps running untouched. Dropping envs or processes would make a later resume quietly
+start something different from what ran; refusing keeps every process and tells the user why.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import structlog
+
+from services.snapshotter import metrics
+from shared.bus import subjects
+from shared.bus.ports import Publisher, SandboxStore
+from shared.envd.ports import Envd
+from shared.errors import EnvdUnavailable, IllegalTransition, NotFound
+from shared.lifecycle import transitions as t
+from shared.lifecycle.pods import current_endpoint
+from shared.lifecycle.replay import replay_key
+from shared.models.messages import PauseSandbox, SandboxFailed, SandboxSnapshotted, msg_id
+from shared.models.sandboxes import SandboxRecord, SnapshotRef
+from shared.models.snapshots import MAX_SNAPSHOT_ANNOTATION_BYTES, Snapshot
+from shared.runtime.models import ANNOTATION_REPLAYED, ANNOTATION_SNAPSHOT
+from shared.runtime.ports import Runtime
+
+log = structlog.get_logger()
+
+Outcome = Literal["snapshotted", "skipped"]
+
+
+class Snapshotter:
+    def __init__(
+        self,
+        *,
+        store: SandboxStore,
+        runtime: Runtime,
+        envd: Envd,
+        publisher: Publisher,
+        envd_timeout: float = 10.0,
+        limit: int = MAX_SNAPSHOT_ANNOTATION_BYTES,
+    ) -> None:
+        self._store = store
+        self._runtime = runtime
+        self._envd = envd
+        self._publisher = publisher
+        self._envd_timeout = envd_timeout
+        self._limit = limit
+
+    async def pause(self, cmd: PauseSandbox, cmd_msg_id: str) -> Outcome:
+        sid = cmd.sandbox_id
+        started = time.monotonic()
+        try:
+            record = await self._store.update(
+                sid, t.begin("pause", cmd_msg_id, generation=cmd.generation)
+            )
+        except (IllegalTransition, NotFound) as e:
+            log.info("pause_not_applicable", reason=str(e))
+            metrics.SNAPSHOTS.labels("skipped").inc()
+            return "skipped"
+        ref = t.snapshot_of_this_pause(record)
+        if ref is None:  # not captured yet (a redelivery after step 4 skips to the publish)
+            record, ref = await self._capture(record, cmd_msg_id)
+        await self._publisher.publish(
+            SandboxSnapshotted(
+                sandbox_id=sid,
+                generation=record.generation,
+                at=t.now(),
+                snapshot_id=ref.id,
+                process_count=ref.process_count,
+            ),
+            subjects.of(subjects.EVT_SNAPSHOTTED, sid),
+            msg_id=msg_id("snapshotted", sid, record.generation),
+        )
+        metrics.SNAPSHOT_SECONDS.observe(time.monotonic() - started)
+        metrics.SNAPSHOTS.labels("snapshotted").inc()
+        log.info("snapshotted", snapshot_id=ref.id, processes=ref.process_count)
+        return "snapshotted"
+
+    async def _capture(
+        self, record: SandboxRecord, cmd_msg_id: str
+    ) -> tuple[SandboxRecord, SnapshotRef]:
+        endpoint = await current_endpoint(self._runtime, record)
+        if endpoint is None:
+            msg = f"sandbox {record.sandbox_id} has no running pod to snapshot"
+            raise EnvdUnavailable(msg)
+        processes = await self._envd.list_processes(
+            endpoint, access_token=record.envd_access_token, timeout=self._envd_timeout
+        )
+        snapshot = Snapshot.capture(processes, at=t.now())
+        value = snapshot.encode(limit=self._limit)  # SnapshotTooLarge: fail the pause, see above
+        metrics.SNAPSHOT_PROCESSES.observe(len(processes))
+        metrics.SNAPSHOT_BYTES.observe(len(value))
+        await self._runtime.patch_annotations(
+            record.sandbox_id,
+            {
+                ANNOTATION_SNAPSHOT: value,
+                ANNOTATION_REPLAYED: replay_key(snapshot.id, endpoint.pod_uid),
+            },
+        )
+        ref = SnapshotRef(
+            id=snapshot.id,
+            captured_at=snapshot.captured_time,
+            process_count=len(processes),
+            annotation=value,
+        )
+        record = await self._store.update(record.sandbox_id, t.store_snapshot(cmd_msg_id, ref))
+        return record, ref
+
+    async def give_up(self, cmd: PauseSandbox, cmd_msg_id: str, reason: str) -> None:
+        """Fail the pause on the record (the pod keeps running; nothing was scaled down)."""
+        record = await self._store.update(
+            cmd.sandbox_id, t.failed("pause", reason, cmd_msg_id=cmd_msg_id)
+        )
+        metrics.SNAPSHOTS.labels("failed").inc()
+        log.error("pause_failed", reason=reason)
+        await self._publisher.publish(
+            SandboxFailed(
+                sandbox_id=cmd.sandbox_id,
+                generation=record.generation,
+                at=t.now(),
+                op="pause",
+                reason=reason,
+            ),
+            subjects.of(subjects.EVT_FAILED, cmd.sandbox_id),
+            msg_id=msg_id("failed", cmd.sandbox_id, record.generation),
+        )

@@ -1,0 +1,346 @@
+"""``SandboxLifecycle``: the application service the api, proxy and CLI call.
+
+It never touches the runtime or a daemon. It reads and waits on the KV record (the source of
+truth), pre-checks transitions for a fast 409, and publishes idempotent commands whose message
+ids are derived from the sandbox id and generation (``pause:<sid>:g<gen>``): concurrent callers,
+and a user pause racing a timeout pause, publish the same id and share one transition.
+
+Decisions written down here:
+- Killed sandboxes stay in KV as tombstones (``state=killed``) until ``retain_until``; to users
+  they do not exist (``NotFound``, not listed), and their id may be created again (the new record
+  continues the tombstone's generation, so its ``create`` message id is not deduplicated).
+- ``pause`` of a sandbox that is creating or resuming waits for it to be running, then pauses;
+  ``resume`` of a sandbox that is pausing waits for the pause, then resumes.
+- A transition that gave up surfaces as ``RuntimeFailure`` carrying the recorded reason.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import structlog
+
+from shared.bus import subjects
+from shared.bus.ports import Publisher, SandboxStore
+from shared.errors import Conflict, IllegalTransition, NotFound, RuntimeFailure
+from shared.ids import is_valid_sandbox_id
+from shared.lifecycle.ports import CreateRequest, ResumeResult
+from shared.models.messages import (
+    CreateSandbox,
+    KillSandbox,
+    PauseSandbox,
+    ResumeSandbox,
+    SandboxActivity,
+    SandboxTimeoutSet,
+    msg_id,
+)
+from shared.models.sandboxes import SandboxRecord, SandboxState
+
+log = structlog.get_logger()
+
+_STEADY = frozenset({SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.FAILED})
+_GONE = frozenset({SandboxState.KILLING, SandboxState.KILLED})
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_sandbox_id() -> str:
+    """E2B-style id: 20 lowercase alphanumerics (valid as subject token, DNS label, RS name)."""
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return "i" + "".join(secrets.choice(alphabet) for _ in range(19))
+
+
+class SandboxLifecycle:
+    """Implements ``shared.lifecycle.ports.Lifecycle`` over a ``SandboxStore`` and a ``Publisher``."""
+
+    def __init__(self, store: SandboxStore, publisher: Publisher) -> None:
+        self._store = store
+        self._publisher = publisher
+
+    # ---- reads ------------------------------------------------------------------------------
+
+    async def get(self, sandbox_id: str, *, owner: str | None) -> SandboxRecord:
+        record = await self._store.get(sandbox_id) if is_valid_sandbox_id(sandbox_id) else None
+        if record is None or record.state == SandboxState.KILLED:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        if owner is not None and record.owner != owner:
+            raise NotFound(f"sandbox {sandbox_id} not found")  # others' sandboxes do not exist
+        return record
+
+    async def list(self, *, owner: str | None) -> list[SandboxRecord]:
+        records = await self._store.list()
+        return sorted(
+            (
+                r
+                for r in records
+                if r.state != SandboxState.KILLED and (owner is None or r.owner == owner)
+            ),
+            key=lambda r: r.created_at,
+        )
+
+    # ---- create -----------------------------------------------------------------------------
+
+    async def create(self, request: CreateRequest, *, wait: float = 60.0) -> SandboxRecord:
+        sandbox_id = request.sandbox_id or new_sandbox_id()
+        if not is_valid_sandbox_id(sandbox_id):
+            raise ValueError(f"invalid sandbox id {sandbox_id!r}")
+        at = _now()
+        record = SandboxRecord(
+            sandbox_id=sandbox_id,
+            owner=request.owner,
+            template=request.template,
+            state=SandboxState.CREATING,
+            generation=0,
+            timeout=request.timeout,
+            auto_pause=request.auto_pause,
+            auto_resume=request.auto_resume,
+            metadata=dict(request.metadata),
+            envs=dict(request.envs),
+            envd_access_token=secrets.token_urlsafe(24),
+            created_at=at,
+            started_at=at,
+            updated_at=at,
+        )
+        record = await self._insert(record)
+        command = CreateSandbox(
+            sandbox_id=sandbox_id,
+            owner=request.owner,
+            template=request.template,
+            timeout=request.timeout,
+            auto_pause=request.auto_pause,
+            auto_resume=request.auto_resume,
+            metadata=dict(request.metadata),
+            envs=dict(request.envs),
+        )
+        try:
+            await self._publisher.publish(
+                command,
+                subjects.of(subjects.CMD_CREATE, sandbox_id),
+                msg_id=msg_id("create", sandbox_id, record.generation),
+            )
+        except Exception:
+            # Nobody will ever act on this record: remove it so the id can be used again.
+            await self._store.delete(sandbox_id)
+            raise
+        done = await self._wait(
+            sandbox_id,
+            lambda r: r.state not in (SandboxState.CREATING,) or r.generation > record.generation,
+            wait,
+        )
+        return self._settled(done, "create")
+
+    async def _insert(self, record: SandboxRecord) -> SandboxRecord:
+        """Create the record; reuse a killed tombstone's id (continuing its generation)."""
+        try:
+            return await self._store.create(record)
+        except Conflict:
+            existing = await self._store.get(record.sandbox_id)
+            if existing is None or existing.state != SandboxState.KILLED:
+                raise
+
+        def replace(current: SandboxRecord) -> SandboxRecord:
+            if current.state != SandboxState.KILLED:
+                raise Conflict(f"sandbox {record.sandbox_id} already exists")
+            return record.model_copy(update={"generation": current.generation + 1})
+
+        return await self._store.update(record.sandbox_id, replace)
+
+    # ---- pause / resume / kill --------------------------------------------------------------
+
+    async def pause(
+        self, sandbox_id: str, *, owner: str | None, wait: float = 55.0
+    ) -> SandboxRecord:
+        until = time.monotonic() + wait
+        record = await self.get(sandbox_id, owner=owner)
+        if record.state in (SandboxState.CREATING, SandboxState.RESUMING):
+            record = await self._wait(sandbox_id, lambda r: r.state not in _transitional(), wait)
+        if record.state == SandboxState.PAUSED:
+            raise IllegalTransition(f"sandbox {sandbox_id} is already paused", state="paused")
+        if record.state in _GONE:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        if record.state == SandboxState.RUNNING:
+            await self._publisher.publish(
+                PauseSandbox(sandbox_id=sandbox_id, generation=record.generation, reason="user"),
+                subjects.of(subjects.CMD_PAUSE, sandbox_id),
+                msg_id=msg_id("pause", sandbox_id, record.generation),
+            )
+        elif record.state != SandboxState.PAUSING:
+            raise IllegalTransition(
+                f"sandbox {sandbox_id} cannot be paused while {record.state.value}",
+                state=record.state.value,
+            )
+        start_gen = record.generation
+        done = await self._wait(
+            sandbox_id,
+            lambda r: r.generation > start_gen and r.state in (_STEADY | _GONE),
+            _left(until),
+        )
+        return self._settled(done, "pause", want=SandboxState.PAUSED)
+
+    async def resume(
+        self,
+        sandbox_id: str,
+        *,
+        owner: str | None,
+        timeout: int | None = None,
+        wait: float = 55.0,
+    ) -> ResumeResult:
+        until = time.monotonic() + wait
+        record = await self.get(sandbox_id, owner=owner)
+        if record.state == SandboxState.CREATING:
+            done = await self._wait(sandbox_id, lambda r: r.state != SandboxState.CREATING, wait)
+            return ResumeResult(record=self._settled(done, "create"), resumed=False)
+        if record.state == SandboxState.RUNNING:
+            return ResumeResult(record=record, resumed=False)
+        if record.state in _GONE:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        if record.state == SandboxState.PAUSING:
+            record = await self._wait(sandbox_id, lambda r: r.state != SandboxState.PAUSING, wait)
+            if record.state == SandboxState.RUNNING:  # the pause failed back to running
+                return ResumeResult(record=record, resumed=False)
+        if record.state in (SandboxState.PAUSED, SandboxState.FAILED):
+            await self._publisher.publish(
+                ResumeSandbox(
+                    sandbox_id=sandbox_id,
+                    generation=record.generation,
+                    timeout=timeout,
+                    reason="user",
+                ),
+                subjects.of(subjects.CMD_RESUME, sandbox_id),
+                msg_id=msg_id("resume", sandbox_id, record.generation),
+            )
+        start_gen = record.generation
+        done = await self._wait(
+            sandbox_id,
+            lambda r: r.generation > start_gen and r.state in (_STEADY | _GONE),
+            _left(until),
+        )
+        return ResumeResult(record=self._settled(done, "resume"), resumed=True)
+
+    async def kill(self, sandbox_id: str, *, owner: str | None, wait: float = 30.0) -> None:
+        record = await self.get(sandbox_id, owner=owner)
+        if record.state != SandboxState.KILLING:
+            await self._publisher.publish(
+                KillSandbox(sandbox_id=sandbox_id, generation=record.generation, reason="user"),
+                subjects.of(subjects.CMD_KILL, sandbox_id),
+                msg_id=msg_id("kill", sandbox_id, record.generation),
+            )
+        try:
+            await self._wait(sandbox_id, lambda r: r.state == SandboxState.KILLED, wait)
+        except NotFound:
+            return  # the key was removed: as dead as it gets
+
+    # ---- timeouts and activity -------------------------------------------------------------
+
+    async def set_timeout(
+        self, sandbox_id: str, *, owner: str | None, timeout: int
+    ) -> SandboxRecord:
+        await self.get(sandbox_id, owner=owner)
+        return await self._move_deadline(sandbox_id, timeout=timeout, only_later=False)
+
+    async def extend_timeout(
+        self, sandbox_id: str, *, owner: str | None, timeout: int
+    ) -> SandboxRecord:
+        await self.get(sandbox_id, owner=owner)
+        return await self._move_deadline(sandbox_id, timeout=timeout, only_later=True)
+
+    async def touch(self, sandbox_id: str) -> None:
+        record = await self._store.get(sandbox_id)
+        if record is None or record.state != SandboxState.RUNNING:
+            return
+        updated = await self._move_deadline(sandbox_id, timeout=None, only_later=True)
+        bucket = int(time.time())  # one activity event per sandbox per second at most
+        await self._publisher.publish(
+            SandboxActivity(sandbox_id=sandbox_id, generation=updated.generation, at=_now()),
+            subjects.of(subjects.EVT_ACTIVITY, sandbox_id),
+            msg_id=msg_id("activity", sandbox_id, updated.generation, str(bucket)),
+        )
+
+    async def _move_deadline(
+        self, sandbox_id: str, *, timeout: int | None, only_later: bool
+    ) -> SandboxRecord:
+        """Running: deadline = now + timeout (the new timeout is kept for later activity).
+        Not running: only the timeout is stored; it applies from the next resume."""
+        changed = False
+
+        def mutate(record: SandboxRecord) -> SandboxRecord:
+            nonlocal changed
+            changed = False
+            effective = timeout or record.timeout
+            if record.state != SandboxState.RUNNING or record.deadline is None:
+                if timeout is None or only_later:
+                    return record
+                return record.model_copy(update={"timeout": effective})
+            deadline = _now() + timedelta(seconds=effective)
+            if only_later and deadline <= record.deadline:
+                return record
+            changed = True
+            update: dict[str, object] = {"deadline": deadline}
+            if not only_later:
+                update["timeout"] = effective
+            return record.model_copy(update=update)
+
+        record = await self._store.update(sandbox_id, mutate)
+        if changed and record.deadline is not None:
+            await self._publisher.publish(
+                SandboxTimeoutSet(
+                    sandbox_id=sandbox_id,
+                    generation=record.generation,
+                    at=_now(),
+                    deadline=record.deadline,
+                ),
+                subjects.of(subjects.EVT_TIMEOUT_SET, sandbox_id),
+                msg_id=msg_id(
+                    "timeout_set", sandbox_id, record.generation, record.deadline.isoformat()
+                ),
+            )
+        return record
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    async def _wait(
+        self, sandbox_id: str, predicate: Callable[[SandboxRecord], bool], wait: float
+    ) -> SandboxRecord:
+        try:
+            return await self._store.wait_for(sandbox_id, predicate, timeout=max(wait, 0.1))
+        except TimeoutError:
+            msg = (
+                f"sandbox {sandbox_id}: the transition did not finish within {wait:.0f}s; "
+                "it is still queued and will complete"
+            )
+            raise TimeoutError(msg) from None
+
+    @staticmethod
+    def _settled(
+        record: SandboxRecord, op: str, *, want: SandboxState = SandboxState.RUNNING
+    ) -> SandboxRecord:
+        if record.state in _GONE:
+            raise NotFound(f"sandbox {record.sandbox_id} was killed")
+        if record.state == SandboxState.FAILED:
+            raise RuntimeFailure(f"{op} of {record.sandbox_id} failed: {record.failure}")
+        if record.state != want:
+            raise IllegalTransition(
+                f"sandbox {record.sandbox_id} is {record.state.value}, not {want.value}",
+                state=record.state.value,
+            )
+        return record
+
+
+def _transitional() -> frozenset[SandboxState]:
+    return frozenset(
+        {
+            SandboxState.CREATING,
+            SandboxState.PAUSING,
+            SandboxState.RESUMING,
+            SandboxState.KILLING,
+        }
+    )
+
+
+def _left(until: float) -> float:
+    return max(0.1, until - time.monotonic())

@@ -1,0 +1,39 @@
+"""Build the configured ``Runtime`` (``TORPOR_RUNTIME=local|kubernetes``); adapters load lazily so
+a service on one runtime never imports the other's dependencies."""
+
+from __future__ import annotations
+
+from shared.runtime.ports import Runtime
+from shared.settings import RuntimeSettings
+
+
+async def open_runtime(settings: RuntimeSettings, *, nats_url: str, supervise: bool) -> Runtime:
+    """A started runtime; the caller ``close()``s it.
+
+    ``supervise``: the local runtime's reconciler (starts, restarts and stops pod processes). The
+    scaler supervises; the snapshotter only reads and patches workloads. Pods never stop when a
+    service exits (``stop_pods_on_close=False``): a restarted or crashed service must not take
+    the sandboxes with it.
+    """
+    if settings.runtime == "kubernetes":
+        from shared.runtime.kubernetes.runtime import KubernetesRuntime
+        from shared.runtime.kubernetes.templates import DEFAULT_TEMPLATES, PodTemplates
+
+        templates = (
+            PodTemplates(settings.templates_dir, DEFAULT_TEMPLATES)
+            if settings.templates_dir
+            else None
+        )
+        return await KubernetesRuntime.from_kubeconfig(
+            settings.kubeconfig, namespace=settings.namespace, templates=templates
+        )
+    from shared.runtime.local.runtime import LocalRuntime
+
+    runtime = LocalRuntime(
+        nats_url=nats_url,
+        data_dir=settings.data_dir,
+        templates_dir=settings.templates_dir,
+        supervise=supervise,
+        stop_pods_on_close=False,
+    )
+    return await runtime.start()

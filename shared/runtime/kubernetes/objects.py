@@ -1,0 +1,127 @@
+"""Pure translation between torpor's runtime models and Kubernetes objects (no I/O).
+
+Pods are handled as raw JSON dicts (as the API and the watch stream deliver them); ReplicaSets
+as the client's models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kubernetes.aio.client import V1ReplicaSet
+
+from shared.runtime.models import (
+    ENVD_PORT,
+    LABEL_MANAGED_BY,
+    LABEL_OWNER,
+    LABEL_SANDBOX_ID,
+    MANAGED_BY,
+    Endpoint,
+    Workload,
+    WorkloadSpec,
+)
+
+LABEL_TEMPLATE = "torpor.dev/template"
+ACCESS_TOKEN_ENV = "ENVD_ACCESS_TOKEN"  # noqa: S105 - a variable name, not a secret
+DAEMON_CONTAINER = "envd"
+
+Pod = dict[str, Any]
+
+
+def selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def sandbox_selector(name: str) -> str:
+    return selector({LABEL_SANDBOX_ID: name})
+
+
+def replica_set_body(spec: WorkloadSpec, pod_template: dict[str, Any]) -> dict[str, Any]:
+    """The ReplicaSet for one sandbox: the template's pod, labelled and given the sandbox's env."""
+    identity = {
+        LABEL_SANDBOX_ID: spec.name,
+        LABEL_OWNER: spec.owner,
+        LABEL_MANAGED_BY: MANAGED_BY,
+    }
+    labels = {**spec.labels, **identity, LABEL_TEMPLATE: spec.template}
+    meta = pod_template.setdefault("metadata", {})
+    meta["labels"] = {**(meta.get("labels") or {}), **labels}
+    containers = pod_template["spec"]["containers"]
+    daemon = next((c for c in containers if c.get("name") == DAEMON_CONTAINER), containers[0])
+    extra = dict(spec.envs)
+    if spec.access_token:
+        extra[ACCESS_TOKEN_ENV] = spec.access_token
+    env = [e for e in daemon.get("env") or [] if e.get("name") not in extra]
+    env += [{"name": k, "value": v} for k, v in sorted(extra.items())]
+    daemon["env"] = env
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": spec.name,
+            "labels": labels,
+            "annotations": dict(spec.annotations),
+        },
+        "spec": {
+            "replicas": spec.replicas,
+            # Only the id: the selector is immutable, labels like the owner's stay editable.
+            "selector": {"matchLabels": {LABEL_SANDBOX_ID: spec.name}},
+            "template": pod_template,
+        },
+    }
+
+
+def owned_by(pod: Pod, rs_uid: str | None) -> bool:
+    refs = pod.get("metadata", {}).get("ownerReferences") or []
+    return rs_uid is None or any(r.get("uid") == rs_uid for r in refs)
+
+
+def is_terminating(pod: Pod) -> bool:
+    return pod.get("metadata", {}).get("deletionTimestamp") is not None
+
+
+def is_ready(pod: Pod) -> bool:
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running" or not status.get("podIP"):
+        return False
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def current_pod(pods: Iterable[Pod], rs_uid: str | None) -> Pod | None:
+    """The live pod of a workload: not terminating, Ready preferred, then the newest."""
+    live = [p for p in pods if owned_by(p, rs_uid) and not is_terminating(p)]
+    if not live:
+        return None
+    live.sort(key=lambda p: (is_ready(p), p["metadata"].get("creationTimestamp") or ""))
+    return live[-1]
+
+
+def ready_endpoint(pods: Iterable[Pod], rs_uid: str | None) -> Endpoint | None:
+    """The daemon's endpoint once a *new* pod is Ready: never a Terminating one from a pause."""
+    pod = current_pod(pods, rs_uid)
+    if pod is None or not is_ready(pod):
+        return None
+    return Endpoint(host=pod["status"]["podIP"], port=ENVD_PORT, pod_uid=pod["metadata"]["uid"])
+
+
+def to_workload(rs: V1ReplicaSet, pods: Iterable[Pod]) -> Workload:
+    meta, spec, status = rs.metadata, rs.spec, rs.status
+    assert meta is not None
+    assert meta.name is not None
+    labels = dict(meta.labels or {})
+    pod = current_pod(pods, meta.uid)
+    return Workload(
+        name=meta.name,
+        template=labels.get(LABEL_TEMPLATE, "sandbox-base"),
+        labels=labels,
+        annotations=dict(meta.annotations or {}),
+        replicas=(spec.replicas if spec is not None and spec.replicas is not None else 1),
+        ready_replicas=(status.ready_replicas or 0) if status is not None else 0,
+        resource_version=meta.resource_version or "",
+        pod_uid=pod["metadata"]["uid"] if pod else None,
+        pod_ip=(pod.get("status") or {}).get("podIP") if pod else None,
+    )

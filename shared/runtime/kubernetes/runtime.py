@@ -1,0 +1,271 @@
+"""The kubernetes runtime: one apps/v1 ReplicaSet per sandbox, scaled between 0 and 1.
+
+Uses the official client's asyncio flavour (``kubernetes.aio``), so nothing blocks the event
+loop. Waiting is watch-based: list once, then follow a watch from the list's resourceVersion
+(relisting on 410 Gone or when a watch window ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+from kubernetes.aio import client as k8s
+from kubernetes.aio import config as k8s_config
+from kubernetes.aio.client.exceptions import ApiException
+
+from shared.errors import Conflict, NotFound, PodNotReady, RuntimeFailure
+from shared.runtime.kubernetes.errors import api_errors
+from shared.runtime.kubernetes.objects import (
+    Pod,
+    ready_endpoint,
+    replica_set_body,
+    sandbox_selector,
+    selector,
+    to_workload,
+)
+from shared.runtime.kubernetes.templates import PodTemplates
+from shared.runtime.models import (
+    LABEL_MANAGED_BY,
+    LABEL_SANDBOX_ID,
+    MANAGED_BY,
+    Endpoint,
+    Workload,
+    WorkloadSpec,
+)
+
+log = structlog.get_logger()
+MERGE_PATCH = "application/merge-patch+json"
+T = TypeVar("T")
+
+
+class KubernetesRuntime:
+    """``shared.runtime.ports.Runtime`` on a Kubernetes namespace."""
+
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        *,
+        namespace: str,
+        templates: PodTemplates | None = None,
+        watch_window: int = 60,
+    ) -> None:
+        self._api = api
+        self._apps = k8s.AppsV1Api(api)
+        self._core = k8s.CoreV1Api(api)
+        self._ns = namespace
+        self._templates = templates or PodTemplates()
+        self._watch_window = watch_window  # seconds one watch request stays open
+
+    @classmethod
+    async def from_kubeconfig(
+        cls,
+        path: Path | None,
+        *,
+        namespace: str,
+        context: str | None = None,
+        templates: PodTemplates | None = None,
+    ) -> KubernetesRuntime:
+        """From a kubeconfig file, or the in-cluster ServiceAccount when ``path`` is None."""
+        with api_errors("load kubernetes credentials"):
+            if path is None:
+                k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+                api = k8s.ApiClient()
+            else:
+                api = await k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+                    config_file=str(path), context=context
+                )
+        return cls(api, namespace=namespace, templates=templates)
+
+    @property
+    def namespace(self) -> str:
+        return self._ns
+
+    # ------------------------------------------------------------------ Runtime
+
+    async def create(self, spec: WorkloadSpec) -> Workload:
+        body = replica_set_body(spec, self._templates.get(spec.template))
+        what = f"create ReplicaSet {self._ns}/{spec.name}"
+        try:
+            with api_errors(what):
+                rs = await self._apps.create_namespaced_replica_set(
+                    self._ns, k8s.V1ReplicaSet.model_validate(body)
+                )
+        except Conflict:
+            existing = await self.get(spec.name)  # idempotent: it exists already
+            if existing is None:
+                raise
+            return existing
+        log.info("k8s.workload_created", name=spec.name, namespace=self._ns)
+        return to_workload(rs, [])
+
+    async def get(self, name: str) -> Workload | None:
+        rs = await self._read(name)
+        if rs is None:
+            return None
+        pods, _ = await self._pods(sandbox_selector(name))
+        return to_workload(rs, pods)
+
+    async def patch_annotations(
+        self,
+        name: str,
+        annotations: Mapping[str, str | None],
+        *,
+        resource_version: str | None = None,
+    ) -> Workload:
+        meta: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version is not None:
+            meta["resourceVersion"] = resource_version  # the server rejects a stale one: 409
+        with api_errors(f"annotate ReplicaSet {self._ns}/{name}"):
+            rs = await self._apps.patch_namespaced_replica_set(
+                name, self._ns, {"metadata": meta}, _content_type=MERGE_PATCH
+            )
+        pods, _ = await self._pods(sandbox_selector(name))
+        return to_workload(rs, pods)
+
+    async def scale(self, name: str, replicas: int) -> Workload:
+        if replicas not in (0, 1):
+            msg = f"replicas must be 0 or 1, not {replicas}"
+            raise ValueError(msg)
+        with api_errors(f"scale ReplicaSet {self._ns}/{name}"):
+            await self._apps.patch_namespaced_replica_set_scale(
+                name, self._ns, {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH
+            )
+        workload = await self.get(name)
+        if workload is None:
+            msg = f"ReplicaSet {self._ns}/{name} vanished while scaling"
+            raise NotFound(msg)
+        log.info("k8s.workload_scaled", name=name, replicas=replicas)
+        return workload
+
+    async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:  # noqa: ASYNC109
+        rs = await self._read(name)
+        if rs is None or rs.metadata is None:
+            msg = f"ReplicaSet {self._ns}/{name} not found"
+            raise NotFound(msg)
+        rs_uid = rs.metadata.uid
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._wait_pods(name, lambda pods: ready_endpoint(pods, rs_uid))
+        except TimeoutError:
+            msg = f"no ready pod for {self._ns}/{name} within {timeout:g}s"
+            raise PodNotReady(msg) from None
+
+    async def wait_stopped(self, name: str, *, timeout: float) -> None:  # noqa: ASYNC109
+        try:
+            async with asyncio.timeout(timeout):
+                await self._wait_pods(name, lambda pods: True if not pods else None)
+        except TimeoutError:
+            msg = f"pods of {self._ns}/{name} still exist after {timeout:g}s"
+            raise RuntimeFailure(msg) from None
+
+    async def delete(self, name: str) -> None:
+        try:
+            with api_errors(f"delete ReplicaSet {self._ns}/{name}"):
+                await self._apps.delete_namespaced_replica_set(
+                    name, self._ns, propagation_policy="Background"
+                )
+        except NotFound:
+            return
+        log.info("k8s.workload_deleted", name=name, namespace=self._ns)
+
+    async def list(self, *, labels: Mapping[str, str] | None = None) -> list[Workload]:
+        wanted = selector({**(labels or {}), LABEL_MANAGED_BY: MANAGED_BY})
+        with api_errors(f"list ReplicaSets in {self._ns}"):
+            sets = await self._apps.list_namespaced_replica_set(self._ns, label_selector=wanted)
+        pods, _ = await self._pods(selector({LABEL_MANAGED_BY: MANAGED_BY}))
+        by_sandbox: dict[str, builtins.list[Pod]] = {}
+        for pod in pods:
+            sandbox = (pod["metadata"].get("labels") or {}).get(LABEL_SANDBOX_ID, "")
+            by_sandbox.setdefault(sandbox, []).append(pod)
+        return [
+            to_workload(rs, by_sandbox.get(rs.metadata.name or "", []) if rs.metadata else [])
+            for rs in sets.items
+        ]
+
+    async def close(self) -> None:
+        await self._api.close()  # type: ignore[no-untyped-call]
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _read(self, name: str) -> k8s.V1ReplicaSet | None:
+        try:
+            with api_errors(f"read ReplicaSet {self._ns}/{name}"):
+                return await self._apps.read_namespaced_replica_set(name, self._ns)
+        except NotFound:
+            return None
+
+    async def _pods(self, label_selector: str) -> tuple[builtins.list[Pod], str]:
+        """Pods as raw JSON dicts, and the list's resourceVersion to watch from."""
+        with api_errors(f"list pods in {self._ns}"):
+            resp = await self._core.list_namespaced_pod_without_preload_content(
+                self._ns, label_selector=label_selector
+            )
+            try:
+                body = await _json_or_raise(resp)
+            finally:
+                resp.release()
+        return builtins.list(body.get("items") or []), str(
+            body["metadata"].get("resourceVersion", "")
+        )
+
+    async def _wait_pods(self, name: str, done: Callable[[builtins.list[Pod]], T | None]) -> T:
+        """List the sandbox's pods and follow a watch until ``done`` returns a value."""
+        label_selector = sandbox_selector(name)
+        while True:
+            items, version = await self._pods(label_selector)
+            pods = {p["metadata"]["uid"]: p for p in items}
+            if (result := done(builtins.list(pods.values()))) is not None:
+                return result
+            async for kind, pod in self._watch_pods(label_selector, version):
+                uid = pod["metadata"]["uid"]
+                if kind == "DELETED":
+                    pods.pop(uid, None)
+                else:
+                    pods[uid] = pod
+                if (result := done(builtins.list(pods.values()))) is not None:
+                    return result
+            # The window ended or the version expired (410): list again and carry on.
+
+    async def _watch_pods(
+        self, label_selector: str, version: str
+    ) -> AsyncIterator[tuple[str, Pod]]:
+        with api_errors(f"watch pods in {self._ns}"):
+            resp = await self._core.list_namespaced_pod_without_preload_content(
+                self._ns,
+                label_selector=label_selector,
+                resource_version=version,
+                watch=True,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self._watch_window,
+                _request_timeout=self._watch_window + 15,
+            )
+        try:
+            if resp.status != 200:
+                await _json_or_raise(resp)
+            async for line in resp.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind = event.get("type")
+                if kind == "ERROR":  # typically 410 Gone: the caller relists
+                    return
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    yield kind, event["object"]
+        except (TimeoutError, ConnectionError) as e:
+            log.debug("k8s.watch_ended", error=repr(e))  # relist and continue
+        finally:
+            resp.release()
+
+
+async def _json_or_raise(resp: Any) -> dict[str, Any]:
+    text = await resp.text()
+    if not 200 <= resp.status < 300:
+        raise ApiException(status=resp.status, reason=resp.reason, body=text)
+    body: dict[str, Any] = json.loads(text)
+    return body

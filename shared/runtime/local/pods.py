@@ -1,0 +1,385 @@
+"""Pod processes of the local runtime: bubblewrap command lines, spawning, finding and stopping.
+
+A pod is an outer ``bwrap`` process (in its own session, so it outlives the runtime that started
+it) whose child is PID 1 of a fresh PID namespace running the in-sandbox daemon.
+``--die-with-parent`` ties that namespace to the *outer bwrap*, not to torpor: killing the outer
+process tears the whole namespace down (the kernel kills every process in it), while a crash of
+the owning runtime leaves pods running for the next owner to adopt. Pods are recognised in
+``/proc`` by the ``TORPOR_*`` variables on the bwrap command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from shared.errors import ConfigError
+
+log = structlog.get_logger()
+
+ENV_POD_UID = "TORPOR_POD_UID"
+ENV_WORKLOAD = "TORPOR_WORKLOAD"
+ENV_RUNTIME_ROOT = "TORPOR_RUNTIME_ROOT"
+INSTALL_HINT = "install it with `apt-get install -y bubblewrap`"
+# Host directories every pod sees read-only: the OS, plus the interpreter and code of the daemon.
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+
+
+async def check_bwrap(bwrap: str) -> None:
+    """Fail with one clear line when bubblewrap is missing or cannot create a PID namespace."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            bwrap,
+            "--unshare-pid",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--",
+            "true",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as e:
+        msg = f"bubblewrap ({bwrap}) is not available ({e.strerror}): {INSTALL_HINT}"
+        raise ConfigError(msg) from e
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        reason = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        msg = (
+            f"bubblewrap ({bwrap}) cannot create namespaces here ({reason[0]}): {INSTALL_HINT} "
+            "and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
+        )
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: Path
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class PodLaunch:
+    """Everything needed to build one pod's command line."""
+
+    bwrap: str
+    uid: str
+    workload: str
+    runtime_root: Path  # the runtime's data dir: marks the pod as ours, masked inside the pod
+    workspace: Path
+    workdir: str
+    mounts: Sequence[Mount]
+    env: dict[str, str]
+    command: Sequence[str]
+    code_dirs: Sequence[Path]  # interpreter + venv + repo, bound read-only
+    hostname: str
+
+
+def bwrap_argv(launch: PodLaunch) -> list[str]:
+    argv = [
+        launch.bwrap,
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--hostname",
+        launch.hostname,
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        # bwrap run by root keeps every capability; sandbox code gets none.
+        "--cap-drop",
+        "ALL",
+        # A fresh root: only what is listed below exists, so pods cannot read each other's
+        # workspaces or torpor's data dir through the host filesystem.
+        "--tmpfs",
+        "/",
+    ]
+    for folder in _SYSTEM_DIRS:
+        if os.path.islink(folder):
+            argv += ["--symlink", os.readlink(folder), folder]
+        elif os.path.isdir(folder):
+            argv += ["--ro-bind", folder, folder]
+    for code_dir in launch.code_dirs:
+        argv += ["--ro-bind", str(code_dir), str(code_dir)]
+    for folder in [*_SYSTEM_DIRS, *map(str, launch.code_dirs)]:
+        # Hide the data dir if one of the read-only binds contains it.
+        if _is_within(launch.runtime_root, Path(folder)):
+            argv += ["--tmpfs", str(launch.runtime_root)]
+            break
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",  # noqa: S108 - the pod's own /tmp, a fresh tmpfs
+        "--tmpfs",
+        "/run",
+        "--bind",
+        str(launch.workspace),
+        "/workspace",
+    ]
+    for mount in launch.mounts:
+        argv += ["--ro-bind" if mount.read_only else "--bind", str(mount.source), mount.target]
+    argv += ["--chdir", launch.workdir]
+    env = {
+        **launch.env,
+        ENV_POD_UID: launch.uid,
+        ENV_WORKLOAD: launch.workload,
+        ENV_RUNTIME_ROOT: str(launch.runtime_root),
+    }
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    return [*argv, "--", *launch.command]
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(Path(folder).resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def code_dirs() -> list[Path]:
+    """The interpreter, the venv and the repository: what ``python -m services.envd`` needs."""
+    repo = Path(__file__).resolve().parents[3]
+    dirs = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), repo}
+    system = [Path(d).resolve() for d in _SYSTEM_DIRS if os.path.isdir(d)]
+    # Drop dirs already visible through a system bind or another code dir.
+    kept = [
+        d
+        for d in dirs
+        if not any(_is_within(d, s) for s in system)
+        and not any(d != o and _is_within(d, o) for o in dirs)
+    ]
+    return sorted(kept)
+
+
+# ---- resource limits ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_bytes: int | None
+    cpu_millis: int | None
+    pids: int | None
+    nofile: int | None
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroup_parent() -> Path | None:
+    """``/sys/fs/cgroup/torpor`` with memory, cpu and pids delegated, or ``None`` when the
+    host has no writable cgroup v2 hierarchy with those controllers (e.g. cgroup v1)."""
+    parent = CGROUP_ROOT / "torpor"
+    try:
+        controllers = (CGROUP_ROOT / "cgroup.controllers").read_text().split()
+        if not {"memory", "cpu", "pids"} <= set(controllers):
+            return None
+        parent.mkdir(exist_ok=True)
+        (CGROUP_ROOT / "cgroup.subtree_control").write_text("+memory +cpu +pids")
+        (parent / "cgroup.subtree_control").write_text("+memory +cpu +pids")
+    except OSError:
+        return None
+    return parent
+
+
+def make_cgroup(parent: Path, uid: str, limits: Limits) -> Path | None:
+    group = parent / uid
+    try:
+        group.mkdir()
+        if limits.memory_bytes is not None:
+            (group / "memory.max").write_text(str(limits.memory_bytes))
+            (group / "memory.swap.max").write_text("0")
+        if limits.cpu_millis is not None:
+            (group / "cpu.max").write_text(f"{limits.cpu_millis * 100} 100000")
+        if limits.pids is not None:
+            (group / "pids.max").write_text(str(limits.pids))
+    except OSError as e:
+        log.warning("runtime.local.cgroup_failed", cgroup=str(group), error=str(e))
+        remove_cgroup(group)
+        return None
+    return group
+
+
+def remove_cgroup(group: Path | None) -> None:
+    if group is not None:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
+def capped_rlimit(which: int, wanted: int) -> int:
+    """``wanted``, lowered to our own hard limit (raising it needs CAP_SYS_RESOURCE)."""
+    _, hard = resource.getrlimit(which)
+    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+
+
+def limit_wrapper(limits: Limits, cgroup: Path | None) -> list[str]:
+    """Argv prefix that applies limits to the pod before bwrap starts (so no child escapes).
+
+    With a cgroup: join it (memory, cpu and pids are enforced for the whole pod). Without one:
+    ``prlimit`` per-process limits (address space for memory, open files); cpu and pids are not
+    enforced (RLIMIT_NPROC does not bind root).
+    """
+    prefix: list[str] = []
+    if cgroup is not None:
+        prefix += ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup)]
+    prlimit = shutil.which("prlimit")
+    rlimits = []
+    if limits.nofile is not None:
+        nofile = capped_rlimit(resource.RLIMIT_NOFILE, limits.nofile)
+        rlimits.append(f"--nofile={nofile}:{nofile}")
+    if cgroup is None and limits.memory_bytes is not None:
+        memory = capped_rlimit(resource.RLIMIT_AS, limits.memory_bytes)
+        rlimits.append(f"--as={memory}:{memory}")
+    if prlimit and rlimits:
+        prefix += [prlimit, *rlimits, "--"]
+    return prefix
+
+
+# ---- process table --------------------------------------------------------------------
+
+
+async def spawn(argv: Sequence[str], log_path: Path) -> asyncio.subprocess.Process:
+    with log_path.open("ab") as out:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,  # survives the owner; no terminal signals from it
+        )
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return raw.decode(errors="replace").split("\0")
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of a process, or ``None`` when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()
+    return fields[0], int(fields[1])
+
+
+def _setenv_values(argv: list[str]) -> dict[str, str]:
+    values = {}
+    for i, arg in enumerate(argv[:-2]):
+        if arg == "--setenv" and argv[i + 1].startswith("TORPOR_"):
+            values[argv[i + 1]] = argv[i + 2]
+        if arg == "--":
+            break
+    return values
+
+
+def is_pod_alive(pid: int, uid: str) -> bool:
+    """True while the outer bwrap of pod ``uid`` runs (pid reuse and zombies count as dead)."""
+    stat = _stat(pid)
+    if stat is None or stat[0] in {"Z", "X"}:
+        return False
+    return _setenv_values(_cmdline(pid)).get(ENV_POD_UID) == uid
+
+
+@dataclass(frozen=True)
+class FoundPod:
+    pid: int
+    uid: str
+    workload: str
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def scan_pods(runtime_root: Path) -> list[FoundPod]:
+    """Outer bwrap processes of pods started by a runtime with this data dir (any owner)."""
+    own_ns = os.readlink("/proc/self/ns/pid")
+    root = str(runtime_root)
+    found = []
+    for pid in _pids():
+        argv = _cmdline(pid)
+        if not argv or os.path.basename(argv[0]) != "bwrap":
+            continue
+        marks = _setenv_values(argv)
+        if marks.get(ENV_RUNTIME_ROOT) != root or ENV_POD_UID not in marks:
+            continue
+        try:
+            if os.readlink(f"/proc/{pid}/ns/pid") != own_ns:  # the inner bwrap (PID 1 inside)
+                continue
+        except OSError:
+            continue
+        stat = _stat(pid)
+        if stat is None or stat[0] in {"Z", "X"}:
+            continue
+        found.append(
+            FoundPod(pid=pid, uid=marks[ENV_POD_UID], workload=marks.get(ENV_WORKLOAD, ""))
+        )
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for p in _pids():
+        stat = _stat(p)
+        if stat is not None:
+            children.setdefault(stat[1], []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+async def stop_pod(pid: int, uid: str, *, grace: float) -> None:
+    """SIGTERM every process of the pod, then after ``grace`` SIGKILL the outer bwrap (which
+    makes the kernel kill the whole PID namespace). Returns once the pod is gone."""
+    if not is_pod_alive(pid, uid):
+        return
+    for child in await asyncio.to_thread(descendants, pid):
+        _signal(child, signal.SIGTERM)
+    if await _wait_gone(pid, uid, grace):
+        return
+    _signal(pid, signal.SIGKILL)
+    if not await _wait_gone(pid, uid, 10.0):
+        log.error("runtime.local.pod_unkillable", pid=pid, pod_uid=uid)
+
+
+async def _wait_gone(pid: int, uid: str, within: float) -> bool:
+    deadline = time.monotonic() + within
+    delay = 0.01
+    while is_pod_alive(pid, uid):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.1)
+    return True

@@ -1,0 +1,119 @@
+"""Pytest plugin (listed in ``tests/conftest.py``): a real Kubernetes cluster for any test folder.
+
+Fixtures:
+- ``k8s_cluster`` (session): a ``ClusterAccess`` (kubeconfig, server) from the first available
+  backend: ``TORPOR_TEST_KUBECONFIG``, the binaries of ``scripts/build-k8s.sh``, or k3s in
+  Docker. On CI the local binaries are required (and built if missing).
+- ``k8s_kubelet`` (session): the test kubelet running torpor pods as local daemons.
+- ``k8s_namespace``: a fresh namespace, deleted afterwards.
+- ``k8s_runtime``: a ``KubernetesRuntime`` on that namespace with the admin credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes.aio import client as k8s
+from kubernetes.aio import config as k8s_config
+from kubernetes.aio.client.exceptions import ApiException
+
+from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
+from tests.k8s.kubelet import TestKubelet
+from tests.k8s.rig import ClusterAccess, ClusterUnavailable, provide_cluster
+
+ON_CI_ENV = "CI"
+# Test-only templates (e.g. a pod that never becomes ready), searched before deploy/sandbox-base.
+TEST_TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def sandbox_templates() -> PodTemplates:
+    return PodTemplates(TEST_TEMPLATES, DEFAULT_TEMPLATES)
+
+
+def _skip_or_fail(reason: str) -> None:
+    from tests.conftest import skip_or_fail
+
+    skip_or_fail(reason)
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterAccess]:
+    import os
+
+    on_ci = os.environ.get(ON_CI_ENV, "").lower() == "true"
+    workdir = tmp_path_factory.mktemp("k8s")
+    try:
+        provider = provide_cluster(workdir, on_ci=on_ci)
+        access = provider.__enter__()
+    except ClusterUnavailable as e:
+        _skip_or_fail(f"no Kubernetes control plane: {e}")
+        return
+    try:
+        yield access
+    finally:
+        provider.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def k8s_kubelet(
+    k8s_cluster: ClusterAccess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TestKubelet]:
+    kubelet = TestKubelet(
+        kubeconfig=k8s_cluster.kubeconfig, workdir=tmp_path_factory.mktemp("kubelet")
+    ).start()
+    yield kubelet
+    kubelet.stop()
+
+
+async def admin_client(access: ClusterAccess) -> k8s.ApiClient:
+    return await k8s_config.new_client_from_config(config_file=str(access.kubeconfig))  # type: ignore[no-any-return]
+
+
+async def create_namespace(api: k8s.ApiClient, name: str, *, timeout: float = 30.0) -> None:
+    """Create ``name`` and wait for its default ServiceAccount (pods need it to be admitted)."""
+    core = k8s.CoreV1Api(api)
+    await core.create_namespace(
+        k8s.V1Namespace.model_validate(
+            {"metadata": {"name": name, "labels": {"torpor.dev/test": "true"}}}
+        )
+    )
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            await core.read_namespaced_service_account("default", name)
+            return
+        except ApiException as e:
+            if e.status != 404 or asyncio.get_running_loop().time() > deadline:
+                raise
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def k8s_namespace(k8s_cluster: ClusterAccess) -> AsyncIterator[str]:
+    api = await admin_client(k8s_cluster)
+    name = f"torpor-t-{uuid.uuid4().hex[:8]}"
+    try:
+        await create_namespace(api, name)
+        yield name
+        try:
+            await k8s.CoreV1Api(api).delete_namespace(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+async def k8s_runtime(
+    k8s_cluster: ClusterAccess, k8s_kubelet: TestKubelet, k8s_namespace: str
+) -> AsyncIterator[KubernetesRuntime]:
+    runtime = await KubernetesRuntime.from_kubeconfig(
+        Path(k8s_cluster.kubeconfig), namespace=k8s_namespace, templates=sandbox_templates()
+    )
+    yield runtime
+    await runtime.close()

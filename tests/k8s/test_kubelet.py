@@ -1,0 +1,99 @@
+"""The test kubelet: node and lease, binding, running pods as daemons, termination."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import ipaddress
+import uuid
+
+import httpx
+import pytest
+from kubernetes.aio import client as k8s
+from kubernetes.aio.client.exceptions import ApiException
+
+from shared.runtime.models import LABEL_MANAGED_BY, MANAGED_BY
+from tests.k8s.kubelet import TestKubelet
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(120)]
+
+
+def bare_pod(name: str, labels: dict[str, str]) -> k8s.V1Pod:
+    return k8s.V1Pod.model_validate(
+        {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "envd", "image": "torpor/sandbox-base"}],
+            },
+        }
+    )
+
+
+async def until(predicate: object, *, timeout: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await predicate():  # type: ignore[operator]
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.1)
+
+
+async def test_node_is_ready_and_its_lease_is_held(
+    k8s_kubelet: TestKubelet, admin_api: k8s.ApiClient
+) -> None:
+    node = await k8s.CoreV1Api(admin_api).read_node(k8s_kubelet.node_name)
+    ready = next(c for c in node.status.conditions if c.type == "Ready")
+    assert ready.status == "True"
+    lease = await k8s.CoordinationV1Api(admin_api).read_namespaced_lease(
+        k8s_kubelet.node_name, "kube-node-lease"
+    )
+    assert lease.spec.holder_identity == k8s_kubelet.node_name
+    age = dt.datetime.now(dt.UTC) - lease.spec.renew_time
+    assert age < dt.timedelta(seconds=3 * k8s_kubelet.lease_interval)
+
+
+async def test_pod_runs_as_a_sandboxed_daemon_and_terminates(
+    k8s_kubelet: TestKubelet, admin_api: k8s.ApiClient, k8s_namespace: str
+) -> None:
+    core, name = k8s.CoreV1Api(admin_api), f"pod-{uuid.uuid4().hex[:6]}"
+    await core.create_namespaced_pod(k8s_namespace, bare_pod(name, {LABEL_MANAGED_BY: MANAGED_BY}))
+
+    async def running() -> bool:
+        pod = await core.read_namespaced_pod(name, k8s_namespace)
+        conditions = {c.type: c.status for c in pod.status.conditions or []}
+        return pod.status.phase == "Running" and conditions.get("Ready") == "True"
+
+    await until(running)
+    pod = await core.read_namespaced_pod(name, k8s_namespace)
+    assert pod.spec.node_name == k8s_kubelet.node_name
+    ip = pod.status.pod_ip
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(k8s_kubelet.ip_network)
+    assert k8s_kubelet.running_ips()[pod.metadata.uid] == ip
+    async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+        assert (await client.get(f"http://{ip}:49983/health")).is_success
+
+    await core.delete_namespaced_pod(name, k8s_namespace)  # default grace: the kubelet finishes it
+
+    async def gone() -> bool:
+        try:
+            await core.read_namespaced_pod(name, k8s_namespace)
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    await until(gone)
+    assert pod.metadata.uid not in k8s_kubelet.running_ips()
+    async with httpx.AsyncClient(trust_env=False, timeout=2) as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.get(f"http://{ip}:49983/health")
+
+
+async def test_foreign_pods_are_left_alone(
+    k8s_kubelet: TestKubelet, admin_api: k8s.ApiClient, k8s_namespace: str
+) -> None:
+    core = k8s.CoreV1Api(admin_api)
+    await core.create_namespaced_pod(k8s_namespace, bare_pod("foreign", {"app": "other"}))
+    await asyncio.sleep(2)
+    pod = await core.read_namespaced_pod("foreign", k8s_namespace)
+    assert pod.spec.node_name is None
+    assert pod.status.phase == "Pending"

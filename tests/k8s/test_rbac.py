@@ -1,0 +1,170 @@
+"""The shipped RBAC (deploy/rbac) is enough for the adapter, and nothing more is granted.
+
+Applies the real manifests, mints a token for the ServiceAccount with the TokenRequest API and
+runs the whole pause/resume cycle of ``KubernetesRuntime`` with exactly that token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.aio import client as k8s
+from kubernetes.aio import config as k8s_config
+from kubernetes.aio.client.exceptions import ApiException
+
+from shared.errors import RuntimeFailure
+from shared.runtime.kubernetes import KubernetesRuntime
+from shared.runtime.models import ANNOTATION_SNAPSHOT, WorkloadSpec
+from tests.k8s.plugin import create_namespace, sandbox_templates
+from tests.k8s.rig import ClusterAccess
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(180)]
+RBAC_DIR = Path(__file__).resolve().parents[2] / "deploy" / "rbac"
+
+
+def manifests(namespace: str) -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(RBAC_DIR.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            doc["metadata"]["namespace"] = namespace
+            for subject in doc.get("subjects", []):
+                subject["namespace"] = namespace
+            docs.append(doc)
+    return docs
+
+
+async def apply(api: k8s.ApiClient, doc: dict[str, Any]) -> None:
+    ns, kind = doc["metadata"]["namespace"], doc["kind"]
+    rbac = k8s.RbacAuthorizationV1Api(api)
+    if kind == "ServiceAccount":
+        await k8s.CoreV1Api(api).create_namespaced_service_account(
+            ns, k8s.V1ServiceAccount.model_validate(doc)
+        )
+    elif kind == "Role":
+        await rbac.create_namespaced_role(ns, k8s.V1Role.model_validate(doc))
+    elif kind == "RoleBinding":
+        await rbac.create_namespaced_role_binding(ns, k8s.V1RoleBinding.model_validate(doc))
+    else:
+        pytest.fail(f"unexpected kind {kind} in deploy/rbac")
+
+
+async def token_client(access: ClusterAccess, token: str) -> k8s.ApiClient:
+    """A client that authenticates with ``token`` only (no client certificate)."""
+    admin = k8s.Configuration()
+    await k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(access.kubeconfig), client_configuration=admin
+    )
+    config = k8s.Configuration(host=admin.host)
+    config.ssl_ca_cert = admin.ssl_ca_cert
+    config.api_key = {"authorization": token}
+    config.api_key_prefix = {"authorization": "Bearer"}
+    return k8s.ApiClient(config)
+
+
+@pytest.fixture
+async def rbac_namespace(
+    k8s_cluster: ClusterAccess, admin_api: k8s.ApiClient
+) -> AsyncIterator[str]:
+    name = "torpor-rbac"
+    await create_namespace(admin_api, name)
+    for doc in manifests(name):
+        await apply(admin_api, doc)
+    yield name
+    await k8s.CoreV1Api(admin_api).delete_namespace(name)
+
+
+async def can_i(api: k8s.ApiClient, ns: str, verb: str, resource: str, group: str = "") -> bool:
+    review = k8s.V1SelfSubjectAccessReview.model_validate(
+        {
+            "spec": {
+                "resourceAttributes": {
+                    "namespace": ns,
+                    "verb": verb,
+                    "resource": resource,
+                    "group": group,
+                }
+            }
+        }
+    )
+    answer = await k8s.AuthorizationV1Api(api).create_self_subject_access_review(review)
+    return bool(answer.status and answer.status.allowed)
+
+
+async def test_adapter_works_with_exactly_the_shipped_role(
+    k8s_cluster: ClusterAccess,
+    k8s_kubelet: object,
+    admin_api: k8s.ApiClient,
+    rbac_namespace: str,
+) -> None:
+    ns = rbac_namespace
+    sa = next(d for d in manifests(ns) if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    request = k8s.AuthenticationV1TokenRequest.model_validate(
+        {"spec": {"audiences": [], "expirationSeconds": 600}}
+    )
+    minted = await k8s.CoreV1Api(admin_api).create_namespaced_service_account_token(sa, ns, request)
+    assert minted.status is not None
+    api = await token_client(k8s_cluster, minted.status.token)
+    try:
+        # RBAC is served from an informer cache: wait until the binding is visible.
+        for _ in range(100):
+            if await can_i(api, ns, "create", "replicasets", "apps"):
+                break
+            await asyncio.sleep(0.05)
+        runtime = KubernetesRuntime(api, namespace=ns, templates=sandbox_templates())
+
+        # The whole cycle the scaler and snapshotter run, with nothing but the Role's rights.
+        await runtime.create(WorkloadSpec(name="sbx-rbac", owner="alice"))
+        first = await runtime.wait_ready("sbx-rbac", timeout=60)
+        current = await runtime.get("sbx-rbac")
+        assert current is not None
+        await runtime.patch_annotations(
+            "sbx-rbac", {ANNOTATION_SNAPSHOT: "e30="}, resource_version=current.resource_version
+        )
+        await runtime.scale("sbx-rbac", 0)
+        await runtime.wait_stopped("sbx-rbac", timeout=60)
+        await runtime.scale("sbx-rbac", 1)
+        second = await runtime.wait_ready("sbx-rbac", timeout=60)
+        assert second.pod_uid != first.pod_uid
+        listed = await runtime.list()
+        assert [w.name for w in listed] == ["sbx-rbac"]
+        assert listed[0].annotations[ANNOTATION_SNAPSHOT] == "e30="
+        await runtime.delete("sbx-rbac")
+        assert await runtime.get("sbx-rbac") is None
+
+        # Outside the Role: 403 from the API server.
+        core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
+        with pytest.raises(ApiException) as secrets:
+            await core.list_namespaced_secret(ns)
+        assert secrets.value.status == 403
+        deployment = k8s.V1Deployment.model_validate(
+            {
+                "metadata": {"name": "nope"},
+                "spec": {
+                    "selector": {"matchLabels": {"a": "b"}},
+                    "template": {
+                        "metadata": {"labels": {"a": "b"}},
+                        "spec": {"containers": [{"name": "c", "image": "i"}]},
+                    },
+                },
+            }
+        )
+        with pytest.raises(ApiException) as deployments:
+            await apps.create_namespaced_deployment(ns, deployment)
+        assert deployments.value.status == 403
+        with pytest.raises(ApiException) as pods:
+            await core.delete_collection_namespaced_pod(ns)
+        assert pods.value.status == 403
+        assert not await can_i(api, ns, "create", "pods")
+        assert not await can_i(api, ns, "update", "replicasets", "apps")
+        assert not await can_i(api, "default", "list", "replicasets", "apps")
+        # ... and through the adapter, another namespace is a RuntimeFailure, not a leak.
+        elsewhere = KubernetesRuntime(api, namespace="default", templates=sandbox_templates())
+        with pytest.raises(RuntimeFailure, match="403"):
+            await elsewhere.list()
+    finally:
+        await api.close()

@@ -1,0 +1,143 @@
+"""In-memory fakes of the Runtime and Envd ports for fast tests of the lifecycle logic.
+
+They model what matters for pause/resume: a workload's pod gets a fresh uid (and an empty
+process table) every time it is scaled from 0 to 1; annotations are plain dicts; the daemon
+lists and starts processes per pod. Faults can be injected (``envd.down``, ``runtime.fail_ready``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import Mapping
+
+from shared.errors import EnvdUnavailable, NotFound, PodNotReady
+from shared.models.snapshots import ProcessConfig, SnapshotProcess
+from shared.runtime.models import Endpoint, Workload, WorkloadSpec
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.workloads: dict[str, Workload] = {}
+        self.fail_ready = False
+        self.scale_calls: list[tuple[str, int]] = []
+        self._version = itertools.count(1)
+        self._addresses = itertools.count(2)
+        self._address: dict[str, str] = {}
+
+    def _put(self, wl: Workload, **update: object) -> Workload:
+        new = wl.model_copy(update={**update, "resource_version": str(next(self._version))})
+        self.workloads[wl.name] = new
+        return new
+
+    async def create(self, spec: WorkloadSpec) -> Workload:
+        if spec.name in self.workloads:
+            return self.workloads[spec.name]
+        self._address[spec.name] = f"127.0.0.{next(self._addresses)}"
+        wl = Workload(
+            name=spec.name,
+            template=spec.template,
+            labels=dict(spec.labels),
+            annotations=dict(spec.annotations),
+            replicas=0,
+            resource_version="0",
+        )
+        self.workloads[spec.name] = wl
+        return await self.scale(spec.name, spec.replicas)
+
+    async def get(self, name: str) -> Workload | None:
+        return self.workloads.get(name)
+
+    async def patch_annotations(
+        self,
+        name: str,
+        annotations: Mapping[str, str | None],
+        *,
+        resource_version: str | None = None,
+    ) -> Workload:
+        wl = self._require(name)
+        merged = dict(wl.annotations)
+        for k, v in annotations.items():
+            if v is None:
+                merged.pop(k, None)
+            else:
+                merged[k] = v
+        return self._put(wl, annotations=merged)
+
+    async def scale(self, name: str, replicas: int) -> Workload:
+        wl = self._require(name)
+        self.scale_calls.append((name, replicas))
+        if replicas == 1 and wl.pod_uid is None:
+            return self._put(
+                wl, replicas=1, ready_replicas=1, pod_uid=str(uuid.uuid4()), pod_ip=self._address[name]
+            )
+        if replicas == 0:
+            return self._put(wl, replicas=0, ready_replicas=0, pod_uid=None, pod_ip=None)
+        return wl
+
+    async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
+        wl = self._require(name)
+        await asyncio.sleep(0)
+        if self.fail_ready or wl.pod_uid is None or wl.pod_ip is None:
+            raise PodNotReady(f"{name} not ready")
+        return Endpoint(host=wl.pod_ip, pod_uid=wl.pod_uid)
+
+    async def wait_stopped(self, name: str, *, timeout: float) -> None:
+        await asyncio.sleep(0)
+
+    async def delete(self, name: str) -> None:
+        self.workloads.pop(name, None)
+
+    async def list(self, *, labels: Mapping[str, str] | None = None) -> list[Workload]:
+        return [
+            w for w in self.workloads.values() if not labels or all(w.labels.get(k) == v for k, v in labels.items())
+        ]
+
+    async def close(self) -> None:
+        return None
+
+    def _require(self, name: str) -> Workload:
+        if name not in self.workloads:
+            raise NotFound(f"workload {name} not found")
+        return self.workloads[name]
+
+
+class FakeEnvd:
+    def __init__(self) -> None:
+        self.pods: dict[str, list[SnapshotProcess]] = {}  # pod uid -> live processes
+        self.started: dict[str, int] = {}  # pod uid -> number of Start calls
+        self.down = False
+        self.fail_cmds: set[str] = set()
+        self._pids = itertools.count(100)
+
+    async def list_processes(
+        self, endpoint: Endpoint, *, access_token: str | None, timeout: float = 10.0
+    ) -> list[SnapshotProcess]:
+        if self.down:
+            raise EnvdUnavailable("daemon down")
+        return list(self.pods.get(endpoint.pod_uid, []))
+
+    async def start_process(
+        self,
+        endpoint: Endpoint,
+        config: ProcessConfig,
+        *,
+        tag: str | None,
+        access_token: str | None,
+        timeout: float = 10.0,
+    ) -> int:
+        if self.down:
+            raise EnvdUnavailable("daemon down")
+        if config.cmd in self.fail_cmds:
+            raise FileNotFoundError(config.cmd)
+        pid = next(self._pids)
+        self.pods.setdefault(endpoint.pod_uid, []).append(SnapshotProcess(config=config, pid=pid, tag=tag))
+        self.started[endpoint.pod_uid] = self.started.get(endpoint.pod_uid, 0) + 1
+        return pid
+
+    async def health(self, endpoint: Endpoint, *, timeout: float = 2.0) -> bool:
+        return not self.down
+
+    async def close(self) -> None:
+        return None

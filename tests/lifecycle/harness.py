@@ -1,0 +1,84 @@
+"""Run the snapshotter and the scaler in-process (their real wiring) plus a lifecycle client."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from shared.bus.broker import key_value, make_broker, prepare
+from shared.bus.publishing import BrokerPublisher
+from shared.bus.records import KvSandboxStore
+from shared.bus.topology import KV_SANDBOXES
+from shared.envd.ports import Envd
+from shared.lifecycle.hosting import WorkerHost
+from shared.lifecycle.service import SandboxLifecycle
+from shared.runtime.ports import Runtime
+from shared.settings import BusSettings
+from services.scaler.bootstrap import scaler_host
+from services.scaler.settings import ScalerSettings
+from services.snapshotter.bootstrap import snapshotter_host
+from services.snapshotter.settings import SnapshotterSettings
+
+
+@dataclass
+class System:
+    lifecycle: SandboxLifecycle
+    store: KvSandboxStore
+    publisher: BrokerPublisher
+    runtime: Runtime
+    envd: Envd
+    hosts: list[WorkerHost] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def running_system(
+    nats_url: str,
+    runtime: Runtime,
+    envd: Envd,
+    *,
+    replicas: int = 1,
+    give_up_after: int = 3,
+    ready_timeout: float = 30.0,
+) -> AsyncIterator[System]:
+    bus = BusSettings(nats_url=nats_url)
+    client = make_broker(bus, service="test-client")
+    await prepare(client, bus)
+    await client.start()
+    store = KvSandboxStore(await key_value(client, KV_SANDBOXES))
+    publisher = BrokerPublisher(client)
+    hosts: list[WorkerHost] = []
+    try:
+        for _ in range(replicas):
+            hosts.append(
+                snapshotter_host(
+                    bus=bus,
+                    settings=SnapshotterSettings(give_up_after=give_up_after, envd_timeout=5),
+                    runtime=runtime,
+                    envd=envd,
+                )
+            )
+            hosts.append(
+                scaler_host(
+                    bus=bus,
+                    settings=ScalerSettings(
+                        give_up_after=give_up_after, ready_timeout=ready_timeout, stop_timeout=30
+                    ),
+                    runtime=runtime,
+                    envd=envd,
+                )
+            )
+        for host in hosts:
+            await host.start()
+        yield System(
+            lifecycle=SandboxLifecycle(store, publisher),
+            store=store,
+            publisher=publisher,
+            runtime=runtime,
+            envd=envd,
+            hosts=hosts,
+        )
+    finally:
+        for host in hosts:
+            await host.stop()
+        await client.stop()

@@ -1,0 +1,148 @@
+"""Pause/resume/kill flows through the real bus and the real handlers, with fake pods.
+
+NATS is real (a private server per test); the runtime and the daemon are the in-memory fakes, so
+these tests isolate the bus choreography, the state machine and the idempotency rules.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from shared.errors import IllegalTransition, NotFound, RuntimeFailure
+from shared.lifecycle.ports import CreateRequest
+from shared.models.sandboxes import SandboxState
+from shared.models.snapshots import ProcessConfig, SnapshotProcess
+from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint
+from tests.lifecycle.fakes import FakeEnvd, FakeRuntime
+from tests.lifecycle.harness import System, running_system
+
+SERVER = SnapshotProcess(
+    config=ProcessConfig(cmd="/bin/bash", args=["-l", "-c", "python3 server.py > service.log 2>&1"], cwd="/workspace"),
+    pid=20,
+)
+
+
+@pytest.fixture
+async def system(fresh_nats) -> AsyncIterator[System]:  # type: ignore[no-untyped-def]
+    async with running_system(fresh_nats.url, FakeRuntime(), FakeEnvd()) as s:
+        yield s
+
+
+async def _start_process(system: System, sid: str, proc: SnapshotProcess) -> None:
+    record = await system.store.get(sid)
+    assert record is not None and record.host and record.pod_uid
+    await system.envd.start_process(  # type: ignore[attr-defined]
+        Endpoint(host=record.host, pod_uid=record.pod_uid), proc.config, tag=proc.tag, access_token=None
+    )
+
+
+async def test_create_pause_resume_cycle(system: System) -> None:
+    runtime: FakeRuntime = system.runtime  # type: ignore[assignment]
+    envd: FakeEnvd = system.envd  # type: ignore[assignment]
+    rec = await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-cycle", timeout=300))
+    assert rec.state == SandboxState.RUNNING and rec.generation == 1 and rec.deadline is not None
+    first_pod = rec.pod_uid
+    await _start_process(system, "sbx-cycle", SERVER)
+
+    paused = await system.lifecycle.pause("sbx-cycle", owner="alice", wait=10)
+    assert paused.state == SandboxState.PAUSED and paused.generation == 2
+    assert paused.host is None and paused.deadline is None and paused.retain_until is not None
+    wl = runtime.workloads["sbx-cycle"]
+    assert wl.replicas == 0 and wl.pod_uid is None
+    doc = json.loads(base64.b64decode(wl.annotations[ANNOTATION_SNAPSHOT]))
+    assert doc["processes"] == [
+        {"config": {"cmd": "/bin/bash", "args": SERVER.config.args, "cwd": "/workspace"}, "pid": 100}
+    ]
+    assert doc["captured_time"].endswith("Z")
+    assert paused.snapshot is not None and paused.snapshot.annotation == wl.annotations[ANNOTATION_SNAPSHOT]
+
+    with pytest.raises(IllegalTransition):
+        await system.lifecycle.pause("sbx-cycle", owner="alice", wait=5)
+
+    result = await system.lifecycle.resume("sbx-cycle", owner="alice", wait=10)
+    assert result.resumed and result.record.state == SandboxState.RUNNING
+    assert result.record.generation == 3 and result.record.pod_uid != first_pod
+    new_pod = result.record.pod_uid
+    assert new_pod is not None
+    assert [p.config.args for p in envd.pods[new_pod]] == [SERVER.config.args]
+    assert envd.started[new_pod] == 1
+    # The annotation and the record keep showing the last snapshot after the resume.
+    assert runtime.workloads["sbx-cycle"].annotations[ANNOTATION_SNAPSHOT] == paused.snapshot.annotation
+    assert result.record.snapshot == paused.snapshot
+
+    again = await system.lifecycle.resume("sbx-cycle", owner="alice", wait=5)
+    assert not again.resumed and envd.started[new_pod] == 1
+
+
+async def test_unknown_and_foreign_sandboxes_are_not_found(system: System) -> None:
+    with pytest.raises(NotFound):
+        await system.lifecycle.pause("nope", owner="alice")
+    await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-mine"))
+    with pytest.raises(NotFound):
+        await system.lifecycle.get("sbx-mine", owner="bob")
+    with pytest.raises(NotFound):
+        await system.lifecycle.resume("sbx-mine", owner="bob")
+
+
+async def test_kill_leaves_tombstone_and_id_can_be_reused(system: System) -> None:
+    runtime: FakeRuntime = system.runtime  # type: ignore[assignment]
+    await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-kill"))
+    await system.lifecycle.pause("sbx-kill", owner="alice", wait=10)
+    await system.lifecycle.kill("sbx-kill", owner="alice", wait=10)
+    assert "sbx-kill" not in runtime.workloads
+    tomb = await system.store.get("sbx-kill")
+    assert tomb is not None and tomb.state == SandboxState.KILLED
+    with pytest.raises(NotFound):
+        await system.lifecycle.get("sbx-kill", owner="alice")
+    assert all(r.sandbox_id != "sbx-kill" for r in await system.lifecycle.list(owner="alice"))
+    again = await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-kill"))
+    assert again.state == SandboxState.RUNNING and again.generation > tomb.generation
+
+
+async def test_daemon_down_fails_the_pause_and_keeps_the_pod(system: System) -> None:
+    runtime: FakeRuntime = system.runtime  # type: ignore[assignment]
+    envd: FakeEnvd = system.envd  # type: ignore[assignment]
+    rec = await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-down"))
+    envd.down = True
+    with pytest.raises(RuntimeFailure, match="daemon down"):
+        await system.lifecycle.pause("sbx-down", owner="alice", wait=30)
+    failed = await system.store.get("sbx-down")
+    assert failed is not None and failed.state == SandboxState.FAILED
+    assert failed.failure is not None and "pause" in failed.failure
+    assert runtime.workloads["sbx-down"].pod_uid == rec.pod_uid  # never scaled down
+    # A failed sandbox can be resumed: same pod, nothing replayed, running again.
+    envd.down = False
+    result = await system.lifecycle.resume("sbx-down", owner="alice", wait=10)
+    assert result.record.state == SandboxState.RUNNING and result.record.pod_uid == rec.pod_uid
+    assert envd.started.get(rec.pod_uid or "", 0) == 0
+
+
+async def test_snapshot_too_large_fails_the_pause_without_retrying(system: System) -> None:
+    runtime: FakeRuntime = system.runtime  # type: ignore[assignment]
+    rec = await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-big"))
+    big = SnapshotProcess(
+        config=ProcessConfig(cmd="/bin/true", args=[], envs={"BLOB": "x" * 300_000}), pid=5
+    )
+    await _start_process(system, "sbx-big", big)
+    with pytest.raises(RuntimeFailure, match="annotation budget"):
+        await system.lifecycle.pause("sbx-big", owner="alice", wait=10)
+    assert runtime.workloads["sbx-big"].pod_uid == rec.pod_uid
+    assert ("sbx-big", 0) not in runtime.scale_calls
+
+
+async def test_failing_process_is_reported_and_sandbox_still_resumes(system: System) -> None:
+    envd: FakeEnvd = system.envd  # type: ignore[assignment]
+    await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-partial"))
+    broken = SnapshotProcess(config=ProcessConfig(cmd="/nonexistent", args=["x"]), pid=7, tag="t1")
+    await _start_process(system, "sbx-partial", broken)
+    await _start_process(system, "sbx-partial", SERVER)
+    await system.lifecycle.pause("sbx-partial", owner="alice", wait=10)
+    envd.fail_cmds.add("/nonexistent")
+    result = await system.lifecycle.resume("sbx-partial", owner="alice", wait=10)
+    assert result.record.state == SandboxState.RUNNING
+    pod = result.record.pod_uid or ""
+    assert [p.config.cmd for p in envd.pods[pod]] == ["/bin/bash"]

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from services.proxy.app import ProxyApp, ProxyWiring
+from services.proxy.settings import ENVD_PORT, ProxySettings
+from tests.api.fakes import FakeKeys, FakeLifecycle, FakeRecords
+from tests.api.servers import serve
+from tests.proxy.upstream import UpstreamState, build_upstream
+
+# A loopback address of its own, so the stand-in can listen on the daemon's real port.
+POD_HOST = "127.0.3.213"
+
+
+@dataclass
+class Rig:
+    proxy: str
+    lifecycle: FakeLifecycle
+    keys: FakeKeys
+    upstream: UpstreamState
+    user_port: int
+    app: ProxyApp
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    state = UpstreamState()
+    lifecycle = FakeLifecycle(host=POD_HOST, resume_delay=0.5)
+    keys = FakeKeys()
+    keys.add("alice-key", "alice")
+    keys.add("bob-key", "bob")
+    app = ProxyApp(
+        ProxySettings(touch_interval=5.0, resume_wait=10),
+        wiring=ProxyWiring(records=FakeRecords(lifecycle), lifecycle=lifecycle, keys=keys),
+    )
+    upstream = build_upstream(state)
+    with (
+        serve(upstream, host=POD_HOST, port=ENVD_PORT),
+        serve(upstream, host=POD_HOST) as user_url,
+        serve(app, backlog=2048, limit_concurrency=None) as proxy_url,
+    ):
+        yield Rig(
+            proxy=proxy_url,
+            lifecycle=lifecycle,
+            keys=keys,
+            upstream=state,
+            user_port=int(user_url.rsplit(":", 1)[1]),
+            app=app,
+        )

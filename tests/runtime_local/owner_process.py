@@ -1,0 +1,43 @@
+"""A process that owns a LocalRuntime with one running pod, for kill -9 tests.
+
+Prints the pod's endpoint as one JSON line once it is ready, then sleeps until killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+from shared.runtime.local import LocalRuntime
+from shared.runtime.models import WorkloadSpec
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nats-url", required=True)
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--bucket", required=True)
+    parser.add_argument("--first-address", required=True)
+    parser.add_argument("--templates-dir", type=Path, default=None)
+    parser.add_argument("--name", action="append", required=True)
+    args = parser.parse_args()
+    runtime = LocalRuntime(
+        nats_url=args.nats_url,
+        data_dir=args.data_dir,
+        bucket=args.bucket,
+        templates_dir=args.templates_dir,
+        first_address=args.first_address,
+    )
+    await runtime.start()
+    endpoints = {}
+    for name in args.name:
+        await runtime.create(WorkloadSpec(name=name, owner="alice", replicas=1))
+        endpoints[name] = (await runtime.wait_ready(name, timeout=30)).model_dump()
+    print(json.dumps(endpoints), flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,27 @@
+"""Settings shared by the local runtime's tests and the owner subprocess they start."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from shared.runtime.local import LocalRuntime
+
+# Away from 127.0.0.N (the Kubernetes test kubelet) and from the contract suite's range.
+FIRST_ADDRESS = "127.0.9.2"
+TEMPLATES: Path | None = Path("/tmp/devtpl")  # DEV ONLY
+
+LocalRuntimeFactory = Callable[..., Awaitable[LocalRuntime]]
+
+
+def runtime_kwargs(nats_url: str, data_dir: Path, bucket: str) -> dict[str, Any]:
+    return {
+        "nats_url": nats_url,
+        "data_dir": data_dir,
+        "bucket": bucket,
+        "templates_dir": TEMPLATES,
+        "first_address": FIRST_ADDRESS,
+        "stop_grace": 1.0,
+        "poll_interval": 0.2,
+    }

@@ -1,0 +1,209 @@
+"""What only the local runtime promises: bubblewrap isolation, volumes, surviving its owner."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from shared.errors import ConfigError
+from shared.runtime.local import pods
+from shared.runtime.models import Endpoint, WorkloadSpec
+from tests.contract.harness import healthy, read_file, write_file
+from tests.runtime_local.support import FIRST_ADDRESS, TEMPLATES, LocalRuntimeFactory
+
+pytestmark = pytest.mark.timeout(180)
+READY = 30.0
+
+
+def new_name() -> str:
+    return f"sbx-{uuid.uuid4().hex[:10]}"
+
+
+def daemon_pid(data_dir: Path, pod_uid: str) -> int:
+    """Host pid of the daemon (the deepest process) of a pod."""
+    [outer] = [p.pid for p in pods.scan_pods(data_dir) if p.uid == pod_uid]
+    return pods.descendants(outer)[-1]
+
+
+async def test_sandboxes_cannot_see_each_other(
+    local_runtime: LocalRuntimeFactory, data_dir: Path
+) -> None:
+    rt = await local_runtime()
+    a, b = new_name(), new_name()
+    await rt.create(WorkloadSpec(name=a, owner="alice"))
+    await rt.create(WorkloadSpec(name=b, owner="bob"))
+    ep_a = await rt.wait_ready(a, timeout=READY)
+    ep_b = await rt.wait_ready(b, timeout=READY)
+    assert ep_a.host != ep_b.host
+
+    await write_file(ep_a, "/workspace/secret.txt", b"only for a")
+    assert await read_file(ep_a, "/workspace/secret.txt") == b"only for a"
+    assert await read_file(ep_b, "/workspace/secret.txt") is None
+    host_copy = data_dir / "pods" / ep_a.pod_uid / "workspace" / "secret.txt"
+    assert host_copy.read_bytes() == b"only for a"  # it is there on the host ...
+    assert await read_file(ep_b, str(host_copy)) is None  # ... but not inside b
+
+    # Own PID namespace: b's PID 1 is its bwrap init, and a's daemon does not exist for b.
+    assert b"bwrap" in (await read_file(ep_b, "/proc/1/cmdline") or b"")
+    pid_a = daemon_pid(data_dir, ep_a.pod_uid)
+    assert Path(f"/proc/{pid_a}").exists()
+    assert await read_file(ep_b, f"/proc/{pid_a}/cmdline") is None
+
+
+async def test_workspace_is_discarded_but_volume_survives(
+    local_runtime: LocalRuntimeFactory, data_dir: Path
+) -> None:
+    rt = await local_runtime()
+    name = new_name()
+    await rt.create(WorkloadSpec(name=name, owner="alice"))
+    first = await rt.wait_ready(name, timeout=READY)
+    await write_file(first, "/workspace/scratch.txt", b"local disk")
+    await write_file(first, "/mnt/shared/kept.txt", b"network storage")
+
+    await rt.scale(name, 0)
+    await rt.wait_stopped(name, timeout=READY)
+    assert not (data_dir / "pods" / first.pod_uid).exists(), "the old pod's disk was not removed"
+    assert (data_dir / "volumes" / "alice" / name / "kept.txt").read_bytes() == b"network storage"
+
+    await rt.scale(name, 1)
+    second = await rt.wait_ready(name, timeout=READY)
+    assert second.pod_uid != first.pod_uid
+    assert await read_file(second, "/workspace/scratch.txt") is None
+    assert await read_file(second, "/mnt/shared/kept.txt") == b"network storage"
+
+
+async def test_resource_limits_apply_to_the_daemon(local_runtime: LocalRuntimeFactory) -> None:
+    rt = await local_runtime()
+    name = new_name()
+    await rt.create(WorkloadSpec(name=name, owner="alice"))
+    ep = await rt.wait_ready(name, timeout=READY)
+    limits = (await read_file(ep, "/proc/self/limits") or b"").decode()
+    open_files = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+    nofile = str(pods.capped_rlimit(resource.RLIMIT_NOFILE, 65536))  # from sandbox-base
+    assert open_files.split()[3:5] == [nofile, nofile]
+    if pods.cgroup_parent() is None:  # no cgroup v2: memory is an address-space rlimit
+        address_space = next(
+            line for line in limits.splitlines() if line.startswith("Max address space")
+        )
+        assert address_space.split()[3] == str(2 * 2**30)
+
+
+async def test_crashed_pod_is_restarted_with_a_new_uid(
+    local_runtime: LocalRuntimeFactory, data_dir: Path
+) -> None:
+    rt = await local_runtime()
+    name = new_name()
+    await rt.create(WorkloadSpec(name=name, owner="alice"))
+    first = await rt.wait_ready(name, timeout=READY)
+    os.kill(daemon_pid(data_dir, first.pod_uid), signal.SIGKILL)
+    deadline = asyncio.get_running_loop().time() + READY
+    while True:
+        ep = await rt.wait_ready(name, timeout=READY)
+        if ep.pod_uid != first.pod_uid:
+            break
+        assert asyncio.get_running_loop().time() < deadline, "the crashed pod was not replaced"
+        await asyncio.sleep(0.1)
+    assert await healthy(ep)
+
+
+def start_owner(
+    nats_url: str, data_dir: Path, bucket: str, names: list[str]
+) -> tuple[subprocess.Popen[str], dict]:
+    script = Path(__file__).with_name("owner_process.py")
+    argv = [
+        sys.executable,
+        str(script),
+        "--nats-url",
+        nats_url,
+        "--data-dir",
+        str(data_dir),
+        "--bucket",
+        bucket,
+        "--first-address",
+        FIRST_ADDRESS,
+    ]
+    if TEMPLATES is not None:
+        argv += ["--templates-dir", str(TEMPLATES)]
+    for name in names:
+        argv += ["--name", name]
+    owner = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert owner.stdout is not None
+    line = owner.stdout.readline()
+    assert line, f"owner exited with {owner.wait(10)}"
+    return owner, json.loads(line)
+
+
+@pytest.mark.slow
+async def test_killed_owner_leaves_pods_running_for_the_next_owner(
+    local_runtime: LocalRuntimeFactory, nats_url: str, data_dir: Path, bucket: str
+) -> None:
+    names = [new_name(), new_name()]
+    owner, endpoints = await asyncio.to_thread(start_owner, nats_url, data_dir, bucket, names)
+    owner.kill()  # kill -9: no cleanup at all
+    owner.wait(10)
+    await asyncio.sleep(0.5)
+    assert {p.uid for p in pods.scan_pods(data_dir)} == {e["pod_uid"] for e in endpoints.values()}
+
+    rt = await local_runtime()
+    for name in names:
+        ep = await rt.wait_ready(name, timeout=READY)
+        assert ep.pod_uid == endpoints[name]["pod_uid"], "the running pod was not adopted"
+        assert await healthy(ep)
+    await rt.close()
+    assert pods.scan_pods(data_dir) == [], "pods left behind after close"
+    for raw in endpoints.values():
+        assert not await healthy(Endpoint.model_validate(raw))
+
+    # The records still want replicas=1: the next owner brings the pods back (new uids).
+    rt = await local_runtime()
+    for name in names:
+        ep = await rt.wait_ready(name, timeout=READY)
+        assert ep.pod_uid != endpoints[name]["pod_uid"]
+
+
+@pytest.mark.slow
+async def test_pods_without_a_record_are_stopped_on_start(
+    local_runtime: LocalRuntimeFactory, nats_url: str, data_dir: Path, bucket: str
+) -> None:
+    owner, _endpoints = await asyncio.to_thread(
+        start_owner, nats_url, data_dir, bucket, [new_name()]
+    )
+    owner.kill()
+    owner.wait(10)
+    assert len(pods.scan_pods(data_dir)) == 1
+    # Same data dir, other bucket: the running pod has no record there, so it is a stray.
+    await local_runtime(bucket=f"wl_{uuid.uuid4().hex[:12]}")
+    assert pods.scan_pods(data_dir) == []
+
+
+async def test_missing_bwrap_is_one_clear_config_error(local_runtime: LocalRuntimeFactory) -> None:
+    with pytest.raises(ConfigError) as err:
+        await local_runtime(bwrap="/nonexistent/bwrap")
+    message = str(err.value)
+    assert "\n" not in message
+    assert "bubblewrap" in message
+    assert "apt-get install -y bubblewrap" in message
+
+
+async def test_bwrap_without_namespaces_is_one_clear_config_error(
+    local_runtime: LocalRuntimeFactory, tmp_path: Path
+) -> None:
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(ConfigError) as err:
+        await local_runtime(bwrap=str(fake))
+    message = str(err.value)
+    assert "\n" not in message
+    assert "cannot create namespaces" in message
+    assert "No permissions" in message
+    assert "apt-get install -y bubblewrap" in message

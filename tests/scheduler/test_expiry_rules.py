@@ -1,0 +1,226 @@
+"""The pure decisions in ``services.scheduler.expiry`` (no bus)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from services.scheduler import expiry
+from services.scheduler.schedules import Timer
+from shared.models.messages import KillSandbox, PauseSandbox, SandboxExpired
+from shared.models.sandboxes import SandboxRecord, SandboxState
+from shared.settings import FeatureFlags
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+POLICY = expiry.Policy(
+    retention=timedelta(days=30), pause_check=timedelta(seconds=30), pause_attempts=3
+)
+ON = FeatureFlags(PAUSE_RESUME="true")
+
+
+def rec(**kw: object) -> SandboxRecord:
+    base: dict[str, object] = {
+        "sandbox_id": "sbx1",
+        "owner": "alice",
+        "state": SandboxState.RUNNING,
+        "generation": 4,
+        "timeout": 300,
+        "auto_pause": True,
+        "created_at": T0,
+        "started_at": T0,
+        "deadline": T0 + timedelta(seconds=300),
+        "updated_at": T0,
+    }
+    base.update(kw)
+    return SandboxRecord.model_validate(base)
+
+
+def fired(kind: str = "timeout", *, gen: int = 4, attempt: int = 0, due: datetime | None = None) -> Timer:
+    return Timer.model_validate(
+        {"kind": kind, "sandbox_id": "sbx1", "generation": gen, "due": due or T0, "attempt": attempt}
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "owner", "auto_pause", "decision"),
+    [
+        ("true", "alice", True, "pause"),
+        ("alice,bob", "alice", True, "pause"),
+        ("bob", "alice", True, "kill"),
+        ("false", "alice", True, "kill"),
+        ("", "alice", True, "kill"),
+        ("true", "alice", False, "kill"),
+    ],
+)
+def test_decide(flag: str, owner: str, auto_pause: bool, decision: str) -> None:
+    record = rec(owner=owner, auto_pause=auto_pause)
+    assert expiry.decide(record, FeatureFlags(PAUSE_RESUME=flag)) == decision
+
+
+def test_expiry_publishes_the_event_then_the_pause_and_arms_a_check() -> None:
+    record = rec(deadline=T0)
+    plan = expiry.on_fired(fired(), record, flags=ON, policy=POLICY, now=T0 + timedelta(seconds=0.1))
+    assert plan.outcome == "expired"
+    event, command = plan.publish
+    assert isinstance(event.message, SandboxExpired)
+    assert event.message.decision == "pause"
+    assert event.msg_id == "expired:sbx1:g4"
+    assert isinstance(command.message, PauseSandbox)
+    assert command.message.reason == "timeout"
+    assert (command.subject, command.msg_id) == ("sandbox.cmd.pause.sbx1", "pause:sbx1:g4")
+    (check,) = plan.arm
+    assert (check.kind, check.attempt) == ("pause_check", 1)
+    assert check.due == T0 + timedelta(seconds=30.1)
+
+
+def test_kill_decision_arms_nothing() -> None:
+    plan = expiry.on_fired(
+        fired(), rec(deadline=T0, auto_pause=False), flags=ON, policy=POLICY, now=T0
+    )
+    assert isinstance(plan.publish[1].message, KillSandbox)
+    assert plan.publish[1].msg_id == "kill:sbx1:g4"
+    assert plan.arm == ()
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        rec(state=SandboxState.PAUSED, deadline=None),
+        rec(state=SandboxState.PAUSING),
+        rec(state=SandboxState.CREATING),
+        rec(deadline=None),
+    ],
+)
+def test_stale_fires_do_nothing(record: SandboxRecord) -> None:
+    plan = expiry.on_fired(fired(), record, flags=ON, policy=POLICY, now=T0 + timedelta(hours=1))
+    assert (plan.outcome, plan.publish, plan.arm) == ("stale", (), ())
+
+
+def test_a_fire_before_the_record_deadline_rearms_there() -> None:
+    later = T0 + timedelta(seconds=40)
+    plan = expiry.on_fired(fired(), rec(deadline=later), flags=ON, policy=POLICY, now=T0)
+    assert plan.outcome == "moved"
+    assert plan.publish == ()
+    assert [(t.kind, t.due) for t in plan.arm] == [("timeout", later)]
+
+
+def test_gone_sandboxes_cancel_both_holders() -> None:
+    plan = expiry.on_fired(fired(), None, flags=ON, policy=POLICY, now=T0)
+    assert plan.cancel == ("timeout", "retention")
+    killed = expiry.on_fired(fired(), rec(state=SandboxState.KILLED), flags=ON, policy=POLICY, now=T0)
+    assert killed.outcome == "gone"
+
+
+def test_pause_check_after_success_is_quiet() -> None:
+    paused = rec(state=SandboxState.PAUSED, generation=5, deadline=None)
+    plan = expiry.on_fired(fired("pause_check", attempt=1), paused, flags=ON, policy=POLICY, now=T0)
+    assert (plan.outcome, plan.publish, plan.arm) == ("paused", (), ())
+
+
+def test_pause_check_retries_with_a_fresh_id_and_doubling_delay() -> None:
+    stuck = rec(deadline=T0)
+    plan = expiry.on_fired(fired("pause_check", attempt=1), stuck, flags=ON, policy=POLICY, now=T0)
+    assert plan.outcome == "pause_retried"
+    assert plan.publish[0].msg_id == "pause:sbx1:g4:a2"
+    assert [(t.attempt, t.due - T0) for t in plan.arm] == [(2, timedelta(seconds=60))]
+
+
+def test_pause_check_gives_up_with_a_kill() -> None:
+    stuck = rec(deadline=T0)
+    plan = expiry.on_fired(fired("pause_check", attempt=3), stuck, flags=ON, policy=POLICY, now=T0)
+    assert plan.outcome == "pause_attempts_exhausted"
+    event, kill = plan.publish
+    assert isinstance(event.message, SandboxExpired)
+    assert (event.message.decision, event.msg_id) == ("kill", "expired:sbx1:g4:kill")
+    assert kill.subject == "sandbox.cmd.kill.sbx1"
+
+
+def test_pause_check_while_pausing_waits_without_a_new_command() -> None:
+    pausing = rec(state=SandboxState.PAUSING, deadline=T0)
+    plan = expiry.on_fired(fired("pause_check", attempt=1), pausing, flags=ON, policy=POLICY, now=T0)
+    assert (plan.outcome, plan.publish) == ("pause_in_progress", ())
+    assert plan.arm[0].attempt == 2
+
+
+def test_pause_check_finds_it_failed_and_kills() -> None:
+    failed = rec(state=SandboxState.FAILED, generation=5, failure="pause: envd unreachable")
+    plan = expiry.on_fired(fired("pause_check", attempt=1), failed, flags=ON, policy=POLICY, now=T0)
+    assert plan.outcome == "pause_failed"
+    assert plan.publish[1].msg_id == "kill:sbx1:g5"
+
+
+def test_activity_revives_a_sandbox_whose_pause_never_started() -> None:
+    revived = rec(deadline=T0 + timedelta(seconds=100))
+    plan = expiry.on_fired(fired("pause_check", attempt=1), revived, flags=ON, policy=POLICY, now=T0)
+    assert plan.outcome == "revived"
+    assert [t.kind for t in plan.arm] == ["timeout"]
+
+
+def test_failed_event_kills_only_when_the_pause_was_ours() -> None:
+    failed = rec(state=SandboxState.FAILED, generation=5, failure="pause: boom")
+    ours = expiry.on_event(
+        expiry.FailedPause(pending=fired("pause_check", attempt=1)), failed, policy=POLICY, now=T0
+    )
+    assert ours.outcome == "pause_failed"
+    user = expiry.on_event(expiry.FailedPause(pending=None), failed, policy=POLICY, now=T0)
+    assert (user.outcome, user.publish) == ("not_ours", ())
+
+
+def test_retention() -> None:
+    paused = rec(state=SandboxState.PAUSED, deadline=None, paused_at=T0, retain_until=T0)
+    plan = expiry.on_fired(fired("retention"), paused, flags=ON, policy=POLICY, now=T0)
+    assert plan.outcome == "retention_expired"
+    (kill,) = plan.publish
+    assert isinstance(kill.message, KillSandbox)
+    assert kill.message.reason == "retention"
+    resumed = rec()
+    assert expiry.on_fired(fired("retention"), resumed, flags=ON, policy=POLICY, now=T0).outcome == "stale"
+
+
+def test_sync_of_a_paused_record_sets_retain_until_and_swaps_holders() -> None:
+    paused = rec(state=SandboxState.PAUSED, deadline=None, paused_at=T0)
+    plan = expiry.sync(paused, now=T0, policy=POLICY)
+    assert plan.cancel == ("timeout",)
+    assert [(t.kind, t.due) for t in plan.arm] == [("retention", T0 + timedelta(days=30))]
+    assert plan.mutate is not None
+    assert plan.mutate(paused).retain_until == T0 + timedelta(days=30)
+    kept = rec(state=SandboxState.PAUSED, deadline=None, paused_at=T0, retain_until=T0)
+    assert expiry.sync(kept, now=T0, policy=POLICY).mutate is None  # the scaler's value wins
+
+
+def test_sync_of_a_running_record_arms_its_deadline_and_clears_retention() -> None:
+    running = rec(retain_until=T0)
+    plan = expiry.sync(running, now=T0, policy=POLICY)
+    assert [(t.kind, t.due) for t in plan.arm] == [("timeout", running.deadline)]
+    assert plan.cancel == ("retention",)
+    assert plan.mutate is not None
+    assert plan.mutate(running).retain_until is None
+    assert expiry.sync(rec(), now=T0, policy=POLICY).cancel == ()
+
+
+def test_sync_keeps_a_pending_pause_check_of_an_expired_sandbox() -> None:
+    expired = rec(deadline=T0)
+    check = fired("pause_check", attempt=1)
+    plan = expiry.sync(expired, now=T0 + timedelta(seconds=1), policy=POLICY, pending=check)
+    assert (plan.outcome, plan.arm) == ("expiry_in_progress", ())
+
+
+def test_activity_only_extends_in_kv() -> None:
+    record = rec(deadline=T0 + timedelta(seconds=10), timeout=60)
+    plan = expiry.on_event(expiry.Activity(at=T0), record, policy=POLICY, now=T0)
+    assert (plan.outcome, plan.arm) == ("extended", ())
+    assert plan.mutate is not None
+    assert plan.mutate(record).deadline == T0 + timedelta(seconds=60)
+    old = expiry.on_event(expiry.Activity(at=T0 - timedelta(minutes=5)), record, policy=POLICY, now=T0)
+    assert old.outcome == "unchanged"  # never shortens
+
+
+def test_timer_ids_are_deterministic_and_due_is_utc() -> None:
+    naive = Timer.model_validate(
+        {"kind": "timeout", "sandbox_id": "sbx1", "generation": 2, "due": "2030-01-01T00:00:00"}
+    )
+    assert naive.due.tzinfo is not None
+    assert naive.msg_id() == "sched:sbx1:g2:2030-01-01T00:00:00+00:00"
+    assert naive.holder_subject() == "sandbox.sched.timeout.sbx1"
+    assert fired("retention").holder_subject() == "sandbox.sched.retention.sbx1"
