@@ -110,7 +110,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     updated_at=now,
                 )
             )
-        await gather_in_batches([kv.put(r.sandbox_id, r.model_dump_json().encode()) for r in records])
+        await gather_in_batches(
+            [kv.put(r.sandbox_id, r.model_dump_json().encode()) for r in records]
+        )
         created = [
             js.publish(
                 subjects.of(subjects.EVT_CREATED, r.sandbox_id),
@@ -140,7 +142,11 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         log = open(tmp / "scheduler.log", "wb")  # noqa: SIM115
         t_arm = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.scheduler.main"], env=env, stdout=log, stderr=log, cwd=ROOT
+            [sys.executable, "-m", "services.scheduler.main"],
+            env=env,
+            stdout=log,
+            stderr=log,
+            cwd=ROOT,
         )
         await asyncio.sleep(1)
         while not await consumer_idle(js, SCHEDULER_LIFECYCLE.stream, SCHEDULER_LIFECYCLE.name):
@@ -158,7 +164,10 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         c0 = cpu_seconds(proc.pid)
         await asyncio.sleep(idle_window)
         idle_cpu = (cpu_seconds(proc.pid) - c0) / idle_window if idle_window else float("nan")
-        print(f"idle: {idle_window:.1f}s window, cpu {100 * idle_cpu:.2f}%, rss {rss_idle} KiB", flush=True)
+        print(
+            f"idle: {idle_window:.1f}s window, cpu {100 * idle_cpu:.2f}%, rss {rss_idle} KiB",
+            flush=True,
+        )
 
         # 4. fire: wait for the last deadline, then for the fired consumer to drain.
         c_fire = cpu_seconds(proc.pid)
@@ -224,11 +233,15 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--sandboxes", type=int, default=100_000)
     parser.add_argument("--spread-min", type=float, default=60.0)
     parser.add_argument("--spread-max", type=float, default=120.0)
-    parser.add_argument("--margin", type=float, default=None, help="s from load to the spread start")
+    parser.add_argument(
+        "--margin", type=float, default=None, help="s from load to the spread start"
+    )
     parser.add_argument("--idle-window", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scheduler.json")
     args = parser.parse_args()

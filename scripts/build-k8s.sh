@@ -14,6 +14,10 @@ if have_all; then echo "$OUT"; exit 0; fi
 
 command -v go >/dev/null || { echo "build-k8s: go is not installed" >&2; exit 2; }
 mkdir -p "$OUT"
+# One build per machine: concurrent callers (parallel CI jobs, test sessions) wait for it.
+exec 9>"$OUT.lock"
+flock 9
+if have_all; then echo "$OUT"; exit 0; fi
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 cd "$W"
 go mod init example.invalid/k8s-testbin >/dev/null 2>&1
@@ -44,8 +48,12 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   LD+=" -X $p.gitVersion=v$KV -X $p.gitMajor=$MAJ -X $p.gitMinor=$MIN -X $p.gitTreeState=clean"
 done
 echo "build-k8s: compiling kube-apiserver, kube-controller-manager (this takes 20-35 minutes cold)" >&2
-go build -trimpath -ldflags "$LD" -o "$OUT/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager >&2
+# Build next to $OUT and rename at the end, so an interrupted build never looks complete.
+PART="$OUT.partial"; rm -rf "$PART"; mkdir -p "$PART"
+go build -trimpath -ldflags "$LD" -o "$PART/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager >&2
 echo "build-k8s: compiling etcd" >&2
-go build -trimpath -ldflags "-s -w" -o "$OUT/etcd" go.etcd.io/etcd/server/v3 >&2
+go build -trimpath -ldflags "-s -w" -o "$PART/etcd" go.etcd.io/etcd/server/v3 >&2
+for b in "${BINS[@]}"; do mv -f "$PART/$b" "$OUT/$b"; done
+rmdir "$PART"
 have_all
 echo "$OUT"

@@ -22,3 +22,10 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "setup: bubblewrap is missing; install it with: sudo apt-get install -y bubblewrap" >&2
   fi
 fi
+# Headless Chromium for the dashboard's browser tests (driven by the playwright package; never
+# 'playwright install'). Optional: those tests skip without it (and fail under CI=true).
+if [[ ! -x /usr/bin/chromium && $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+    || echo "setup: could not install chromium (dashboard browser tests will skip)" >&2
+fi

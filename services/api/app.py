@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from services.api import errors
+from services.api.dashboard import dashboard_router
 from services.api.deps import Wiring
 from services.api.observability import HttpMetrics, RequestContext
 from services.api.routes import e2b, native
@@ -83,6 +84,7 @@ def create_app(
     errors.install(app)
     app.include_router(e2b.router)
     app.include_router(native.router)
+    app.include_router(dashboard_router(bus=bus))
 
     @app.get(
         "/health",

@@ -36,6 +36,7 @@ app = typer.Typer(
 )
 keys_app = typer.Typer(no_args_is_help=True, help="Manage users' API keys (stored hashed).")
 app.add_typer(keys_app, name="keys")
+app.add_typer(importlib.import_module("services.cli.sandboxes").app, name="sandbox")
 
 DataDirOpt = Annotated[
     Path | None,

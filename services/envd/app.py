@@ -18,6 +18,11 @@ import os
 import time
 from typing import Any
 
+from connectrpc.code import Code
+from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec
+from connectrpc.errors import ConnectError
+from protobuf import Message
+
 from services.envd.files_http import (
     FilesApi,
     Receive,
@@ -39,6 +44,30 @@ log = logging.getLogger("envd")
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # one Connect message (SendInput data, a ListDir reply)
 MAX_INIT_BYTES = 1024 * 1024
+
+
+class _StrictJSONCodec:
+    """connectrpc's JSON codec, but a message that does not parse is INVALID_ARGUMENT (the
+    stock codec lets the parse error escape, which the client would see as UNKNOWN)."""
+
+    def __init__(self, inner: Codec[Message, Message]) -> None:
+        self._inner = inner
+
+    def name(self) -> str:
+        return self._inner.name()
+
+    def encode(self, message: Message) -> bytes:
+        return self._inner.encode(message)
+
+    def decode(self, data: bytes | bytearray, message_class: type[Message]) -> Message:
+        try:
+            return self._inner.decode(data, message_class)
+        except Exception as exc:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"cannot decode request: {exc}") from exc
+
+
+def _codecs() -> list[Codec[Message, Message]]:
+    return [_StrictJSONCodec(proto_json_codec()), _StrictJSONCodec(proto_binary_codec())]
 
 
 class DaemonState:
@@ -68,10 +97,16 @@ class EnvdApp:
         )
         self.filesystem = FilesystemService(root=root, home=self.state.home)
         self._process_app = ProcessASGIApplication(
-            ProcessService(self.table), read_max_bytes=MAX_MESSAGE_BYTES, compressions=()
+            ProcessService(self.table),
+            read_max_bytes=MAX_MESSAGE_BYTES,
+            compressions=(),
+            codecs=_codecs(),
         )
         self._filesystem_app = FilesystemASGIApplication(
-            self.filesystem, read_max_bytes=MAX_MESSAGE_BYTES, compressions=()
+            self.filesystem,
+            read_max_bytes=MAX_MESSAGE_BYTES,
+            compressions=(),
+            codecs=_codecs(),
         )
         self._files = FilesApi(root=root, home=self.state.home)
 
@@ -89,8 +124,14 @@ class EnvdApp:
                 await send({"type": "http.response.body", "body": b""})
                 return
             if not self._authorized(scope):
-                await send_json(send, 401, {"code": "unauthenticated", "message": "invalid or "
-                                            "missing access token (X-Access-Token)"})
+                await send_json(
+                    send,
+                    401,
+                    {
+                        "code": "unauthenticated",
+                        "message": "invalid or missing access token (X-Access-Token)",
+                    },
+                )
                 return
             if path.startswith("/process.Process/"):
                 await self._process_app(scope, receive, send)  # type: ignore[arg-type]

@@ -1,20 +1,18 @@
 """``GET/POST /files``: download and upload, as envd's plain-HTTP API does it.
 
-Uploads are ``application/octet-stream`` (streamed to a temporary file, optionally
+Uploads are ``application/octet-stream`` (streamed to the file, optionally
 ``Content-Encoding: gzip``) or ``multipart/form-data`` (field ``file``; the part's filename is the
-path when no ``path`` parameter is given; buffered up to ``MAX_MULTIPART_BYTES``). Every upload
-is written to a temporary file beside its target and renamed into place, so readers never see a
-half-written file. Errors are JSON ``{"code": <status>, "message": ...}``: 400 bad path or
-request, 404 missing file, 413 too large, 507 out of space.
+path when no ``path`` parameter is given; buffered up to ``MAX_MULTIPART_BYTES``). Files are
+written in place like envd does (never renamed over: the target may be a device). Errors are
+JSON ``{"code": <status>, "message": ...}``: 400 bad path or request, 404 missing file, 413 too
+large, 507 out of space.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
-import tempfile
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,12 +36,16 @@ class HttpError(Exception):
 
 async def send_json(send: Send, status: int, body: object) -> None:
     data = json.dumps(body).encode()
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(data)).encode())],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 
@@ -102,7 +104,7 @@ class FilesApi:
         raw = query(scope).get("path", "")
         path = self._resolve(raw)
         try:
-            fh = open(path, "rb")  # noqa: ASYNC230, SIM115 - local disk, chunked below
+            fh = open(path, "rb")  # noqa: SIM115 - closed by the with below
         except OSError as exc:
             raise _os_error(exc, raw) from exc
         with fh:
@@ -147,21 +149,18 @@ class FilesApi:
 
     def _write(self, raw: str, chunks: list[bytes]) -> dict[str, str]:
         path = self._resolve(raw)
-        tmp = self._open_temp(raw, path)
+        fd = self._open_target(raw, path)
         try:
-            with os.fdopen(tmp[0], "wb") as fh:
+            with os.fdopen(fd, "wb") as fh:
                 for chunk in chunks:
                     fh.write(chunk)
-            os.replace(tmp[1], path)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp[1])
             raise _os_error(exc, raw) from exc
         return {"name": os.path.basename(path), "type": "file", "path": path}
 
     async def _write_stream(self, raw: str, receive: Receive, gzip_body: bool) -> dict[str, str]:
         path = self._resolve(raw)
-        fd, tmp_path = self._open_temp(raw, path)
+        fd = self._open_target(raw, path)
         inflater = zlib.decompressobj(31) if gzip_body else None
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -178,27 +177,20 @@ class FilesApi:
                         break
                 if inflater is not None:
                     fh.write(inflater.flush())
-            os.replace(tmp_path, path)
         except zlib.error as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_path)
             raise HttpError(400, f"invalid gzip body: {exc}") from exc
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_path)
             raise _os_error(exc, raw) from exc
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_path)
-            raise
         return {"name": os.path.basename(path), "type": "file", "path": path}
 
-    def _open_temp(self, raw: str, path: str) -> tuple[int, str]:
+    def _open_target(self, raw: str, path: str) -> int:
+        """Open for writing in place (O_TRUNC), as envd does: mode, owner and hard links of an
+        existing file are kept, and a device or FIFO is written to, never replaced."""
         if os.path.isdir(path):
             raise HttpError(400, f"path {raw!r} is a directory")
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            return tempfile.mkstemp(prefix=".envd-upload-", dir=os.path.dirname(path))
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
         except OSError as exc:
             raise _os_error(exc, raw) from exc
 

@@ -11,6 +11,7 @@ import shutil
 import stat
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Literal, cast
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
@@ -19,17 +20,23 @@ from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
 from services.envd.gen.filesystem import filesystem_pb as pb
+from services.envd.gen.filesystem.filesystem_connect import Filesystem as FilesystemProtocol
 from services.envd.inotify import Watcher
 from services.envd.paths import BadPath, resolve
 from services.envd.process_service import keepalive_interval
 
 _EVENT_TYPES = {
-    "create": pb.EventType.EVENT_TYPE_CREATE,
-    "write": pb.EventType.EVENT_TYPE_WRITE,
-    "remove": pb.EventType.EVENT_TYPE_REMOVE,
-    "rename": pb.EventType.EVENT_TYPE_RENAME,
-    "chmod": pb.EventType.EVENT_TYPE_CHMOD,
+    "create": pb.EventType.CREATE,
+    "write": pb.EventType.WRITE,
+    "remove": pb.EventType.REMOVE,
+    "rename": pb.EventType.RENAME,
+    "chmod": pb.EventType.CHMOD,
 }
+_WatchEvent = (
+    Oneof[Literal["start"], pb.WatchDirResponse.StartEvent]
+    | Oneof[Literal["filesystem"], pb.FilesystemEvent]
+    | Oneof[Literal["keepalive"], pb.WatchDirResponse.KeepAlive]
+)
 MAX_WATCHERS = 256
 MAX_BUFFERED_EVENTS = 10_000
 
@@ -70,11 +77,11 @@ def entry_info(path: str) -> pb.EntryInfo:
         with contextlib.suppress(OSError):
             target_st = os.stat(path)
     if stat.S_ISDIR(target_st.st_mode):
-        kind = pb.FileType.FILE_TYPE_DIRECTORY
+        kind = pb.FileType.DIRECTORY
     elif stat.S_ISREG(target_st.st_mode):
-        kind = pb.FileType.FILE_TYPE_FILE
+        kind = pb.FileType.FILE
     else:
-        kind = pb.FileType.FILE_TYPE_UNSPECIFIED
+        kind = pb.FileType.UNSPECIFIED
     info = pb.EntryInfo(
         name=os.path.basename(path) or path,
         type=kind,
@@ -121,7 +128,7 @@ def _fs_event(kind: str, name: str, full: str, include_entry: bool) -> pb.Filesy
     return event
 
 
-class FilesystemService:
+class FilesystemService(FilesystemProtocol):
     def __init__(self, *, root: str, home: Callable[[], str]) -> None:
         self._root = root
         self._home = home
@@ -215,15 +222,18 @@ class FilesystemService:
         watcher = self._open_watcher(request.path, request.recursive, on_event)
         interval = keepalive_interval(ctx)  # type: ignore[arg-type]
         try:
-            yield pb.WatchDirResponse(event=Oneof("start", pb.WatchDirResponse.StartEvent()))
+            # The casts only tell mypy the Oneof field names are Literals.
+            message = cast("_WatchEvent", Oneof("start", pb.WatchDirResponse.StartEvent()))
+            yield pb.WatchDirResponse(event=message)
             while True:
                 try:
                     event = await asyncio.wait_for(queue.get(), interval)
+                    message = cast("_WatchEvent", Oneof("filesystem", event))
                 except TimeoutError:
-                    keepalive = pb.WatchDirResponse.KeepAlive()
-                    yield pb.WatchDirResponse(event=Oneof("keepalive", keepalive))
-                    continue
-                yield pb.WatchDirResponse(event=Oneof("filesystem", event))
+                    message = cast(
+                        "_WatchEvent", Oneof("keepalive", pb.WatchDirResponse.KeepAlive())
+                    )
+                yield pb.WatchDirResponse(event=message)
         finally:
             watcher.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from typing import Literal, cast
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
@@ -11,6 +12,7 @@ from connectrpc.request import RequestContext
 from protobuf import Oneof
 
 from services.envd.gen.process import process_pb as pb
+from services.envd.gen.process.process_connect import Process as ProcessProtocol
 from services.envd.processes import Exit, Output, Process, ProcessError, ProcessSpec, ProcessTable
 
 # Real envd's default when the client sends no Keepalive-Ping-Interval.
@@ -24,7 +26,7 @@ _CODES = {
     "resource_exhausted": Code.RESOURCE_EXHAUSTED,
     "internal": Code.INTERNAL,
 }
-_SIGNALS = {pb.Signal.SIGNAL_SIGKILL: 9, pb.Signal.SIGNAL_SIGTERM: 15}
+_SIGNALS = {pb.Signal.SIGKILL: 9, pb.Signal.SIGTERM: 15}
 
 
 @contextlib.contextmanager
@@ -36,7 +38,7 @@ def connect_errors() -> Iterator[None]:
 
 
 def keepalive_interval(ctx: RequestContext[object, object]) -> float:
-    headers = ctx.request_headers()
+    headers = ctx.request_headers
     raw = headers.get("keepalive-ping-interval") or headers.get("x-keepalive-interval")
     try:
         value = float(raw) if raw else DEFAULT_KEEPALIVE_SECONDS
@@ -45,20 +47,42 @@ def keepalive_interval(ctx: RequestContext[object, object]) -> float:
     return max(value, MIN_KEEPALIVE_SECONDS)
 
 
+_Event = (
+    Oneof[Literal["start"], pb.ProcessEvent.StartEvent]
+    | Oneof[Literal["data"], pb.ProcessEvent.DataEvent]
+    | Oneof[Literal["end"], pb.ProcessEvent.EndEvent]
+    | Oneof[Literal["keepalive"], pb.ProcessEvent.KeepAlive]
+)
+_Output = (
+    Oneof[Literal["stdout"], bytes] | Oneof[Literal["stderr"], bytes] | Oneof[Literal["pty"], bytes]
+)
+
+
+def _output(item: Output) -> _Output:
+    # mypy cannot narrow Oneof's field name to a Literal from context; the casts only say so.
+    return cast("_Output", Oneof(item.stream, item.data))
+
+
 def _event(item: Output | Exit | None) -> pb.ProcessEvent:
+    event: _Event
     if item is None:
-        return pb.ProcessEvent(event=Oneof("keepalive", pb.ProcessEvent.KeepAlive()))
-    if isinstance(item, Output):
-        data = pb.ProcessEvent.DataEvent(output=Oneof(item.stream, item.data))  # type: ignore[arg-type]
-        return pb.ProcessEvent(event=Oneof("data", data))
-    end = pb.ProcessEvent.EndEvent(exit_code=item.exit_code, exited=item.exited, status=item.status)
-    if item.error:
-        end.error = item.error
-    return pb.ProcessEvent(event=Oneof("end", end))
+        event = cast("_Event", Oneof("keepalive", pb.ProcessEvent.KeepAlive()))
+    elif isinstance(item, Output):
+        event = cast("_Event", Oneof("data", pb.ProcessEvent.DataEvent(output=_output(item))))
+    else:
+        end = pb.ProcessEvent.EndEvent(
+            exit_code=item.exit_code, exited=item.exited, status=item.status
+        )
+        if item.error:
+            end.error = item.error
+        event = cast("_Event", Oneof("end", end))
+    return pb.ProcessEvent(event=event)
 
 
 def _start_event(pid: int) -> pb.ProcessEvent:
-    return pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid)))
+    return pb.ProcessEvent(
+        event=cast("_Event", Oneof("start", pb.ProcessEvent.StartEvent(pid=pid)))
+    )
 
 
 def _select(table: ProcessTable, selector: pb.ProcessSelector | None) -> Process:
@@ -70,7 +94,7 @@ def _select(table: ProcessTable, selector: pb.ProcessSelector | None) -> Process
     raise ProcessError("invalid_argument", "a process selector (pid or tag) is required")
 
 
-class ProcessService:
+class ProcessService(ProcessProtocol):
     def __init__(self, table: ProcessTable) -> None:
         self._table = table
 
@@ -109,7 +133,7 @@ class ProcessService:
             stdin=bool(request.stdin),
             pty_size=pty_size,
         )
-        timeout_ms = ctx.timeout_ms()
+        timeout_ms = ctx.timeout_ms
         with connect_errors():
             # Connect-Timeout-Ms bounds the process's life, not just this stream (as real envd).
             proc, sub = self._table.start(
@@ -162,9 +186,9 @@ class ProcessService:
         with connect_errors():
             async for message in request:
                 match message.event:
-                    case Oneof(field="start", value=start):
+                    case Oneof(field="start", value=pb.StreamInputRequest.StartEvent() as start):
                         proc = _select(self._table, start.process)
-                    case Oneof(field="data", value=data):
+                    case Oneof(field="data", value=pb.StreamInputRequest.DataEvent() as data):
                         if proc is None:
                             raise ConnectError(
                                 Code.FAILED_PRECONDITION, "the first message must be a start event"

@@ -26,6 +26,7 @@ import subprocess
 import termios
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import IO
 
 log = logging.getLogger("envd.processes")
 
@@ -37,7 +38,7 @@ READ_CHUNK = 64 * 1024
 # before reporting the end event anyway.
 OUTPUT_DRAIN_GRACE = 0.5
 
-_GO_SIGNAL_NAMES = {
+_GO_SIGNAL_NAMES: dict[int, str] = {
     signal.SIGHUP: "hangup",
     signal.SIGINT: "interrupt",
     signal.SIGQUIT: "quit",
@@ -132,6 +133,7 @@ class Process:
     stdin_fd: int | None = None
     pty_fd: int | None = None
     output_fds: dict[int, str] = field(default_factory=dict)  # fd -> stream name
+    pipes: dict[int, IO[bytes]] = field(default_factory=dict)  # fd -> its Popen pipe object
     subscribers: set[Subscriber] = field(default_factory=set)
     wait_status: int | None = None
     ended: bool = False
@@ -169,8 +171,9 @@ class Process:
 class ProcessTable:
     """Every live process this daemon started, in start order."""
 
-    def __init__(self, *, base_env: Callable[[], dict[str, str]], default_cwd: Callable[[], str],
-                 root: str) -> None:
+    def __init__(
+        self, *, base_env: Callable[[], dict[str, str]], default_cwd: Callable[[], str], root: str
+    ) -> None:
         self._procs: dict[int, Process] = {}
         self._base_env = base_env
         self._default_cwd = default_cwd
@@ -226,15 +229,26 @@ class ProcessTable:
                 master, slave = os.openpty()
                 _set_winsize(master, *spec.pty_size)
                 popen = subprocess.Popen(
-                    argv, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave,
-                    start_new_session=True, close_fds=True, preexec_fn=_take_controlling_tty,
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=slave,
+                    stdout=slave,
+                    stderr=slave,
+                    start_new_session=True,
+                    close_fds=True,
+                    preexec_fn=_take_controlling_tty,  # noqa: PLW1509 - the daemon has no threads
                 )
             else:
                 popen = subprocess.Popen(
-                    argv, cwd=cwd, env=env,
+                    argv,
+                    cwd=cwd,
+                    env=env,
                     stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    start_new_session=True, close_fds=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    close_fds=True,
                 )
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
             if master is not None:
@@ -253,9 +267,11 @@ class ProcessTable:
             proc.pty_fd = master
             proc.output_fds[master] = "pty"
         else:
-            assert popen.stdout is not None and popen.stderr is not None
-            proc.output_fds[popen.stdout.fileno()] = "stdout"
-            proc.output_fds[popen.stderr.fileno()] = "stderr"
+            assert popen.stdout is not None
+            assert popen.stderr is not None
+            for name, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
+                proc.output_fds[pipe.fileno()] = name
+                proc.pipes[pipe.fileno()] = pipe
             if popen.stdin is not None:
                 proc.stdin_fd = popen.stdin.fileno()
                 os.set_blocking(proc.stdin_fd, False)
@@ -330,9 +346,7 @@ class ProcessTable:
             proc.pty_fd = None
             os.close(fd)
         else:
-            for stream in (proc.popen.stdout, proc.popen.stderr):
-                if stream is not None and stream.fileno() == fd:
-                    stream.close()
+            proc.pipes.pop(fd).close()
         self._maybe_finish(proc)
 
     def reap(self) -> None:
@@ -399,6 +413,11 @@ def _take_controlling_tty() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
+def _resolve_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 async def _write_all(fd: int, data: bytes) -> None:
     loop = asyncio.get_running_loop()
     view = memoryview(data)
@@ -407,7 +426,7 @@ async def _write_all(fd: int, data: bytes) -> None:
             written = os.write(fd, view)
         except BlockingIOError:
             ready = loop.create_future()
-            loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+            loop.add_writer(fd, _resolve_once, ready)
             try:
                 await ready
             finally:

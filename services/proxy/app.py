@@ -7,6 +7,7 @@ Errors are JSON ``{"code": <int>, "message": "..."}``; the SDK maps a 502 whose 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import re
@@ -15,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol
 
 import httpx
@@ -79,6 +81,12 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if k.lower() == name:
             return str(v.decode("latin-1"))
     return None
+
+
+def _booting_until(record: SandboxRecord, grace: float) -> float:
+    """Monotonic deadline for retrying refused connections: ``grace`` after the pod started."""
+    age = (datetime.now(UTC) - record.started_at).total_seconds()
+    return time.monotonic() + max(0.0, grace - age)
 
 
 def upstream_host(record: SandboxRecord) -> str:
@@ -254,32 +262,54 @@ class ProxyApp:
             return
         self.activity.seen(target.sandbox_id)
         host = upstream_host(record)
-        try:
-            if scope["type"] == "websocket":
-                self._requests.labels("websocket").inc()
-                await forward_websocket(
-                    scope,
-                    receive,
-                    send,
-                    host=host,
-                    port=target.port,
-                    open_timeout=self.settings.connect_timeout,
-                )
+        # Nothing is sent upstream before a connection exists, so a refused connect can be
+        # retried while a just-resumed sandbox's processes start listening again.
+        grace_until = _booting_until(record, self.settings.boot_grace)
+        delay = 0.05
+        while True:
+            try:
+                await self._forward(scope, receive, send, target, host=host, started=started)
                 return
-            status = await forward_http(
-                self._http_client(), scope, receive, send, host=host, port=target.port
-            )
-            self._requests.labels("proxied").inc()
-            self._ttfb.observe(time.perf_counter() - started)
-            log.debug("proxied", port=target.port, status=status)
-        except UpstreamUnreachableError:
-            await self._refuse(
+            except UpstreamUnreachableError:
+                if time.monotonic() + delay > grace_until:
+                    break
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        await self._refuse(
+            scope,
+            send,
+            502,
+            f"The sandbox {target.sandbox_id} is running but port is not open: nothing "
+            f"listens on port {target.port}",
+        )
+
+    async def _forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        target: Target,
+        *,
+        host: str,
+        started: float,
+    ) -> None:
+        if scope["type"] == "websocket":
+            self._requests.labels("websocket").inc()
+            await forward_websocket(
                 scope,
+                receive,
                 send,
-                502,
-                f"The sandbox {target.sandbox_id} is running but port is not open: nothing "
-                f"listens on port {target.port}",
+                host=host,
+                port=target.port,
+                open_timeout=self.settings.connect_timeout,
             )
+            return
+        status = await forward_http(
+            self._http_client(), scope, receive, send, host=host, port=target.port
+        )
+        self._requests.labels("proxied").inc()
+        self._ttfb.observe(time.perf_counter() - started)
+        log.debug("proxied", port=target.port, status=status)
 
     async def _authorise(
         self, scope: Scope, target: Target, record: SandboxRecord, wiring: ProxyWiring

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import _Base
@@ -13,14 +13,25 @@ ENVD_PORT = 49983
 class ProxySettings(_Base):
     model_config = SettingsConfigDict(frozen=True, extra="ignore", env_prefix="TORPOR_PROXY_")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=3001, ge=0, le=65535)
+    # ``torpor up`` hands each public service TORPOR_HOST/TORPOR_PORT; TORPOR_PROXY_* wins.
+    host: str = Field(
+        default="127.0.0.1", validation_alias=AliasChoices("TORPOR_PROXY_HOST", "TORPOR_HOST")
+    )
+    port: int = Field(
+        default=3001,
+        ge=0,
+        le=65535,
+        validation_alias=AliasChoices("TORPOR_PROXY_PORT", "TORPOR_PORT"),
+    )
     # Proxied traffic is activity: at most one ``touch`` per sandbox per this many seconds, per
     # replica (a KV write and an event each).
     touch_interval: float = Field(default=5.0, ge=0.0)
     # How long a request may wait for its sandbox to (auto-)resume or finish creating.
     resume_wait: float = Field(default=90.0, gt=0)
     connect_timeout: float = Field(default=5.0, gt=0)
+    # A replayed process needs a moment to listen again: after a resume, "connection refused"
+    # is retried with backoff for this long before the request gets "port is not open".
+    boot_grace: float = Field(default=30.0, ge=0)
     # E2B's default: ports other than the daemon's are reachable without a token. Set to false
     # to require the sandbox's X-Access-Token on every port.
     public_ports: bool = True

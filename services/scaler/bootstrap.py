@@ -29,7 +29,10 @@ def scaler_host(
             tombstone_for=settings.tombstone_for,
         )
         return build_router(
-            scaler, give_up_after=settings.give_up_after, max_workers=settings.max_workers
+            scaler,
+            give_up_after=settings.give_up_after,
+            max_workers=settings.max_workers,
+            heartbeat_every=settings.heartbeat_seconds,
         )
 
     return WorkerHost(service="scaler", bus=bus, build=build)

@@ -52,14 +52,20 @@ def _sandbox_id_checked(msg: NatsMessage, body_sid: str) -> str:
     return body_sid
 
 
-def build_router(scaler: Scaler, *, give_up_after: int, max_workers: int = 8) -> NatsRouter:
+def build_router(
+    scaler: Scaler,
+    *,
+    give_up_after: int,
+    max_workers: int = 8,
+    heartbeat_every: float = HEARTBEAT_EVERY,
+) -> NatsRouter:
     router = NatsRouter()
     for subject, schema, description in _EVENTS:  # documentation of what the scaler emits
         router.publisher(
             subjects.all_of(subject), title=subject, description=description, schema=schema
         )
 
-    @router.subscriber(
+    @router.subscriber(  # type: ignore[untyped-decorator]
         **subscriber_args(SCALER_LIFECYCLE, max_workers=max_workers),
         title="sandbox.cmd.{create,resume,kill}",
         description=(
@@ -80,7 +86,13 @@ def build_router(scaler: Scaler, *, give_up_after: int, max_workers: int = 8) ->
                 await scaler.give_up("create", sid, reason, cmd_msg_id=cmd_id)
 
             await _run(
-                scaler, msg, sid, lambda: scaler.create(create, cmd_id), fail_create, give_up_after
+                scaler,
+                msg,
+                sid,
+                lambda: scaler.create(create, cmd_id),
+                fail_create,
+                give_up_after=give_up_after,
+                every=heartbeat_every,
             )
         elif verb == "resume":
             resume = ResumeSandbox.model_validate(body)
@@ -96,7 +108,8 @@ def build_router(scaler: Scaler, *, give_up_after: int, max_workers: int = 8) ->
                 sid,
                 lambda: scaler.resume(resume, cmd_id, msg.in_progress),
                 fail_resume,
-                give_up_after,
+                give_up_after=give_up_after,
+                every=heartbeat_every,
             )
         elif verb == "kill":
             kill = KillSandbox.model_validate(body)
@@ -107,12 +120,18 @@ def build_router(scaler: Scaler, *, give_up_after: int, max_workers: int = 8) ->
                 await scaler.give_up("kill", sid, reason, cmd_msg_id=cmd_id)
 
             await _run(
-                scaler, msg, sid, lambda: scaler.kill(kill, cmd_id), fail_kill, give_up_after
+                scaler,
+                msg,
+                sid,
+                lambda: scaler.kill(kill, cmd_id),
+                fail_kill,
+                give_up_after=give_up_after,
+                every=heartbeat_every,
             )
         else:
             raise PoisonMessage(f"the scaler does not handle {subject}")
 
-    @router.subscriber(
+    @router.subscriber(  # type: ignore[untyped-decorator]
         **subscriber_args(SCALER_ON_SNAPSHOTTED, max_workers=max_workers),
         title="sandbox.evt.snapshotted (scaler)",
         description="Second half of a pause: check the stored snapshot, scale to 0, mark paused.",
@@ -129,14 +148,22 @@ def build_router(scaler: Scaler, *, give_up_after: int, max_workers: int = 8) ->
             sid,
             lambda: scaler.finish_pause(body, msg.in_progress),
             fail_pause,
-            give_up_after,
+            give_up_after=give_up_after,
+            every=heartbeat_every,
         )
 
     return router
 
 
 async def _run(
-    scaler: Scaler, msg: NatsMessage, sid: str, work: Any, fail: Any, give_up_after: int
+    scaler: Scaler,
+    msg: NatsMessage,
+    sid: str,
+    work: Any,
+    fail: Any,
+    *,
+    give_up_after: int,
+    every: float,
 ) -> None:
-    async with heartbeat(msg, every=HEARTBEAT_EVERY), scaler.lock(sid):
+    async with heartbeat(msg, every=every), scaler.lock(sid):
         await guarded(work, msg=msg, give_up_after=give_up_after, fail=fail)

@@ -7,7 +7,8 @@ harmless work and the record says exactly how far a sandbox got:
 - create   ``creating`` → (create workload, scale 1, wait ready) → ``running``
 - pause    ``pausing`` + stored snapshot → (check the annotation is that snapshot, scale 0, wait
            stopped) → ``paused``. Never scales to 0 unless the workload carries the snapshot.
-- resume   ``paused|failed`` → ``resuming`` → (scale 1, wait ready, replay once per pod) → ``running``
+- resume   ``paused|failed`` → ``resuming`` → (scale 1, wait ready, replay once per pod)
+           → ``running``
 - kill     any → ``killing`` → (delete workload) → ``killed`` (a tombstone)
 
 An operation that loses its record to a concurrent kill cleans up the workload it may have

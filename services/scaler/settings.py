@@ -20,6 +20,8 @@ class ScalerSettings(_Base):
     stop_timeout: float = Field(default=60.0, gt=0)  # TORPOR_STOP_TIMEOUT: pod gone after scale 0
     start_timeout: float = Field(default=10.0, gt=0)  # TORPOR_START_TIMEOUT: one replayed Start
     give_up_after: int = Field(default=5, ge=1, le=10)  # TORPOR_GIVE_UP_AFTER deliveries
+    # TORPOR_HEARTBEAT_SECONDS: in_progress() interval of long handlers; below the ack_wait (30 s)
+    heartbeat_seconds: float = Field(default=10.0, gt=0)
     max_workers: int = Field(default=8, ge=1)  # TORPOR_MAX_WORKERS per subscriber per replica
 
     @property

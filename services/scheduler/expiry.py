@@ -148,7 +148,7 @@ def _on_timeout(
         arm = ()
     return Plan(
         "expired",
-        publish=(_expired(record, decision, now, msg_id("expired", sid, gen)), command),
+        publish=(_expired(record, decision, now, msg_id("expired", sid, gen), command), command),
         arm=arm,
         decision=decision,
         deadline=record.deadline,
@@ -199,12 +199,10 @@ def _failed_our_pause(record: SandboxRecord, timer: Timer) -> bool:
 
 def _give_up(record: SandboxRecord, now: datetime, outcome: str) -> Plan:
     sid, gen = record.sandbox_id, record.generation
+    kill = _kill(record, "timeout")
     return Plan(
         outcome,
-        publish=(
-            _expired(record, "kill", now, msg_id("expired", sid, gen, "kill")),
-            _kill(record, "timeout"),
-        ),
+        publish=(_expired(record, "kill", now, msg_id("expired", sid, gen, "kill"), kill), kill),
         decision="kill",
     )
 
@@ -327,7 +325,9 @@ def retention_timer(record: SandboxRecord, due: datetime) -> Timer:
     )
 
 
-def _expired(record: SandboxRecord, decision: Decision, now: datetime, mid: str) -> Outgoing:
+def _expired(
+    record: SandboxRecord, decision: Decision, now: datetime, mid: str, command: Outgoing
+) -> Outgoing:
     return Outgoing(
         subjects.of(subjects.EVT_EXPIRED, record.sandbox_id),
         SandboxExpired(
@@ -336,6 +336,7 @@ def _expired(record: SandboxRecord, decision: Decision, now: datetime, mid: str)
             at=now,
             decision=decision,
             deadline=record.deadline or now,
+            command=f"{command.subject} {command.msg_id}",
         ),
         mid,
     )

@@ -25,7 +25,10 @@ class TimerSettings(BaseSettings):
     fired_ttl: str = "1h"
     health_host: str = "0.0.0.0"
     health_port: int = Field(default=8083, ge=0, le=65535)
+    # Concurrent handlers per durable, and messages fetched per pull request.
     max_workers: int = Field(default=16, ge=1)
+    fetch_batch: int = Field(default=64, ge=1, le=256)
+    fetch_wait_seconds: float = Field(default=0.25, gt=0, le=30)
 
 
 class SchedulerSettings(BaseModel):

@@ -25,7 +25,10 @@ def snapshotter_host(
             envd_timeout=settings.envd_timeout,
         )
         return build_router(
-            snapshotter, give_up_after=settings.give_up_after, max_workers=settings.max_workers
+            snapshotter,
+            give_up_after=settings.give_up_after,
+            max_workers=settings.max_workers,
+            heartbeat_every=settings.heartbeat_seconds,
         )
 
     return WorkerHost(service="snapshotter", bus=bus, build=build)

@@ -1,4 +1,5 @@
-"""The snapshotter's subscriber: ``sandbox.cmd.pause.<sid>`` on the durable ``snapshotter-pause``."""
+"""The snapshotter's subscriber: ``sandbox.cmd.pause.<sid>`` on the durable
+``snapshotter-pause``."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ HEARTBEAT_EVERY = SNAPSHOTTER_PAUSE.backoff[0] / 3
 
 
 def build_router(
-    snapshotter: Snapshotter, *, give_up_after: int, max_workers: int = 8
+    snapshotter: Snapshotter,
+    *,
+    give_up_after: int,
+    max_workers: int = 8,
+    heartbeat_every: float = HEARTBEAT_EVERY,
 ) -> NatsRouter:
     router = NatsRouter()
     # Documentation only (the handler publishes through ``BrokerPublisher`` for deterministic ids).
@@ -33,7 +38,7 @@ def build_router(
         schema=SandboxFailed,
     )
 
-    @router.subscriber(
+    @router.subscriber(  # type: ignore[untyped-decorator]
         **subscriber_args(SNAPSHOTTER_PAUSE, max_workers=max_workers),
         title="sandbox.cmd.pause",
         description="Pause a running sandbox: capture its processes (first half of a pause).",
@@ -46,7 +51,7 @@ def build_router(
         async def fail(reason: str) -> None:
             await snapshotter.give_up(body, cmd_id, reason)
 
-        async with heartbeat(msg, every=HEARTBEAT_EVERY):
+        async with heartbeat(msg, every=heartbeat_every):
             await guarded(
                 lambda: snapshotter.pause(body, cmd_id),
                 msg=msg,

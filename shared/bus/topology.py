@@ -100,7 +100,11 @@ class Durable:
             deliver_policy=DeliverPolicy.ALL,
             # backoff[0] silently replaces ack_wait (pitfall 3): state it explicitly.
             ack_wait=self.backoff[0],
-            backoff=list(self.backoff),
+            # No consumer ``backoff`` list: with one set, nats-server 2.15 ignores the delay of
+            # every NAK after the first (observed: NAK(delay=4s) on delivery 2 redelivered at
+            # +34s), which breaks the retry middleware's exponential delays. Crash/hang
+            # redeliveries come after ``ack_wait``; retries are paced by the middleware.
+            backoff=None,
             max_deliver=self.max_deliver,
             max_ack_pending=self.max_ack_pending,
             filter_subjects=list(self.filters),

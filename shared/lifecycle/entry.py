@@ -14,7 +14,7 @@ from shared.errors import ConfigError, TorporError
 from shared.health import HealthServer, HealthSettings
 from shared.lifecycle.hosting import WorkerHost, until_signalled
 from shared.logging import configure
-from shared.runtime.factory import open_runtime
+from shared.runtime.factory import LocalRuntimeSettings, open_runtime
 from shared.runtime.ports import Runtime
 from shared.settings import BusSettings, LoggingSettings, RuntimeSettings, load
 
@@ -43,7 +43,7 @@ def run_worker(service: str, make_host: HostFactory, *, supervise_runtime: bool)
         return 0
 
 
-async def _serve(
+async def _serve(  # noqa: PLR0917 - private, called once
     service: str,
     bus: BusSettings,
     runtime_settings: RuntimeSettings,
@@ -51,10 +51,15 @@ async def _serve(
     make_host: HostFactory,
     supervise_runtime: bool,
 ) -> int:
-    from shared.envd.client import ConnectEnvdClient
+    from shared.envd.client import ConnectEnvdClient  # type: ignore[import-untyped]
 
     nats_url = bus.nats_url.split(",")[0]
-    runtime = await open_runtime(runtime_settings, nats_url=nats_url, supervise=supervise_runtime)
+    runtime = await open_runtime(
+        runtime_settings,
+        nats_url=nats_url,
+        supervise=supervise_runtime,
+        local=load(LocalRuntimeSettings),
+    )
     envd = ConnectEnvdClient()
     host = make_host(bus, runtime, envd)
     server = HealthServer(host=health.health_host, port=health.health_port, ready=host.ready)

@@ -1,4 +1,4 @@
-"""From a sandbox record to what the runtime and the daemon need: the workload spec, the endpoint."""
+"""From a sandbox record to what the runtime and the daemon need: workload spec, endpoint."""
 
 from __future__ import annotations
 

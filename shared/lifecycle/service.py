@@ -14,6 +14,8 @@ Decisions written down here:
 - A transition that gave up surfaces as ``RuntimeFailure`` carrying the recorded reason.
 """
 
+# ruff: noqa: ASYNC109 - ``timeout`` is a sandbox's inactivity timeout, not an asyncio one
+
 from __future__ import annotations
 
 import secrets
@@ -56,7 +58,7 @@ def new_sandbox_id() -> str:
 
 
 class SandboxLifecycle:
-    """Implements ``shared.lifecycle.ports.Lifecycle`` over a ``SandboxStore`` and a ``Publisher``."""
+    """``shared.lifecycle.ports.Lifecycle`` over a ``SandboxStore`` and a ``Publisher``."""
 
     def __init__(self, store: SandboxStore, publisher: Publisher) -> None:
         self._store = store

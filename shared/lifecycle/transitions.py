@@ -35,7 +35,10 @@ def now() -> datetime:
 
 
 def _illegal(record: SandboxRecord, what: str) -> IllegalTransition:
-    msg = f"sandbox {record.sandbox_id}: cannot {what} from {record.state.value} (g{record.generation})"
+    msg = (
+        f"sandbox {record.sandbox_id}: cannot {what} from {record.state.value} "
+        f"(g{record.generation})"
+    )
     return IllegalTransition(msg, state=record.state.value)
 
 
@@ -68,7 +71,10 @@ def begin(op: Op, cmd_msg_id: str, *, generation: int | None) -> Mutation:
         elif not record.can(transition) or record.state == IN_FLIGHT[op]:
             raise _illegal(record, op)
         if generation is not None and generation != record.generation:
-            msg = f"stale {op} for g{generation}; sandbox {record.sandbox_id} is at g{record.generation}"
+            msg = (
+                f"stale {op} for g{generation}; sandbox {record.sandbox_id} "
+                f"is at g{record.generation}"
+            )
             raise IllegalTransition(msg, state=record.state.value)
         return record.model_copy(
             update={

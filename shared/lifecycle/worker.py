@@ -36,7 +36,7 @@ def deliveries(msg: Any) -> int:
 
 
 def header_msg_id(msg: Any, default: str) -> str:
-    """The command's ``Nats-Msg-Id`` (its idempotency key); ``default`` when a publisher set none."""
+    """The command's ``Nats-Msg-Id`` (its idempotency key); ``default`` if a publisher set none."""
     headers = getattr(getattr(msg, "raw_message", None), "headers", None) or {}
     value = headers.get(MSG_ID_HEADER)
     return str(value) if value else default

@@ -106,6 +106,7 @@ class SandboxExpired(_Event):
     type: Literal["sandbox.evt.expired"] = "sandbox.evt.expired"
     decision: Literal["pause", "kill"]
     deadline: datetime
+    command: str | None = None  # "<subject> <Nats-Msg-Id>" of the command carrying it out
 
 
 class SandboxTimeoutSet(_Event):

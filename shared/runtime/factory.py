@@ -3,11 +3,26 @@ a service on one runtime never imports the other's dependencies."""
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from shared.runtime.ports import Runtime
-from shared.settings import RuntimeSettings
+from shared.settings import RuntimeSettings, _Base
 
 
-async def open_runtime(settings: RuntimeSettings, *, nats_url: str, supervise: bool) -> Runtime:
+class LocalRuntimeSettings(_Base):
+    """Local-runtime knobs beyond ``RuntimeSettings``."""
+
+    # TORPOR_LOCAL_FIRST_ADDRESS: pods get loopback addresses from here up (127.0.x.y).
+    local_first_address: str = Field(default="127.0.0.2", pattern=r"^127\.\d+\.\d+\.\d+$")
+
+
+async def open_runtime(
+    settings: RuntimeSettings,
+    *,
+    nats_url: str,
+    supervise: bool,
+    local: LocalRuntimeSettings | None = None,
+) -> Runtime:
     """A started runtime; the caller ``close()``s it.
 
     ``supervise``: the local runtime's reconciler (starts, restarts and stops pod processes). The
@@ -35,5 +50,6 @@ async def open_runtime(settings: RuntimeSettings, *, nats_url: str, supervise: b
         templates_dir=settings.templates_dir,
         supervise=supervise,
         stop_pods_on_close=False,
+        first_address=(local or LocalRuntimeSettings()).local_first_address,
     )
     return await runtime.start()

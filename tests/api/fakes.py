@@ -100,7 +100,9 @@ class FakeLifecycle:
             if r.state != SandboxState.KILLED and (owner is None or r.owner == owner)
         ]
 
-    async def pause(self, sandbox_id: str, *, owner: str | None, wait: float = 55.0) -> SandboxRecord:
+    async def pause(
+        self, sandbox_id: str, *, owner: str | None, wait: float = 55.0
+    ) -> SandboxRecord:
         record = await self.get(sandbox_id, owner=owner)
         if record.state == SandboxState.PAUSED:
             raise IllegalTransition(f"sandbox {sandbox_id} is already paused", state="paused")
@@ -115,7 +117,9 @@ class FakeLifecycle:
             paused_at=at,
             retain_until=at + timedelta(days=7),
             snapshot=SnapshotRef(
-                id="s1", captured_at=SNAPSHOT_JSON["captured_time"], process_count=1,
+                id="s1",
+                captured_at=SNAPSHOT_JSON["captured_time"],
+                process_count=1,
                 annotation=encoded,
             ),
         )
@@ -147,7 +151,9 @@ class FakeLifecycle:
         record = await self.get(sandbox_id, owner=owner)
         self._put(record, state=SandboxState.KILLED, host=None)
 
-    async def set_timeout(self, sandbox_id: str, *, owner: str | None, timeout: int) -> SandboxRecord:
+    async def set_timeout(
+        self, sandbox_id: str, *, owner: str | None, timeout: int
+    ) -> SandboxRecord:
         record = await self.get(sandbox_id, owner=owner)
         return self._put(record, timeout=timeout, deadline=now() + timedelta(seconds=timeout))
 

@@ -21,8 +21,13 @@ def serve(
     port = port or free_port(host)
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=host, port=port, log_config=None, access_log=False,
-            lifespan=config.pop("lifespan", "on"), **config,
+            app,
+            host=host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan=config.pop("lifespan", "on"),
+            **config,
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)

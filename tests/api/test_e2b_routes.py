@@ -44,7 +44,9 @@ async def test_create_returns_201_with_sdk_fields(
     assert body["envdVersion"] == ENVD_VERSION
     assert body["domain"] == "localhost"  # never null: null would send the SDK to e2b.app
     record = lifecycle.records[str(body["sandboxID"])]
-    assert record.auto_pause and record.auto_resume and record.timeout == 300
+    assert record.auto_pause
+    assert record.auto_resume
+    assert record.timeout == 300
     assert body["envdAccessToken"] == record.envd_access_token
 
 
@@ -62,22 +64,33 @@ async def test_create_v1_and_sdk_forms(client: httpx.AsyncClient, lifecycle: Fak
         headers=auth(),
     )
     rec = lifecycle.records[r.json()["sandboxID"]]
-    assert rec.auto_pause and rec.auto_resume
+    assert rec.auto_pause
+    assert rec.auto_resume
 
 
 async def test_get_info_maps_state_and_snapshot(client: httpx.AsyncClient) -> None:
     sid = (await create(client, metadata={"k": "v"}))["sandboxID"]
     info = (await client.get(f"/sandboxes/{sid}", headers=auth())).json()
     for key in (
-        "templateID", "sandboxID", "clientID", "startedAt", "endAt", "envdVersion",
-        "cpuCount", "memoryMB", "diskSizeMB", "state",
+        "templateID",
+        "sandboxID",
+        "clientID",
+        "startedAt",
+        "endAt",
+        "envdVersion",
+        "cpuCount",
+        "memoryMB",
+        "diskSizeMB",
+        "state",
     ):
         assert key in info, key
     assert info["state"] == "running"
     assert info["metadata"] == {"k": "v"}
     assert info["lifecycle"] == {"autoResume": True, "onTimeout": "pause"}
 
-    assert (await client.post(f"/sandboxes/{sid}/pause", json={}, headers=auth())).status_code == 204
+    assert (
+        await client.post(f"/sandboxes/{sid}/pause", json={}, headers=auth())
+    ).status_code == 204
     info = (await client.get(f"/sandboxes/{sid}", headers=auth())).json()
     assert info["state"] == "paused"
     assert json.loads(base64.b64decode(info["metadata"]["snapshot"])) == SNAPSHOT_JSON
@@ -91,18 +104,23 @@ async def test_pause_twice_is_409_and_connect_resumes_with_201(client: httpx.Asy
     assert (await client.post(f"/sandboxes/{sid}/pause", headers=auth())).status_code == 204
     r = await client.post(f"/sandboxes/{sid}/pause", json={}, headers=auth())
     assert r.status_code == 409
-    assert r.json()["code"] == 409 and "already paused" in r.json()["message"]
+    assert r.json()["code"] == 409
+    assert "already paused" in r.json()["message"]
     r = await client.post(f"/v2/sandboxes/{sid}/connect", json={}, headers=auth())
     assert r.status_code == 201
     assert r.json()["envdAccessToken"]
     # v1 resume of a running sandbox is 409 (E2B semantics); after a pause it is 201
-    assert (await client.post(f"/sandboxes/{sid}/resume", json={}, headers=auth())).status_code == 409
+    assert (
+        await client.post(f"/sandboxes/{sid}/resume", json={}, headers=auth())
+    ).status_code == 409
     await client.post(f"/sandboxes/{sid}/pause", headers=auth())
     r = await client.post(f"/sandboxes/{sid}/resume", json={"timeout": 60}, headers=auth())
     assert r.status_code == 201
 
 
-async def test_timeout_refresh_and_kill(client: httpx.AsyncClient, lifecycle: FakeLifecycle) -> None:
+async def test_timeout_refresh_and_kill(
+    client: httpx.AsyncClient, lifecycle: FakeLifecycle
+) -> None:
     sid = str((await create(client))["sandboxID"])
     r = await client.post(f"/sandboxes/{sid}/timeout", json={"timeout": 30}, headers=auth())
     assert r.status_code == 204
@@ -110,7 +128,8 @@ async def test_timeout_refresh_and_kill(client: httpx.AsyncClient, lifecycle: Fa
     r = await client.post(f"/sandboxes/{sid}/refreshes", json={"duration": 60}, headers=auth())
     assert r.status_code == 204
     r = await client.post(f"/sandboxes/{sid}/timeout", json={"timeout": 10**9}, headers=auth())
-    assert r.status_code == 400 and r.json()["code"] == 400
+    assert r.status_code == 400
+    assert r.json()["code"] == 400
     assert (await client.delete(f"/sandboxes/{sid}", headers=auth())).status_code == 204
     r = await client.delete(f"/sandboxes/{sid}", headers=auth())
     assert r.status_code == 404
@@ -119,7 +138,10 @@ async def test_timeout_refresh_and_kill(client: httpx.AsyncClient, lifecycle: Fa
 
 
 async def test_list_filters_and_pagination(client: httpx.AsyncClient) -> None:
-    ids = [str((await create(client, metadata={"a b": "c&d", "n": str(i)}))["sandboxID"]) for i in range(5)]
+    ids = [
+        str((await create(client, metadata={"a b": "c&d", "n": str(i)}))["sandboxID"])
+        for i in range(5)
+    ]
     await create(client, BOB)
     await client.post(f"/sandboxes/{ids[0]}/pause", headers=auth())
     seen: list[str] = []
@@ -136,7 +158,8 @@ async def test_list_filters_and_pagination(client: httpx.AsyncClient) -> None:
         token = r.headers.get("x-next-token")
         if not token:
             break
-    assert sorted(seen) == sorted(ids) and pages == 3
+    assert sorted(seen) == sorted(ids)
+    assert pages == 3
     r = await client.get("/v2/sandboxes", params={"state": "paused"}, headers=auth())
     assert [s["sandboxID"] for s in r.json()] == [ids[0]]
     assert r.json()[0]["state"] == "paused"
@@ -157,19 +180,26 @@ async def test_idempotency_key_returns_the_same_sandbox(
     assert a.status_code == b.status_code == 201
     assert a.json()["sandboxID"] == b.json()["sandboxID"]
     assert lifecycle.created == 1
-    other = await client.post("/v2/sandboxes", json=SEED_BODY, headers={**auth(BOB), "Idempotency-Key": "retry-1"})
+    other = await client.post(
+        "/v2/sandboxes", json=SEED_BODY, headers={**auth(BOB), "Idempotency-Key": "retry-1"}
+    )
     assert other.json()["sandboxID"] != a.json()["sandboxID"]
 
 
 async def test_no_key_is_401_everywhere(client: httpx.AsyncClient) -> None:
     for method, path in [
-        ("POST", "/v2/sandboxes"), ("GET", "/v2/sandboxes"), ("GET", "/sandboxes/x"),
-        ("POST", "/sandboxes/x/pause"), ("DELETE", "/sandboxes/x"), ("GET", "/api/v1/sandbox"),
+        ("POST", "/v2/sandboxes"),
+        ("GET", "/v2/sandboxes"),
+        ("GET", "/sandboxes/x"),
+        ("POST", "/sandboxes/x/pause"),
+        ("DELETE", "/sandboxes/x"),
+        ("GET", "/api/v1/sandbox"),
         ("POST", "/api/v1/sandbox/pause/x"),
     ]:
         r = await client.request(method, path, json={})
         assert r.status_code == 401, (method, path)
-        assert r.json()["code"] == 401 and r.json()["message"]
+        assert r.json()["code"] == 401
+        assert r.json()["message"]
         r = await client.request(method, path, json={}, headers=auth("wrong"))
         assert r.status_code == 401
     r = await client.get("/v2/sandboxes", headers={"Authorization": f"Bearer {ALICE}"})
@@ -206,12 +236,19 @@ async def test_other_users_sandbox_is_404_on_every_endpoint(client: httpx.AsyncC
 
 async def test_error_bodies_are_json(client: httpx.AsyncClient) -> None:
     r = await client.get("/nope", headers=auth())
-    assert r.status_code == 404 and r.json()["code"] == 404
+    assert r.status_code == 404
+    assert r.json()["code"] == 404
     r = await client.put("/v2/sandboxes", headers=auth())
-    assert r.status_code == 405 and r.json()["code"] == 405
+    assert r.status_code == 405
+    assert r.json()["code"] == 405
     r = await client.post("/v2/sandboxes", json={"timeout": "soon"}, headers=auth())
-    assert r.status_code == 400 and "timeout" in r.json()["message"]
-    r = await client.post("/v2/sandboxes", content=b"{not json", headers={**auth(), "content-type": "application/json"})
+    assert r.status_code == 400
+    assert "timeout" in r.json()["message"]
+    r = await client.post(
+        "/v2/sandboxes",
+        content=b"{not json",
+        headers={**auth(), "content-type": "application/json"},
+    )
     assert r.status_code == 400
     r = await client.get("/sandboxes/NOT_VALID", headers=auth())
     assert r.status_code == 404
@@ -223,11 +260,15 @@ async def test_correlation_id_is_echoed_and_metrics_are_served(client: httpx.Asy
     r = await client.get("/v2/sandboxes", headers=auth())
     assert len(r.headers["x-correlation-id"]) == 32
     metrics = (await client.get("/metrics")).text
-    assert 'torpor_api_http_requests_total{method="GET",route="/v2/sandboxes",status="200"}' in metrics
+    assert (
+        'torpor_api_http_requests_total{method="GET",route="/v2/sandboxes",status="200"}' in metrics
+    )
     assert (await client.get("/health")).status_code == 200
 
 
-async def test_keys_never_logged(client: httpx.AsyncClient, capsys: pytest.CaptureFixture[str]) -> None:
+async def test_keys_never_logged(
+    client: httpx.AsyncClient, capsys: pytest.CaptureFixture[str]
+) -> None:
     import logging
 
     import structlog
@@ -247,6 +288,7 @@ async def test_keys_never_logged(client: httpx.AsyncClient, capsys: pytest.Captu
         structlog.reset_defaults()
         logging.getLogger().handlers.clear()
     err = capsys.readouterr().err
-    assert "http_request" in err and '"user": "alice"' in err  # something was logged
+    assert "http_request" in err
+    assert '"user": "alice"' in err
     for secret in (ALICE, "torpor_wrong_secret"):
         assert secret not in err

@@ -23,21 +23,29 @@ async def test_create_pause_get_resume_delete(client: httpx.AsyncClient) -> None
     )
     assert r.status_code == 201, r.text
     body = r.json()
-    assert body["name"] == "sandbox-01" and body["state"] == "running" and body["snapshot"] is None
-    assert body["autoPause"] is True and body["autoResume"] is True
+    assert body["name"] == "sandbox-01"
+    assert body["state"] == "running"
+    assert body["snapshot"] is None
+    assert body["autoPause"] is True
+    assert body["autoResume"] is True
 
     r = await client.post("/api/v1/sandbox/pause/sandbox-01", headers=bearer())
-    assert r.status_code == 200 and r.json()["state"] == "paused"
+    assert r.status_code == 200
+    assert r.json()["state"] == "paused"
     r = await client.post("/api/v1/sandbox/pause/sandbox-01", headers=bearer())
-    assert r.status_code == 409 and r.json()["code"] == 409
+    assert r.status_code == 409
+    assert r.json()["code"] == 409
 
     got = (await client.get("/api/v1/sandbox/sandbox-01", headers=bearer())).json()
-    assert got["state"] == "paused" and got["retainUntil"] and got["pausedAt"]
+    assert got["state"] == "paused"
+    assert got["retainUntil"]
+    assert got["pausedAt"]
     assert json.loads(base64.b64decode(got["snapshot"]["annotation"])) == SNAPSHOT_JSON
     assert got["snapshot"]["processCount"] == 1
 
     r = await client.post("/api/v1/sandbox/resume/sandbox-01", headers=bearer())
-    assert r.status_code == 200 and r.json()["state"] == "running"
+    assert r.status_code == 200
+    assert r.json()["state"] == "running"
     assert r.json()["snapshot"] is not None  # the last snapshot stays visible after a resume
     r = await client.post("/api/v1/sandbox/resume/sandbox-01", headers=bearer())
     assert r.status_code == 409
@@ -48,18 +56,24 @@ async def test_create_pause_get_resume_delete(client: httpx.AsyncClient) -> None
 
     assert (await client.delete("/api/v1/sandbox/sandbox-01", headers=bearer())).status_code == 204
     r = await client.get("/api/v1/sandbox/sandbox-01", headers=bearer())
-    assert r.status_code == 404 and r.json() == {"code": 404, "message": "sandbox sandbox-01 not found"}
+    assert r.status_code == 404
+    assert r.json() == {
+        "code": 404,
+        "message": "sandbox sandbox-01 not found",
+    }
 
 
 async def test_invalid_names_are_422_unknown_are_404(client: httpx.AsyncClient) -> None:
     for path in ("/api/v1/sandbox/pause/Bad_Name", "/api/v1/sandbox/resume/-x"):
         r = await client.post(path, headers=bearer())
         assert r.status_code == 422, path
-        assert r.json()["code"] == 422 and "name" in r.json()["message"]
+        assert r.json()["code"] == 422
+        assert "name" in r.json()["message"]
     r = await client.post("/api/v1/sandbox", json={"name": "UPPER"}, headers=bearer())
     assert r.status_code == 422
     r = await client.post("/api/v1/sandbox/pause/ghost", headers=bearer())
-    assert r.status_code == 404 and r.json()["code"] == 404
+    assert r.status_code == 404
+    assert r.json()["code"] == 404
     r = await client.post("/api/v1/sandbox", json={"timeout": 0}, headers=bearer())
     assert r.status_code == 422
 
@@ -67,7 +81,8 @@ async def test_invalid_names_are_422_unknown_are_404(client: httpx.AsyncClient) 
 async def test_duplicate_name_is_409(client: httpx.AsyncClient) -> None:
     await client.post("/api/v1/sandbox", json={"name": "dup"}, headers=bearer())
     r = await client.post("/api/v1/sandbox", json={"name": "dup"}, headers=bearer(BOB))
-    assert r.status_code == 409 and r.json()["code"] == 409
+    assert r.status_code == 409
+    assert r.json()["code"] == 409
 
 
 async def test_openapi_describes_both_apis(client: httpx.AsyncClient) -> None:
@@ -88,4 +103,5 @@ async def test_openapi_describes_both_apis(client: httpx.AsyncClient) -> None:
     schemes = spec["components"]["securitySchemes"]
     assert {s["type"] for s in schemes.values()} >= {"apiKey", "http"}
     created = paths["/v2/sandboxes"]["post"]["responses"]
-    assert "201" in created and "200" not in created
+    assert "201" in created
+    assert "200" not in created

@@ -40,9 +40,12 @@ def test_sdk_control_plane_calls(api: str, lifecycle: FakeLifecycle) -> None:
         **opts(api),
     )
     record = lifecycle.records[sbx.sandbox_id]
-    assert record.auto_pause and record.auto_resume and record.owner == "alice"
+    assert record.auto_pause
+    assert record.auto_resume
+    assert record.owner == "alice"
     info = sbx.get_info()
-    assert info.state.value == "running" and info.metadata.get("snapshot") is None
+    assert info.state.value == "running"
+    assert info.metadata.get("snapshot") is None
     assert info.lifecycle == {"on_timeout": "pause", "auto_resume": True}
 
     assert sbx.pause() is True

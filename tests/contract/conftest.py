@@ -16,6 +16,7 @@ import pytest
 from tests.contract.harness import HarnessContext, RuntimeFactory, RuntimeHarness
 
 ADAPTERS: dict[str, str] = {
+    "kubernetes": "tests.contract.adapters.kubernetes",
     "local": "tests.contract.adapters.local",
 }
 

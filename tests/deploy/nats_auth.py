@@ -32,7 +32,8 @@ NATS_DIR = REPO / "deploy" / "nats"
 
 def load_generator() -> ModuleType:
     spec = importlib.util.spec_from_file_location("torpor_gen_auth", NATS_DIR / "gen_auth.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while being built
     spec.loader.exec_module(module)
@@ -56,15 +57,27 @@ class AuthNats:
 
     def start(self) -> AuthNats:
         self.port, self.monitor = free_port(), free_port()
-        shutil.copy(NATS_DIR / "auth.conf", self.folder / "auth.conf")  # byte-identical
+        # The shipped files, byte-identical except the four lines that name pod paths/ports.
+        shutil.copy(NATS_DIR / "auth.conf", self.folder / "auth.conf")
+        shutil.copy(NATS_DIR / "cluster-single.conf", self.folder / "cluster.conf")
         store = self.folder / "store"
-        (self.folder / "nats.conf").write_text(
-            f"listen: 127.0.0.1:{self.port}\n"
-            f"http: 127.0.0.1:{self.monitor}\n"
-            f'jetstream {{ store_dir: "{store}", sync_interval: always, max_file_store: 1G }}\n'
-            "include ./auth.conf\n"
-        )
-        env = {**os.environ, **{f"NATS_{u.upper()}_PASSWORD": password(u) for u in self.users}}
+        local = {
+            "listen: 0.0.0.0:4222": f"listen: 127.0.0.1:{self.port}",
+            "http: 0.0.0.0:8222": f"http: 127.0.0.1:{self.monitor}",
+            "store_dir: /data": f'store_dir: "{store}"',
+            "pid_file: /var/run/nats/nats.pid": f'pid_file: "{self.folder / "nats.pid"}"',
+        }
+        conf = (NATS_DIR / "nats.conf").read_text()
+        for shipped, here in local.items():
+            assert shipped in conf, f"deploy/nats/nats.conf no longer has {shipped!r}"
+            conf = conf.replace(shipped, here)
+        (self.folder / "nats.conf").write_text(conf)
+        env = {
+            **os.environ,
+            "POD_NAME": "torpor-nats-0",
+            "NATS_MAX_FILE_STORE": "1G",
+            **{f"NATS_{u.upper()}_PASSWORD": password(u) for u in self.users},
+        }
         log = (self.folder / "nats.log").open("ab")
         self.proc = subprocess.Popen(
             [find_nats_server(), "-c", str(self.folder / "nats.conf")],
@@ -129,10 +142,16 @@ class Errors:
 
 
 @contextlib.asynccontextmanager
-async def connect(server: AuthNats, user: str, **kwargs: Any) -> AsyncIterator[tuple[Client, Errors]]:
+async def connect(
+    server: AuthNats, user: str, **kwargs: Any
+) -> AsyncIterator[tuple[Client, Errors]]:
     errors = Errors()
     nc = await nats.connect(
-        server.url(user), error_cb=errors.record, allow_reconnect=False, name=f"test-{user}", **kwargs
+        server.url(user),
+        error_cb=errors.record,
+        allow_reconnect=False,
+        name=f"test-{user}",
+        **kwargs,
     )
     try:
         yield nc, errors

@@ -10,7 +10,6 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import nats.errors
@@ -26,7 +25,14 @@ from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import KvSandboxStore
 from shared.models.sandboxes import SandboxRecord
 from shared.settings import BusSettings
-from tests.deploy.nats_auth import NATS_DIR, AuthNats, Errors, connect, load_generator, start_auth_nats
+from tests.deploy.nats_auth import (
+    NATS_DIR,
+    AuthNats,
+    Errors,
+    connect,
+    load_generator,
+    start_auth_nats,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,7 +45,9 @@ class Probe(BaseModel):
 
 def record(sandbox_id: str) -> SandboxRecord:
     now = datetime.now(UTC)
-    return SandboxRecord(sandbox_id=sandbox_id, owner="alice", created_at=now, started_at=now, updated_at=now)
+    return SandboxRecord(
+        sandbox_id=sandbox_id, owner="alice", created_at=now, started_at=now, updated_at=now
+    )
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,14 @@ class Job:
 ALL_KV = (t.KV_SANDBOXES, t.KV_USERS, t.KV_API_KEYS)
 JOBS: dict[str, Job] = {
     "api": Job(
-        publishes=(s.CMD_CREATE, s.CMD_PAUSE, s.CMD_RESUME, s.CMD_KILL, s.EVT_TIMEOUT_SET, s.EVT_ACTIVITY),
+        publishes=(
+            s.CMD_CREATE,
+            s.CMD_PAUSE,
+            s.CMD_RESUME,
+            s.CMD_KILL,
+            s.EVT_TIMEOUT_SET,
+            s.EVT_ACTIVITY,
+        ),
         kv_reads=ALL_KV,
         kv_writes=(t.KV_SANDBOXES,),
     ),
@@ -96,7 +111,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "proxy": (f"$KV.{t.KV_API_KEYS}.x", "sandbox.cmd.kill.x"),
     "scheduler": ("sandbox.cmd.create.x", f"$JS.API.STREAM.DELETE.{t.STREAM_CMD}"),
     "snapshotter": ("sandbox.cmd.pause.x", f"$KV.{t.KV_API_KEYS}.x"),
-    "scaler": ("sandbox.cmd.pause.x", f"$JS.API.CONSUMER.MSG.NEXT.{t.STREAM_EVT}.scheduler-lifecycle"),
+    "scaler": (
+        "sandbox.cmd.pause.x",
+        f"$JS.API.CONSUMER.MSG.NEXT.{t.STREAM_EVT}.scheduler-lifecycle",
+    ),
 }
 
 
@@ -139,7 +157,8 @@ async def eventually(check: Any, timeout: float = 10.0) -> None:
 def test_committed_auth_conf_is_generated_from_the_topology() -> None:
     gen = load_generator()
     assert (NATS_DIR / "auth.conf").read_text() == gen.render(gen.users()), (
-        "deploy/nats/auth.conf is stale: run .venv/bin/python deploy/nats/gen_auth.py > deploy/nats/auth.conf"
+        "deploy/nats/auth.conf is stale: run "
+        ".venv/bin/python deploy/nats/gen_auth.py > deploy/nats/auth.conf"
     )
 
 
@@ -154,7 +173,9 @@ def test_every_service_has_a_user_and_no_password_is_shipped() -> None:
 async def test_a_wrong_password_is_refused(provisioned: AuthNats) -> None:
     with pytest.raises((nats.errors.Error, OSError)):
         await nats.connect(
-            provisioned.url("api").replace("test-api", "nope"), allow_reconnect=False, connect_timeout=2
+            provisioned.url("api").replace("test-api", "nope"),
+            allow_reconnect=False,
+            connect_timeout=2,
         )
 
 
@@ -188,9 +209,13 @@ async def test_service_does_its_job_with_its_own_user(provisioned: AuthNats, ser
     try:
         publisher = BrokerPublisher(broker)
         for prefix in job.publishes:
-            assert await publisher.publish(Probe(sandbox_id=sid), s.of(prefix, sid), msg_id=f"{prefix}:{sid}")
+            assert await publisher.publish(
+                Probe(sandbox_id=sid), s.of(prefix, sid), msg_id=f"{prefix}:{sid}"
+            )
         if job.dead_letters:
-            assert await publisher.publish(Probe(sandbox_id=sid), f"{s.DLQ_PREFIX}.test.{sid}", msg_id=f"dlq:{sid}")
+            assert await publisher.publish(
+                Probe(sandbox_id=sid), f"{s.DLQ_PREFIX}.test.{sid}", msg_id=f"dlq:{sid}"
+            )
 
         for bucket in job.kv_reads:
             kv = await key_value(broker, bucket)
@@ -201,12 +226,16 @@ async def test_service_does_its_job_with_its_own_user(provisioned: AuthNats, ser
         if t.KV_SANDBOXES in job.kv_reads:
             store = KvSandboxStore(await key_value(broker, t.KV_SANDBOXES))
             assert (await store.get(f"{sid}-seed")) is not None
-            seen = await store.wait_for(f"{sid}-seed", lambda r: r.owner == "alice", timeout=5)  # watch
+            seen = await store.wait_for(
+                f"{sid}-seed", lambda r: r.owner == "alice", timeout=5
+            )  # watch
             assert seen.sandbox_id == f"{sid}-seed"
         if t.KV_SANDBOXES in job.kv_writes:
             store = KvSandboxStore(await key_value(broker, t.KV_SANDBOXES))
             await store.create(record(sid))
-            updated = await store.update(sid, lambda r: r.model_copy(update={"generation": r.generation + 1}))
+            updated = await store.update(
+                sid, lambda r: r.model_copy(update={"generation": r.generation + 1})
+            )
             assert updated.generation == 1
             await store.delete(sid)
             assert await store.get(sid) is None
@@ -226,7 +255,14 @@ async def test_service_does_its_job_with_its_own_user(provisioned: AuthNats, ser
             js = broker.config.connection_state.stream
             other = s.of(s.SCHED_TIMEOUT, f"{sid}-cancel")
             later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
-            await js.publish(other, b"{}", headers={"Nats-Schedule": f"@at {later}", "Nats-Schedule-Target": s.of(s.TIMER_FIRED, f"{sid}-cancel")})
+            await js.publish(
+                other,
+                b"{}",
+                headers={
+                    "Nats-Schedule": f"@at {later}",
+                    "Nats-Schedule-Target": s.of(s.TIMER_FIRED, f"{sid}-cancel"),
+                },
+            )
             assert (await js.get_last_msg(t.STREAM_TIMERS, other)).subject == other
             await js.purge_stream(t.STREAM_TIMERS, subject=other)
 
@@ -235,7 +271,9 @@ async def test_service_does_its_job_with_its_own_user(provisioned: AuthNats, ser
             for durable in job.binds:
                 if durable is t.SCHEDULER_FIRED:
                     continue
-                await js.publish(durable.filters[0].replace("*", sid), b'{"sandbox_id": "%s"}' % sid.encode())
+                await js.publish(
+                    durable.filters[0].replace("*", sid), b'{"sandbox_id": "%s"}' % sid.encode()
+                )
 
             async def all_delivered() -> bool:
                 return all(sid in got[d.name] for d in job.binds)
@@ -276,12 +314,18 @@ async def test_platform_publishes_a_pause_command_and_reads_events(provisioned: 
         await js_admin.publish(s.of(s.EVT_PAUSED, sid), b'{"sandbox_id": "platform-ok"}')
     async with connect(provisioned, "platform") as (nc, errors):
         js = nc.jetstream()
-        ack = await js.publish(s.of(s.CMD_PAUSE, sid), Probe(sandbox_id=sid).model_dump_json().encode())
+        ack = await js.publish(
+            s.of(s.CMD_PAUSE, sid), Probe(sandbox_id=sid).model_dump_json().encode()
+        )
         assert ack.stream == t.STREAM_CMD
         # Its own durable consumer on the event stream (any name but a service's).
         await js.add_consumer(
             t.STREAM_EVT,
-            ConsumerConfig(name="billing-audit", durable_name="billing-audit", filter_subject=s.of(s.EVT_PAUSED, sid)),
+            ConsumerConfig(
+                name="billing-audit",
+                durable_name="billing-audit",
+                filter_subject=s.of(s.EVT_PAUSED, sid),
+            ),
         )
         sub = await js.pull_subscribe_bind("billing-audit", t.STREAM_EVT)
         msgs = await sub.fetch(1, timeout=5)
@@ -316,7 +360,8 @@ async def test_platform_cannot_write_the_kv_bucket(provisioned: AuthNats) -> Non
             await errors.wait_violation(f"$KV.{bucket}.mallory")
     async with admin(provisioned) as js_admin:
         after = await KvSandboxStore(await js_admin.key_value(t.KV_SANDBOXES)).get(sid)
-        assert after is not None and after.state.value == "running"
+        assert after is not None
+        assert after.state.value == "running"
 
 
 async def test_platform_cannot_consume_a_service_queue(provisioned: AuthNats) -> None:
@@ -336,7 +381,9 @@ async def test_platform_cannot_consume_a_service_queue(provisioned: AuthNats) ->
         await errors.wait_violation(f"$JS.API.CONSUMER.MSG.NEXT.{t.STREAM_EVT}.scheduler-lifecycle")
         # Any consumer of its own on the work queue: denied.
         with pytest.raises(nats.errors.TimeoutError):
-            await js.add_consumer(t.STREAM_CMD, ConsumerConfig(name="mine", durable_name="mine"), timeout=1)
+            await js.add_consumer(
+                t.STREAM_CMD, ConsumerConfig(name="mine", durable_name="mine"), timeout=1
+            )
         await errors.wait_violation(f"$JS.API.CONSUMER.CREATE.{t.STREAM_CMD}")
         # Re-configuring a service's durable (e.g. narrowing its filter): denied.
         with pytest.raises(nats.errors.TimeoutError):
@@ -347,9 +394,14 @@ async def test_platform_cannot_consume_a_service_queue(provisioned: AuthNats) ->
             )
         await errors.wait_violation(f"$JS.API.CONSUMER.CREATE.{t.STREAM_EVT}.scheduler-lifecycle")
         # The name-less create takes the name from the body and would REPLACE the durable.
-        body = {"stream_name": t.STREAM_EVT, "config": {"name": "scheduler-lifecycle", "ack_policy": "explicit"}}
+        body = {
+            "stream_name": t.STREAM_EVT,
+            "config": {"name": "scheduler-lifecycle", "ack_policy": "explicit"},
+        }
         with pytest.raises(nats.errors.TimeoutError):
-            await nc.request(f"$JS.API.CONSUMER.CREATE.{t.STREAM_EVT}", json.dumps(body).encode(), timeout=1)
+            await nc.request(
+                f"$JS.API.CONSUMER.CREATE.{t.STREAM_EVT}", json.dumps(body).encode(), timeout=1
+            )
         await errors.wait_violation(f'"$JS.API.CONSUMER.CREATE.{t.STREAM_EVT}"')
         # Acking on a service's behalf: denied.
         await nc.publish(f"$JS.ACK.{t.STREAM_CMD}.snapshotter-pause.1.1.1.1.0", b"+ACK")

@@ -120,6 +120,13 @@ class TestKubelet:
             if run.proc is not None and run.proc.returncode is None
         }
 
+    def pid_of(self, uid: str) -> int | None:
+        """The pid of the process started for pod ``uid`` (the outer bwrap), if running."""
+        run = self._pods.get(uid)
+        if run is None or run.proc is None or run.proc.returncode is not None:
+            return None
+        return run.proc.pid
+
     def _run(self) -> None:
         asyncio.run(self._main())
 

@@ -69,8 +69,9 @@ def k8s_kubelet(
     kubelet.stop()
 
 
-async def admin_client(access: ClusterAccess) -> k8s.ApiClient:
-    return await k8s_config.new_client_from_config(config_file=str(access.kubeconfig))  # type: ignore[no-any-return]
+async def admin_client(access: ClusterAccess | Path) -> k8s.ApiClient:
+    path = access.kubeconfig if isinstance(access, ClusterAccess) else access
+    return await k8s_config.new_client_from_config(config_file=str(path))  # type: ignore[no-any-return]
 
 
 async def create_namespace(api: k8s.ApiClient, name: str, *, timeout: float = 30.0) -> None:

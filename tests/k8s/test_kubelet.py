@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import ipaddress
+import shutil
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,7 +15,7 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio.client.exceptions import ApiException
 
 from shared.runtime.models import LABEL_MANAGED_BY, MANAGED_BY
-from tests.k8s.kubelet import TestKubelet
+from tests.k8s.kubelet import TestKubelet, real_envd_available
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(120)]
 
@@ -69,6 +71,14 @@ async def test_pod_runs_as_a_sandboxed_daemon_and_terminates(
     ip = pod.status.pod_ip
     assert ipaddress.ip_address(ip) in ipaddress.ip_network(k8s_kubelet.ip_network)
     assert k8s_kubelet.running_ips()[pod.metadata.uid] == ip
+    pid = k8s_kubelet.pid_of(pod.metadata.uid)
+    assert pid is not None
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    if shutil.which("bwrap"):
+        assert Path(argv[0].decode()).name == "bwrap"
+        assert b"--unshare-pid" in argv
+    if real_envd_available():  # the real in-sandbox daemon, not the stand-in
+        assert b"services.envd" in argv
     async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
         assert (await client.get(f"http://{ip}:49983/health")).is_success
 

@@ -70,7 +70,11 @@ class FakeRuntime:
         self.scale_calls.append((name, replicas))
         if replicas == 1 and wl.pod_uid is None:
             return self._put(
-                wl, replicas=1, ready_replicas=1, pod_uid=str(uuid.uuid4()), pod_ip=self._address[name]
+                wl,
+                replicas=1,
+                ready_replicas=1,
+                pod_uid=str(uuid.uuid4()),
+                pod_ip=self._address[name],
             )
         if replicas == 0:
             return self._put(wl, replicas=0, ready_replicas=0, pod_uid=None, pod_ip=None)
@@ -91,7 +95,9 @@ class FakeRuntime:
 
     async def list(self, *, labels: Mapping[str, str] | None = None) -> list[Workload]:
         return [
-            w for w in self.workloads.values() if not labels or all(w.labels.get(k) == v for k, v in labels.items())
+            w
+            for w in self.workloads.values()
+            if not labels or all(w.labels.get(k) == v for k, v in labels.items())
         ]
 
     async def close(self) -> None:
@@ -132,7 +138,9 @@ class FakeEnvd:
         if config.cmd in self.fail_cmds:
             raise FileNotFoundError(config.cmd)
         pid = next(self._pids)
-        self.pods.setdefault(endpoint.pod_uid, []).append(SnapshotProcess(config=config, pid=pid, tag=tag))
+        self.pods.setdefault(endpoint.pod_uid, []).append(
+            SnapshotProcess(config=config, pid=pid, tag=tag)
+        )
         self.started[endpoint.pod_uid] = self.started.get(endpoint.pod_uid, 0) + 1
         return pid
 

@@ -6,6 +6,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from services.scaler.bootstrap import scaler_host
+from services.scaler.settings import ScalerSettings
+from services.snapshotter.bootstrap import snapshotter_host
+from services.snapshotter.settings import SnapshotterSettings
 from shared.bus.broker import key_value, make_broker, prepare
 from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import KvSandboxStore
@@ -15,10 +19,6 @@ from shared.lifecycle.hosting import WorkerHost
 from shared.lifecycle.service import SandboxLifecycle
 from shared.runtime.ports import Runtime
 from shared.settings import BusSettings
-from services.scaler.bootstrap import scaler_host
-from services.scaler.settings import ScalerSettings
-from services.snapshotter.bootstrap import snapshotter_host
-from services.snapshotter.settings import SnapshotterSettings
 
 
 @dataclass

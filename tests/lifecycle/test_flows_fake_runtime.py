@@ -21,7 +21,9 @@ from tests.lifecycle.fakes import FakeEnvd, FakeRuntime
 from tests.lifecycle.harness import System, running_system
 
 SERVER = SnapshotProcess(
-    config=ProcessConfig(cmd="/bin/bash", args=["-l", "-c", "python3 server.py > service.log 2>&1"], cwd="/workspace"),
+    config=ProcessConfig(
+        cmd="/bin/bash", args=["-l", "-c", "python3 server.py > service.log 2>&1"], cwd="/workspace"
+    ),
     pid=20,
 )
 
@@ -36,14 +38,19 @@ async def _start_process(system: System, sid: str, proc: SnapshotProcess) -> Non
     record = await system.store.get(sid)
     assert record is not None and record.host and record.pod_uid
     await system.envd.start_process(  # type: ignore[attr-defined]
-        Endpoint(host=record.host, pod_uid=record.pod_uid), proc.config, tag=proc.tag, access_token=None
+        Endpoint(host=record.host, pod_uid=record.pod_uid),
+        proc.config,
+        tag=proc.tag,
+        access_token=None,
     )
 
 
 async def test_create_pause_resume_cycle(system: System) -> None:
     runtime: FakeRuntime = system.runtime  # type: ignore[assignment]
     envd: FakeEnvd = system.envd  # type: ignore[assignment]
-    rec = await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-cycle", timeout=300))
+    rec = await system.lifecycle.create(
+        CreateRequest(owner="alice", sandbox_id="sbx-cycle", timeout=300)
+    )
     assert rec.state == SandboxState.RUNNING and rec.generation == 1 and rec.deadline is not None
     first_pod = rec.pod_uid
     await _start_process(system, "sbx-cycle", SERVER)
@@ -55,10 +62,16 @@ async def test_create_pause_resume_cycle(system: System) -> None:
     assert wl.replicas == 0 and wl.pod_uid is None
     doc = json.loads(base64.b64decode(wl.annotations[ANNOTATION_SNAPSHOT]))
     assert doc["processes"] == [
-        {"config": {"cmd": "/bin/bash", "args": SERVER.config.args, "cwd": "/workspace"}, "pid": 100}
+        {
+            "config": {"cmd": "/bin/bash", "args": SERVER.config.args, "cwd": "/workspace"},
+            "pid": 100,
+        }
     ]
     assert doc["captured_time"].endswith("Z")
-    assert paused.snapshot is not None and paused.snapshot.annotation == wl.annotations[ANNOTATION_SNAPSHOT]
+    assert (
+        paused.snapshot is not None
+        and paused.snapshot.annotation == wl.annotations[ANNOTATION_SNAPSHOT]
+    )
 
     with pytest.raises(IllegalTransition):
         await system.lifecycle.pause("sbx-cycle", owner="alice", wait=5)
@@ -71,7 +84,10 @@ async def test_create_pause_resume_cycle(system: System) -> None:
     assert [p.config.args for p in envd.pods[new_pod]] == [SERVER.config.args]
     assert envd.started[new_pod] == 1
     # The annotation and the record keep showing the last snapshot after the resume.
-    assert runtime.workloads["sbx-cycle"].annotations[ANNOTATION_SNAPSHOT] == paused.snapshot.annotation
+    assert (
+        runtime.workloads["sbx-cycle"].annotations[ANNOTATION_SNAPSHOT]
+        == paused.snapshot.annotation
+    )
     assert result.record.snapshot == paused.snapshot
 
     again = await system.lifecycle.resume("sbx-cycle", owner="alice", wait=5)

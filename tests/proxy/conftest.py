@@ -33,7 +33,7 @@ def rig() -> Iterator[Rig]:
     keys.add("alice-key", "alice")
     keys.add("bob-key", "bob")
     app = ProxyApp(
-        ProxySettings(touch_interval=5.0, resume_wait=10),
+        ProxySettings(touch_interval=5.0, resume_wait=10, boot_grace=1.0),
         wiring=ProxyWiring(records=FakeRecords(lifecycle), lifecycle=lifecycle, keys=keys),
     )
     upstream = build_upstream(state)

@@ -18,7 +18,9 @@ from shared.models.sandboxes import SandboxRecord
 from tests.proxy.conftest import Rig
 
 
-def make(rig: Rig, *, owner: str = "alice", auto_resume: bool = True, paused: bool = False) -> SandboxRecord:
+def make(
+    rig: Rig, *, owner: str = "alice", auto_resume: bool = True, paused: bool = False
+) -> SandboxRecord:
     record = asyncio.run(
         rig.lifecycle.create(CreateRequest(owner=owner, auto_pause=True, auto_resume=auto_resume))
     )
@@ -39,12 +41,15 @@ def test_routes_by_headers_and_host(rig: Rig) -> None:
     r = httpx.get(f"{rig.proxy}/echo?a=1", headers={**to(sbx), "X-API-KEY": "alice-key"})
     assert r.status_code == 200, r.text
     seen = r.json()
-    assert seen["path"] == "/echo" and seen["query"] == "a=1"
+    assert seen["path"] == "/echo"
+    assert seen["query"] == "a=1"
     # torpor's credentials and routing headers stay outside the sandbox
-    assert "x-api-key" not in seen["headers"] and "e2b-sandbox-id" not in seen["headers"]
+    assert "x-api-key" not in seen["headers"]
+    assert "e2b-sandbox-id" not in seen["headers"]
     host = f"{rig.user_port}-{sbx.sandbox_id}.sandbox.example"
     r = httpx.get(f"{rig.proxy}/echo", headers={"Host": host})
-    assert r.status_code == 200 and r.json()["headers"]["x-forwarded-host"] == host
+    assert r.status_code == 200
+    assert r.json()["headers"]["x-forwarded-host"] == host
     r = httpx.get(f"{rig.proxy}/health", headers=to(sbx))  # envd's /health, not the proxy's
     assert r.status_code == 204
 
@@ -91,7 +96,8 @@ def test_websocket(rig: Rig) -> None:
 def test_daemon_token_and_other_users(rig: Rig) -> None:
     sbx = make(rig)
     r = httpx.get(f"{rig.proxy}/echo", headers=to(sbx, token=False))
-    assert r.status_code == 401 and r.json()["code"] == 401
+    assert r.status_code == 401
+    assert r.json()["code"] == 401
     r = httpx.get(f"{rig.proxy}/echo", headers={**to(sbx, token=False), "X-Access-Token": "nope"})
     assert r.status_code == 401
     # the token of another sandbox does not open this one
@@ -103,7 +109,8 @@ def test_daemon_token_and_other_users(rig: Rig) -> None:
     assert r.status_code == 401
     # another user's API key: the sandbox does not exist for them
     r = httpx.get(f"{rig.proxy}/echo", headers={**to(sbx), "X-API-KEY": "bob-key"})
-    assert r.status_code == 404 and r.json()["code"] == 404
+    assert r.status_code == 404
+    assert r.json()["code"] == 404
     r = httpx.get(f"{rig.proxy}/echo", headers={**to(sbx, rig.user_port), "X-API-KEY": "bob-key"})
     assert r.status_code == 404
     r = httpx.get(f"{rig.proxy}/echo", headers={**to(sbx), "X-API-KEY": "forged"})
@@ -115,14 +122,17 @@ def test_daemon_token_and_other_users(rig: Rig) -> None:
 
 def test_unknown_paused_and_closed_ports(rig: Rig) -> None:
     r = httpx.get(f"{rig.proxy}/echo", headers={"E2b-Sandbox-Id": "ghost"})
-    assert r.status_code == 502 and "was not found" in r.json()["message"]
+    assert r.status_code == 502
+    assert "was not found" in r.json()["message"]
     asleep = make(rig, auto_resume=False, paused=True)
     r = httpx.get(f"{rig.proxy}/echo", headers=to(asleep))
-    assert r.status_code == 502 and "was not found" in r.json()["message"]
+    assert r.status_code == 502
+    assert "was not found" in r.json()["message"]
     assert rig.lifecycle.resume_calls == 0
     sbx = make(rig)
     r = httpx.get(f"{rig.proxy}/echo", headers=to(sbx, port=1))
-    assert r.status_code == 502 and "port is not open" in r.json()["message"]
+    assert r.status_code == 502
+    assert "port is not open" in r.json()["message"]
     r = httpx.get(f"{rig.proxy}/echo", headers={"E2b-Sandbox-Id": "Bad!"})
     assert r.status_code == 400
     assert httpx.get(f"{rig.proxy}/health").status_code == 200

@@ -30,7 +30,7 @@ def build_upstream(state: UpstreamState) -> Starlette:
             {
                 "path": request.url.path,
                 "query": request.url.query,
-                "headers": {k: v for k, v in request.headers.items()},
+                "headers": dict(request.headers.items()),
                 "method": request.method,
             }
         )
@@ -91,7 +91,7 @@ def build_upstream(state: UpstreamState) -> Starlette:
                     await websocket.send_text("echo:" + message["text"])
                 elif message.get("bytes") is not None:
                     await websocket.send_bytes(message["bytes"][::-1])
-        except Exception:  # noqa: BLE001
+        except Exception:
             return
 
     return Starlette(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shared.runtime.local import LocalRuntime
+from shared.runtime.local import LocalRuntime, pods
 from tests.conftest import skip_or_fail
 from tests.runtime_local.support import LocalRuntimeFactory, runtime_kwargs
 
@@ -40,6 +40,11 @@ async def local_runtime(
         started.append(await runtime.start())
         return runtime
 
-    yield start
-    for runtime in reversed(started):
-        await runtime.close()
+    try:
+        yield start
+    finally:
+        for runtime in reversed(started):
+            await runtime.close()
+        # Safety net for failed tests (e.g. a killed owner's pods); tests assert on their own.
+        for pod in pods.scan_pods(data_dir):
+            await pods.stop_pod(pod.uid, runtime_root=data_dir, grace=0.5)

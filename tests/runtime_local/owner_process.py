@@ -1,6 +1,7 @@
 """A process that owns a LocalRuntime with one running pod, for kill -9 tests.
 
-Prints the pod's endpoint as one JSON line once it is ready, then sleeps until killed.
+Prints ``ENDPOINTS <json>`` once its pods are ready (logs go to stdout too), then sleeps until
+killed.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ async def main() -> None:
     for name in args.name:
         await runtime.create(WorkloadSpec(name=name, owner="alice", replicas=1))
         endpoints[name] = (await runtime.wait_ready(name, timeout=30)).model_dump()
-    print(json.dumps(endpoints), flush=True)
+    print("ENDPOINTS", json.dumps(endpoints), flush=True)
     await asyncio.Event().wait()
 
 

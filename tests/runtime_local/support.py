@@ -10,7 +10,7 @@ from shared.runtime.local import LocalRuntime
 
 # Away from 127.0.0.N (the Kubernetes test kubelet) and from the contract suite's range.
 FIRST_ADDRESS = "127.0.9.2"
-TEMPLATES: Path | None = Path("/tmp/devtpl")  # DEV ONLY
+TEMPLATES: Path | None = None  # the packaged templates: sandbox-base runs the real daemon
 
 LocalRuntimeFactory = Callable[..., Awaitable[LocalRuntime]]
 

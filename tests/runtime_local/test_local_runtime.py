@@ -137,9 +137,10 @@ def start_owner(
         argv += ["--name", name]
     owner = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert owner.stdout is not None
-    line = owner.stdout.readline()
-    assert line, f"owner exited with {owner.wait(10)}"
-    return owner, json.loads(line)
+    for line in owner.stdout:
+        if line.startswith("ENDPOINTS "):
+            return owner, json.loads(line.removeprefix("ENDPOINTS "))
+    pytest.fail(f"owner exited with {owner.wait(10)} before its pods were ready")
 
 
 @pytest.mark.slow

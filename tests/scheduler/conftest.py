@@ -260,7 +260,7 @@ class SchedulerProcess:
             "TORPOR_LOG_FORMAT": "json",
             **self.env,
         }
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.scheduler.main"], env=env, stdout=log, stderr=log
         )
@@ -307,7 +307,7 @@ class SchedulerProcess:
             self.proc.terminate()
             try:
                 self.proc.wait(15)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 self.kill9()
 
 

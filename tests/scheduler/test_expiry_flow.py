@@ -15,13 +15,15 @@ from tests.scheduler.conftest import Bus, StartScheduler, now
 
 
 async def _expired_events(bus: Bus, sandbox_id: str) -> list[dict[str, object]]:
-    sub = await bus.js.subscribe(subjects.of(subjects.EVT_EXPIRED, sandbox_id), ordered_consumer=True)
+    sub = await bus.js.subscribe(
+        subjects.of(subjects.EVT_EXPIRED, sandbox_id), ordered_consumer=True
+    )
     out: list[dict[str, object]] = []
     try:
         while True:
             msg = await sub.next_msg(timeout=0.5)
             out.append(json.loads(msg.data))
-    except Exception:  # noqa: BLE001 - nats TimeoutError ends the replay
+    except Exception:
         pass
     await sub.unsubscribe()
     return out
@@ -64,7 +66,9 @@ async def test_without_auto_pause_kills_even_with_the_flag_on(
     assert cmd.subject == "sandbox.cmd.kill.sbx-nopause"
 
 
-async def test_activity_every_second_keeps_it_running(bus: Bus, start_scheduler: StartScheduler) -> None:
+async def test_activity_every_second_keeps_it_running(
+    bus: Bus, start_scheduler: StartScheduler
+) -> None:
     await start_scheduler(pause_resume="true")
     await bus.put("sbx-busy", timeout=2)
     # Half the time as activity events only (touch as an event), half as deadline writes only
@@ -75,11 +79,13 @@ async def test_activity_every_second_keeps_it_running(bus: Bus, start_scheduler:
         last = now()
         if i % 2 == 0:
             await bus.event(
-                SandboxActivity(sandbox_id="sbx-busy", generation=1, at=now()), subjects.EVT_ACTIVITY
+                SandboxActivity(sandbox_id="sbx-busy", generation=1, at=now()),
+                subjects.EVT_ACTIVITY,
             )
         else:
             await bus.store.update(
-                "sbx-busy", lambda r: r.model_copy(update={"deadline": now() + timedelta(seconds=2)})
+                "sbx-busy",
+                lambda r: r.model_copy(update={"deadline": now() + timedelta(seconds=2)}),
             )
         assert await bus.next_command(timeout=0.01) is None
     cmd = await bus.next_command(timeout=6)  # activity stopped: it expires about 2 s later
@@ -88,7 +94,9 @@ async def test_activity_every_second_keeps_it_running(bus: Bus, start_scheduler:
     assert 1.9 < (cmd.stored_at - last).total_seconds() < 4.0
 
 
-async def test_set_timeout_may_shorten_the_deadline(bus: Bus, start_scheduler: StartScheduler) -> None:
+async def test_set_timeout_may_shorten_the_deadline(
+    bus: Bus, start_scheduler: StartScheduler
+) -> None:
     await start_scheduler(pause_resume="true")
     await bus.put("sbx-short", timeout=60)
     await asyncio.sleep(0.5)
@@ -170,7 +178,9 @@ async def test_a_failed_timeout_pause_gets_the_sandbox_killed(
 
     rec = await bus.store.update("sbx-fail", fail)
     await bus.event(
-        SandboxFailed(sandbox_id="sbx-fail", generation=rec.generation, at=now(), op="pause", reason="x"),
+        SandboxFailed(
+            sandbox_id="sbx-fail", generation=rec.generation, at=now(), op="pause", reason="x"
+        ),
         subjects.EVT_FAILED,
     )
     kill = await bus.next_command(timeout=3)  # not after the 30 s check: at once
@@ -178,7 +188,9 @@ async def test_a_failed_timeout_pause_gets_the_sandbox_killed(
     assert (kill.verb, kill.msg_id) == ("kill", f"kill:sbx-fail:g{rec.generation}")
 
 
-async def test_retention_deletes_an_old_paused_sandbox(bus: Bus, start_scheduler: StartScheduler) -> None:
+async def test_retention_deletes_an_old_paused_sandbox(
+    bus: Bus, start_scheduler: StartScheduler
+) -> None:
     await start_scheduler(pause_resume="true", retention_seconds=2)
     await bus.put("sbx-old", timeout=600, announce=False)
     # Paused by the scaler without a retain_until: the scheduler computes and records it.
@@ -186,7 +198,12 @@ async def test_retention_deletes_an_old_paused_sandbox(bus: Bus, start_scheduler
     await bus.store.update(
         "sbx-old",
         lambda r: r.model_copy(
-            update={"state": SandboxState.PAUSED, "generation": 2, "deadline": None, "paused_at": at}
+            update={
+                "state": SandboxState.PAUSED,
+                "generation": 2,
+                "deadline": None,
+                "paused_at": at,
+            }
         ),
     )
     from shared.models.messages import SandboxPaused

@@ -36,9 +36,17 @@ def rec(**kw: object) -> SandboxRecord:
     return SandboxRecord.model_validate(base)
 
 
-def fired(kind: str = "timeout", *, gen: int = 4, attempt: int = 0, due: datetime | None = None) -> Timer:
+def fired(
+    kind: str = "timeout", *, gen: int = 4, attempt: int = 0, due: datetime | None = None
+) -> Timer:
     return Timer.model_validate(
-        {"kind": kind, "sandbox_id": "sbx1", "generation": gen, "due": due or T0, "attempt": attempt}
+        {
+            "kind": kind,
+            "sandbox_id": "sbx1",
+            "generation": gen,
+            "due": due or T0,
+            "attempt": attempt,
+        }
     )
 
 
@@ -60,12 +68,15 @@ def test_decide(flag: str, owner: str, auto_pause: bool, decision: str) -> None:
 
 def test_expiry_publishes_the_event_then_the_pause_and_arms_a_check() -> None:
     record = rec(deadline=T0)
-    plan = expiry.on_fired(fired(), record, flags=ON, policy=POLICY, now=T0 + timedelta(seconds=0.1))
+    plan = expiry.on_fired(
+        fired(), record, flags=ON, policy=POLICY, now=T0 + timedelta(seconds=0.1)
+    )
     assert plan.outcome == "expired"
     event, command = plan.publish
     assert isinstance(event.message, SandboxExpired)
     assert event.message.decision == "pause"
     assert event.msg_id == "expired:sbx1:g4"
+    assert event.message.command == "sandbox.cmd.pause.sbx1 pause:sbx1:g4"
     assert isinstance(command.message, PauseSandbox)
     assert command.message.reason == "timeout"
     assert (command.subject, command.msg_id) == ("sandbox.cmd.pause.sbx1", "pause:sbx1:g4")
@@ -108,7 +119,9 @@ def test_a_fire_before_the_record_deadline_rearms_there() -> None:
 def test_gone_sandboxes_cancel_both_holders() -> None:
     plan = expiry.on_fired(fired(), None, flags=ON, policy=POLICY, now=T0)
     assert plan.cancel == ("timeout", "retention")
-    killed = expiry.on_fired(fired(), rec(state=SandboxState.KILLED), flags=ON, policy=POLICY, now=T0)
+    killed = expiry.on_fired(
+        fired(), rec(state=SandboxState.KILLED), flags=ON, policy=POLICY, now=T0
+    )
     assert killed.outcome == "gone"
 
 
@@ -138,7 +151,9 @@ def test_pause_check_gives_up_with_a_kill() -> None:
 
 def test_pause_check_while_pausing_waits_without_a_new_command() -> None:
     pausing = rec(state=SandboxState.PAUSING, deadline=T0)
-    plan = expiry.on_fired(fired("pause_check", attempt=1), pausing, flags=ON, policy=POLICY, now=T0)
+    plan = expiry.on_fired(
+        fired("pause_check", attempt=1), pausing, flags=ON, policy=POLICY, now=T0
+    )
     assert (plan.outcome, plan.publish) == ("pause_in_progress", ())
     assert plan.arm[0].attempt == 2
 
@@ -152,7 +167,9 @@ def test_pause_check_finds_it_failed_and_kills() -> None:
 
 def test_activity_revives_a_sandbox_whose_pause_never_started() -> None:
     revived = rec(deadline=T0 + timedelta(seconds=100))
-    plan = expiry.on_fired(fired("pause_check", attempt=1), revived, flags=ON, policy=POLICY, now=T0)
+    plan = expiry.on_fired(
+        fired("pause_check", attempt=1), revived, flags=ON, policy=POLICY, now=T0
+    )
     assert plan.outcome == "revived"
     assert [t.kind for t in plan.arm] == ["timeout"]
 
@@ -175,7 +192,10 @@ def test_retention() -> None:
     assert isinstance(kill.message, KillSandbox)
     assert kill.message.reason == "retention"
     resumed = rec()
-    assert expiry.on_fired(fired("retention"), resumed, flags=ON, policy=POLICY, now=T0).outcome == "stale"
+    assert (
+        expiry.on_fired(fired("retention"), resumed, flags=ON, policy=POLICY, now=T0).outcome
+        == "stale"
+    )
 
 
 def test_sync_of_a_paused_record_sets_retain_until_and_swaps_holders() -> None:
@@ -212,7 +232,9 @@ def test_activity_only_extends_in_kv() -> None:
     assert (plan.outcome, plan.arm) == ("extended", ())
     assert plan.mutate is not None
     assert plan.mutate(record).deadline == T0 + timedelta(seconds=60)
-    old = expiry.on_event(expiry.Activity(at=T0 - timedelta(minutes=5)), record, policy=POLICY, now=T0)
+    old = expiry.on_event(
+        expiry.Activity(at=T0 - timedelta(minutes=5)), record, policy=POLICY, now=T0
+    )
     assert old.outcome == "unchanged"  # never shortens
 
 

@@ -56,7 +56,7 @@ async def provision() -> None:
 def main() -> int:
     try:
         asyncio.run(provision())
-    except Exception as e:  # noqa: BLE001 - one readable line; the Job's backoff retries
+    except Exception as e:
         print(f"provisioning failed: {e!r}", file=sys.stderr, flush=True)
         return 1
     return 0

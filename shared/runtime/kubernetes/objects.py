@@ -23,6 +23,10 @@ from shared.runtime.models import (
 )
 
 LABEL_TEMPLATE = "torpor.dev/template"
+# torpor's own version of the annotations, bumped by every patch_annotations. The object's
+# resourceVersion cannot serve: controller status writes bump it all the time, so a version read
+# a moment ago would already be stale. Hidden from ``Workload.annotations``.
+ANNOTATION_REVISION = "torpor.dev/revision"
 ACCESS_TOKEN_ENV = "ENVD_ACCESS_TOKEN"  # noqa: S105 - a variable name, not a secret
 DAEMON_CONTAINER = "envd"
 
@@ -61,7 +65,7 @@ def replica_set_body(spec: WorkloadSpec, pod_template: dict[str, Any]) -> dict[s
         "metadata": {
             "name": spec.name,
             "labels": labels,
-            "annotations": dict(spec.annotations),
+            "annotations": {**spec.annotations, ANNOTATION_REVISION: "1"},
         },
         "spec": {
             "replicas": spec.replicas,
@@ -70,6 +74,43 @@ def replica_set_body(spec: WorkloadSpec, pod_template: dict[str, Any]) -> dict[s
             "template": pod_template,
         },
     }
+
+
+def revision(rs: V1ReplicaSet) -> str:
+    annotations = (rs.metadata.annotations if rs.metadata else None) or {}
+    return annotations.get(ANNOTATION_REVISION, "0")
+
+
+def _pointer(key: str) -> str:
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def annotation_patch(
+    rs: V1ReplicaSet, changes: Mapping[str, str | None], expected: str
+) -> list[dict[str, Any]]:
+    """A JSON Patch that applies ``changes`` only while the revision is still ``expected``.
+
+    The server evaluates ``test`` against the object it writes, so the whole patch is a
+    compare-and-set on torpor's revision, immune to unrelated status updates.
+    """
+    current = (rs.metadata.annotations if rs.metadata else None) or {}
+    if ANNOTATION_REVISION in changes:
+        msg = f"{ANNOTATION_REVISION} is managed by the runtime"
+        raise ValueError(msg)
+    ops: list[dict[str, Any]] = []
+    if not current:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+    if ANNOTATION_REVISION in current:
+        ops.append({"op": "test", "path": _pointer(ANNOTATION_REVISION), "value": expected})
+    for key, value in changes.items():
+        if value is None:
+            if key in current:
+                ops.append({"op": "remove", "path": _pointer(key)})
+        else:
+            ops.append({"op": "add", "path": _pointer(key), "value": value})
+    next_revision = str(int(expected) + 1) if expected.isdigit() else "1"
+    ops.append({"op": "add", "path": _pointer(ANNOTATION_REVISION), "value": next_revision})
+    return ops
 
 
 def owned_by(pod: Pod, rs_uid: str | None) -> bool:
@@ -118,10 +159,10 @@ def to_workload(rs: V1ReplicaSet, pods: Iterable[Pod]) -> Workload:
         name=meta.name,
         template=labels.get(LABEL_TEMPLATE, "sandbox-base"),
         labels=labels,
-        annotations=dict(meta.annotations or {}),
+        annotations={k: v for k, v in (meta.annotations or {}).items() if k != ANNOTATION_REVISION},
         replicas=(spec.replicas if spec is not None and spec.replicas is not None else 1),
         ready_replicas=(status.ready_replicas or 0) if status is not None else 0,
-        resource_version=meta.resource_version or "",
+        resource_version=revision(rs),
         pod_uid=pod["metadata"]["uid"] if pod else None,
         pod_ip=(pod.get("status") or {}).get("podIP") if pod else None,
     )

@@ -19,12 +19,14 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
-from shared.errors import Conflict, NotFound, PodNotReady, RuntimeFailure
+from shared.errors import ConfigError, Conflict, NotFound, PodNotReady, RuntimeFailure
 from shared.runtime.kubernetes.errors import api_errors
 from shared.runtime.kubernetes.objects import (
     Pod,
+    annotation_patch,
     ready_endpoint,
     replica_set_body,
+    revision,
     sandbox_selector,
     selector,
     to_workload,
@@ -41,6 +43,8 @@ from shared.runtime.models import (
 
 log = structlog.get_logger()
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+_PATCH_ATTEMPTS = 8
 T = TypeVar("T")
 
 
@@ -72,7 +76,7 @@ class KubernetesRuntime:
         templates: PodTemplates | None = None,
     ) -> KubernetesRuntime:
         """From a kubeconfig file, or the in-cluster ServiceAccount when ``path`` is None."""
-        with api_errors("load kubernetes credentials"):
+        try:
             if path is None:
                 k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
                 api = k8s.ApiClient()
@@ -80,6 +84,10 @@ class KubernetesRuntime:
                 api = await k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
                     config_file=str(path), context=context
                 )
+        except (k8s_config.ConfigException, OSError) as e:
+            where = "in-cluster ServiceAccount" if path is None else f"kubeconfig {path}"
+            msg = f"cannot load kubernetes credentials from {where}: {e}"
+            raise ConfigError(msg) from e
         return cls(api, namespace=namespace, templates=templates)
 
     @property
@@ -118,15 +126,33 @@ class KubernetesRuntime:
         *,
         resource_version: str | None = None,
     ) -> Workload:
-        meta: dict[str, Any] = {"annotations": dict(annotations)}
-        if resource_version is not None:
-            meta["resourceVersion"] = resource_version  # the server rejects a stale one: 409
-        with api_errors(f"annotate ReplicaSet {self._ns}/{name}"):
-            rs = await self._apps.patch_namespaced_replica_set(
-                name, self._ns, {"metadata": meta}, _content_type=MERGE_PATCH
-            )
-        pods, _ = await self._pods(sandbox_selector(name))
-        return to_workload(rs, pods)
+        what = f"annotate ReplicaSet {self._ns}/{name}"
+        for _ in range(_PATCH_ATTEMPTS):
+            rs = await self._read(name)
+            if rs is None:
+                msg = f"ReplicaSet {self._ns}/{name} not found"
+                raise NotFound(msg)
+            seen = revision(rs)
+            if resource_version is not None and seen != resource_version:
+                msg = f"{what}: revision is {seen}, not {resource_version}"
+                raise Conflict(msg)
+            ops = annotation_patch(rs, annotations, seen)
+            try:
+                with api_errors(what):
+                    patched = await self._apps.patch_namespaced_replica_set(
+                        name, self._ns, ops, _content_type=JSON_PATCH
+                    )
+            except (Conflict, RuntimeFailure) as e:
+                if not _lost_race(e):
+                    raise
+                if resource_version is not None:
+                    msg = f"{what}: changed concurrently"
+                    raise Conflict(msg) from e
+                continue  # an unconditional patch just retries on the fresh object
+            pods, _ = await self._pods(sandbox_selector(name))
+            return to_workload(patched, pods)
+        msg = f"{what}: still contended after {_PATCH_ATTEMPTS} attempts"
+        raise Conflict(msg)
 
     async def scale(self, name: str, replicas: int) -> Workload:
         if replicas not in (0, 1):
@@ -143,7 +169,7 @@ class KubernetesRuntime:
         log.info("k8s.workload_scaled", name=name, replicas=replicas)
         return workload
 
-    async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:  # noqa: ASYNC109
+    async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
         rs = await self._read(name)
         if rs is None or rs.metadata is None:
             msg = f"ReplicaSet {self._ns}/{name} not found"
@@ -156,7 +182,7 @@ class KubernetesRuntime:
             msg = f"no ready pod for {self._ns}/{name} within {timeout:g}s"
             raise PodNotReady(msg) from None
 
-    async def wait_stopped(self, name: str, *, timeout: float) -> None:  # noqa: ASYNC109
+    async def wait_stopped(self, name: str, *, timeout: float) -> None:
         try:
             async with asyncio.timeout(timeout):
                 await self._wait_pods(name, lambda pods: True if not pods else None)
@@ -261,6 +287,24 @@ class KubernetesRuntime:
             log.debug("k8s.watch_ended", error=repr(e))  # relist and continue
         finally:
             resp.release()
+
+
+def _lost_race(e: BaseException) -> bool:
+    """Someone else won: a write conflict, or a JSON Patch that no longer applies.
+
+    A failed ``test`` op (or a ``remove`` of a key deleted meanwhile) is a bare 422 "Invalid"
+    without field causes; an invalid annotation is a 422 that names its fields.
+    """
+    if isinstance(e, Conflict):
+        return True
+    cause = e.__cause__
+    if not isinstance(cause, ApiException) or cause.status != 422:
+        return False
+    try:
+        details = json.loads(cause.body or "{}").get("details") or {}
+    except ValueError:
+        return False
+    return not details.get("causes")
 
 
 async def _json_or_raise(resp: Any) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """Pod processes of the local runtime: bubblewrap command lines, spawning, finding and stopping.
 
 A pod is an outer ``bwrap`` process (in its own session, so it outlives the runtime that started
-it) whose child is PID 1 of a fresh PID namespace running the in-sandbox daemon.
-``--die-with-parent`` ties that namespace to the *outer bwrap*, not to torpor: killing the outer
-process tears the whole namespace down (the kernel kills every process in it), while a crash of
-the owning runtime leaves pods running for the next owner to adopt. Pods are recognised in
-``/proc`` by the ``TORPOR_*`` variables on the bwrap command line.
+it) whose child, the inner ``bwrap``, is PID 1 of a fresh PID namespace running the in-sandbox
+daemon. There is deliberately no ``--die-with-parent`` (it would kill pods with their owner,
+while a restarted owner must find them running). A pod is stopped by SIGTERM to its processes
+and, after a grace period, SIGKILL to both bwraps: when PID 1 of a namespace dies the kernel kills
+every process in it, so nothing survives. Pods are recognised in ``/proc`` by the ``TORPOR_*``
+variables on the bwrap command line (both bwraps carry them).
 """
 
 from __future__ import annotations
@@ -98,7 +99,6 @@ def bwrap_argv(launch: PodLaunch) -> list[str]:
         "--unshare-uts",
         "--hostname",
         launch.hostname,
-        "--die-with-parent",
         "--new-session",
         "--clearenv",
         # bwrap run by root keeps every capability; sandbox code gets none.
@@ -306,17 +306,25 @@ def is_pod_alive(pid: int, uid: str) -> bool:
 
 @dataclass(frozen=True)
 class FoundPod:
+    pid: int  # the outer bwrap, or the inner one when the outer was killed on its own
+    uid: str
+    workload: str
+
+
+@dataclass(frozen=True)
+class _PodProcess:
     pid: int
     uid: str
     workload: str
+    outer: bool
 
 
 def _pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def scan_pods(runtime_root: Path) -> list[FoundPod]:
-    """Outer bwrap processes of pods started by a runtime with this data dir (any owner)."""
+def _pod_processes(runtime_root: Path) -> list[_PodProcess]:
+    """Every live bwrap (outer and inner) of pods started with this data dir."""
     own_ns = os.readlink("/proc/self/ns/pid")
     root = str(runtime_root)
     found = []
@@ -327,18 +335,24 @@ def scan_pods(runtime_root: Path) -> list[FoundPod]:
         marks = _setenv_values(argv)
         if marks.get(ENV_RUNTIME_ROOT) != root or ENV_POD_UID not in marks:
             continue
-        try:
-            if os.readlink(f"/proc/{pid}/ns/pid") != own_ns:  # the inner bwrap (PID 1 inside)
-                continue
-        except OSError:
-            continue
         stat = _stat(pid)
         if stat is None or stat[0] in {"Z", "X"}:
             continue
-        found.append(
-            FoundPod(pid=pid, uid=marks[ENV_POD_UID], workload=marks.get(ENV_WORKLOAD, ""))
-        )
+        try:
+            outer = os.readlink(f"/proc/{pid}/ns/pid") == own_ns  # the inner one is PID 1 inside
+        except OSError:
+            continue
+        found.append(_PodProcess(pid, marks[ENV_POD_UID], marks.get(ENV_WORKLOAD, ""), outer))
     return found
+
+
+def scan_pods(runtime_root: Path) -> list[FoundPod]:
+    """The pods started by a runtime with this data dir (by any owner), one entry per pod."""
+    by_uid: dict[str, _PodProcess] = {}
+    for proc in _pod_processes(runtime_root):
+        if proc.uid not in by_uid or proc.outer:
+            by_uid[proc.uid] = proc
+    return [FoundPod(pid=p.pid, uid=p.uid, workload=p.workload) for p in by_uid.values()]
 
 
 def descendants(pid: int) -> list[int]:
@@ -360,24 +374,29 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
-async def stop_pod(pid: int, uid: str, *, grace: float) -> None:
-    """SIGTERM every process of the pod, then after ``grace`` SIGKILL the outer bwrap (which
-    makes the kernel kill the whole PID namespace). Returns once the pod is gone."""
-    if not is_pod_alive(pid, uid):
+async def stop_pod(uid: str, *, runtime_root: Path, grace: float) -> None:
+    """SIGTERM every process of pod ``uid``, then after ``grace`` SIGKILL its bwraps (which makes
+    the kernel kill the whole PID namespace). Returns once the pod is gone."""
+    procs = [p for p in await asyncio.to_thread(_pod_processes, runtime_root) if p.uid == uid]
+    if not procs:
         return
-    for child in await asyncio.to_thread(descendants, pid):
-        _signal(child, signal.SIGTERM)
-    if await _wait_gone(pid, uid, grace):
+    bwraps = {p.pid for p in procs}
+    for proc in procs:
+        for child in await asyncio.to_thread(descendants, proc.pid):
+            if child not in bwraps:
+                _signal(child, signal.SIGTERM)
+    if await _wait_gone(procs, grace):
         return
-    _signal(pid, signal.SIGKILL)
-    if not await _wait_gone(pid, uid, 10.0):
-        log.error("runtime.local.pod_unkillable", pid=pid, pod_uid=uid)
+    for proc in sorted(procs, key=lambda p: p.outer):  # inner (PID 1 inside) first
+        _signal(proc.pid, signal.SIGKILL)
+    if not await _wait_gone(procs, 10.0):
+        log.error("runtime.local.pod_unkillable", pod_uid=uid, pids=sorted(bwraps))
 
 
-async def _wait_gone(pid: int, uid: str, within: float) -> bool:
+async def _wait_gone(procs: list[_PodProcess], within: float) -> bool:
     deadline = time.monotonic() + within
     delay = 0.01
-    while is_pod_alive(pid, uid):
+    while any(is_pod_alive(p.pid, p.uid) for p in procs):
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(delay)

@@ -140,7 +140,8 @@ class LocalRuntime:
         self._closing = True
         for task in list(self._tasks):
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
         if self._stop_pods_on_close and self._store_ is not None:
             await self._stop_everything()
         if self._nc is not None:
@@ -404,7 +405,8 @@ class LocalRuntime:
         self._spawn_task(run())
 
     async def _monitor(self) -> None:
-        while True:
+        # Checks _closing too: nats-py can turn a cancellation into another exception.
+        while not self._closing:
             await asyncio.sleep(self._poll_interval)
             try:
                 await self._reconcile_all(stray_sweep=False)
@@ -431,7 +433,7 @@ class LocalRuntime:
         for found in await asyncio.to_thread(pods.scan_pods, self._data_dir):
             if found.uid not in known and found.uid not in self._starting:
                 log.info("runtime.local.stray_stopped", workload=found.workload, pod_uid=found.uid)
-                await pods.stop_pod(found.pid, found.uid, grace=self._stop_grace)
+                await pods.stop_pod(found.uid, runtime_root=self._data_dir, grace=self._stop_grace)
                 await asyncio.to_thread(_remove_pod_dir, self._data_dir / "pods" / found.uid)
 
     async def _release_orphan_addresses(self, names: set[str]) -> None:
@@ -608,7 +610,7 @@ class LocalRuntime:
 
     async def _cleanup(self, pod: PodRecord, *, keep_log_as: str | None = None) -> None:
         """Stop (if needed) and discard a pod: its workspace goes, like a container's disk."""
-        await pods.stop_pod(pod.pid, pod.uid, grace=self._stop_grace)
+        await pods.stop_pod(pod.uid, runtime_root=self._data_dir, grace=self._stop_grace)
         pod_dir = Path(pod.pod_dir)
         if keep_log_as is not None:
             with contextlib.suppress(OSError):

@@ -1,0 +1,153 @@
+"""envd latency: Start -> first (start) event, and List, against a local daemon subprocess.
+
+Usage: .venv/bin/python bench/envd_bench.py [-n 200]
+Prints a table and writes bench/results/envd.json. Traffic goes to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import structlog
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from shared.envd.client import ConnectEnvdClient  # noqa: E402
+from shared.models.snapshots import ProcessConfig  # noqa: E402
+from shared.runtime.models import Endpoint  # noqa: E402
+
+TOKEN = "bench-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(values_s: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in values_s]
+    return {
+        "n": len(ms),
+        "p50_ms": round(statistics.median(ms), 3),
+        "p99_ms": round(pct(ms, 0.99), 3),
+        "mean_ms": round(statistics.fmean(ms), 3),
+        "max_ms": round(max(ms), 3),
+    }
+
+
+async def measure(port: int, n: int) -> dict[str, list[float]]:
+    endpoint = Endpoint(host="127.0.0.1", port=port, pod_uid="bench")
+    client = ConnectEnvdClient()
+    start_lat: list[float] = []
+    list_lat: list[float] = []
+    pids: list[int] = []
+    try:
+        config = ProcessConfig(cmd="/bin/sleep", args=["300"])
+        for _ in range(n):
+            t0 = time.perf_counter()
+            pids.append(await client.start_process(endpoint, config, tag=None, access_token=TOKEN))
+            start_lat.append(time.perf_counter() - t0)
+            # Keep the table small and realistic: a sandbox runs a handful of processes.
+            if len(pids) > 5:
+                os.kill(pids.pop(0), 9)
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await client.list_processes(endpoint, access_token=TOKEN)
+            list_lat.append(time.perf_counter() - t0)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        await client.close()
+    return {"start_first_event": start_lat, "list": list_lat}
+
+
+def main() -> int:
+    import logging
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-n", type=int, default=200)
+    args = parser.parse_args()
+    port = free_port()
+    root = tempfile.mkdtemp(prefix="envd-bench-")
+    t0 = time.perf_counter()
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.envd",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--access-token",
+            TOKEN,
+            "--root",
+            root,
+        ],
+        cwd=REPO,
+    )
+    try:
+        ready = None
+        for _ in range(600):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 204:
+                    ready = time.perf_counter() - t0
+                    break
+            except httpx.TransportError:
+                time.sleep(0.01)
+        if ready is None:
+            print("envd did not become healthy", file=sys.stderr)
+            return 1
+        results = asyncio.run(measure(port, args.n))
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+    rows = {name: summary(values) for name, values in results.items()}
+    print(f"envd bench: n={args.n}, daemon ready after {ready * 1000:.0f} ms")
+    print(f"{'operation':<20}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}{'max ms':>10}")
+    for name, row in rows.items():
+        print(
+            f"{name:<20}{row['p50_ms']:>10.2f}{row['p99_ms']:>10.2f}"
+            f"{row['mean_ms']:>10.2f}{row['max_ms']:>10.2f}"
+        )
+    out = {
+        "benchmark": "envd",
+        "n": args.n,
+        "startup_to_health_ms": round(ready * 1000, 1),
+        "results": rows,
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg": os.getloadavg(),
+        },
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    path = REPO / "bench" / "results" / "envd.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,321 @@
+"""Proxy benchmark: overhead against direct daemon access, and first-request latency on a paused
+sandbox (auto-resume).
+
+    .venv/bin/python bench/proxy_bench.py [--requests 2000] [--concurrency 32] [--no-resume]
+
+Part 1 runs the real in-sandbox daemon (``python -m services.envd``) on its own loopback
+address and the proxy (``ProxyApp``, the production ASGI app under uvicorn) in a separate
+process with a static record, then drives both with the same client: ``GET /health`` and the
+Connect unary ``process.Process/List``. Part 2 starts the whole system (tests/e2e/stack.py:
+nats + api + proxy + scheduler + snapshotter + scaler, local runtime), pauses a sandbox running
+``python3 -m http.server`` and times the first request through the proxy. Prints a table and
+writes bench/results/proxy_bench.json. Loopback only; every loop is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+POD_HOST = "127.0.7.41"
+TOKEN = "bench-token"
+SANDBOX = "bench-sbx"
+
+
+# ------------------------------------------------------------------ proxy process (static record)
+
+
+def serve_proxy(port: int, pod_host: str) -> None:
+    import uvicorn
+
+    from services.proxy.app import ProxyApp, ProxyWiring
+    from services.proxy.settings import ProxySettings
+    from shared.lifecycle.ports import ResumeResult
+    from shared.logging import configure
+    from shared.models.sandboxes import SandboxRecord, SandboxState
+    from shared.settings import LoggingSettings
+
+    now = datetime.now(UTC)
+    record = SandboxRecord(
+        sandbox_id=SANDBOX,
+        owner="bench",
+        state=SandboxState.RUNNING,
+        host=pod_host,
+        envd_access_token=TOKEN,
+        created_at=now,
+        started_at=now,
+        updated_at=now,
+    )
+
+    class Static:
+        async def get(self, sandbox_id: str) -> SandboxRecord | None:
+            return record if sandbox_id == SANDBOX else None
+
+        def remember(self, record: SandboxRecord) -> None:
+            pass
+
+        async def resume(
+            self, sandbox_id: str, *, owner: str | None, wait: float = 55.0
+        ) -> ResumeResult:
+            return ResumeResult(record=record, resumed=False)
+
+        async def touch(self, sandbox_id: str) -> None:
+            pass
+
+    configure(LoggingSettings(log_level="warning"), service="proxy")  # as in production
+    static = Static()
+    app = ProxyApp(ProxySettings(), wiring=ProxyWiring(records=static, lifecycle=static, keys=None))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+# ------------------------------------------------------------------ load generation
+
+
+async def drive(
+    url: str, headers: dict[str, str], *, method: str, body: bytes | None, n: int, concurrency: int
+) -> dict[str, float]:
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+        for _ in range(50):  # warm up connections
+            await client.request(method, url, headers=headers, content=body)
+        queue = iter(range(n))
+
+        async def worker() -> None:
+            for _ in queue:
+                t = time.perf_counter()
+                r = await client.request(method, url, headers=headers, content=body)
+                latencies.append(time.perf_counter() - t)
+                if r.status_code >= 300:
+                    raise RuntimeError(f"{url}: HTTP {r.status_code} {r.text[:200]}")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000,
+        "rps": n / elapsed,
+    }
+
+
+def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, headers=headers, timeout=1).status_code < 300:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def overhead(n: int, concurrency: int) -> list[dict[str, object]]:
+    from shared.bus.server import free_port
+
+    envd_port = free_port(POD_HOST)
+    proxy_port = free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.envd",
+                "--listen",
+                f"{POD_HOST}:{envd_port}",
+                "--access-token",
+                TOKEN,
+                "--root",
+                tempfile.mkdtemp(prefix="envd-bench-"),
+            ],
+            cwd=REPO,
+        ),
+        subprocess.Popen(
+            [sys.executable, __file__, "--serve-proxy", str(proxy_port), POD_HOST], cwd=REPO
+        ),
+    ]
+    rows: list[dict[str, object]] = []
+    try:
+        direct = f"http://{POD_HOST}:{envd_port}"
+        proxied = f"http://127.0.0.1:{proxy_port}"
+        auth = {"X-Access-Token": TOKEN}
+        route = {**auth, "E2b-Sandbox-Id": SANDBOX, "E2b-Sandbox-Port": str(envd_port)}
+        wait_http(f"{direct}/health", auth)
+        wait_http(f"{proxied}/health", route)
+        rpc = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
+        cases = [
+            ("GET /health", "GET", "/health", None, {}),
+            ("Connect List", "POST", "/process.Process/List", b"{}", rpc),
+        ]
+        for name, method, path, body, extra in cases:
+            for conc in (1, concurrency):
+                d = asyncio.run(
+                    drive(
+                        direct + path,
+                        {**auth, **extra},
+                        method=method,
+                        body=body,
+                        n=n,
+                        concurrency=conc,
+                    )
+                )
+                p = asyncio.run(
+                    drive(
+                        proxied + path,
+                        {**route, **extra},
+                        method=method,
+                        body=body,
+                        n=n,
+                        concurrency=conc,
+                    )
+                )
+                rows.append(
+                    {
+                        "case": name,
+                        "concurrency": conc,
+                        "direct_p50_ms": d["p50_ms"],
+                        "direct_p99_ms": d["p99_ms"],
+                        "direct_rps": d["rps"],
+                        "proxy_p50_ms": p["p50_ms"],
+                        "proxy_p99_ms": p["p99_ms"],
+                        "proxy_rps": p["rps"],
+                        "throughput_ratio": p["rps"] / d["rps"],
+                    }
+                )
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            if proc.poll() is None:
+                proc.kill()
+    return rows
+
+
+# ------------------------------------------------------------------ first request, paused sandbox
+
+
+def first_request(rounds: int) -> dict[str, object]:
+    from e2b import Sandbox
+
+    from shared.bus.server import free_port
+    from tests.e2e.stack import running_stack
+
+    samples: list[float] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp,
+        running_stack(Path(tmp)) as stack,
+    ):
+        env = stack.sdk_env()
+        opts = {
+            "api_key": env["E2B_API_KEY"],
+            "api_url": env["E2B_API_URL"],
+            "sandbox_url": env["E2B_SANDBOX_URL"],
+        }
+        port = free_port()
+        sbx = Sandbox.create(
+            template="sandbox-base", lifecycle={"on_timeout": "pause", "auto_resume": True}, **opts
+        )
+        try:
+            sbx.commands.run(
+                f"python3 -m http.server {port}", background=True, timeout=0, cwd="/workspace"
+            )
+            headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": str(port)}
+            wait_http(stack.proxy_url + "/", headers)
+            for _ in range(rounds):
+                assert sbx.pause() is True
+                t = time.perf_counter()
+                r = httpx.get(stack.proxy_url + "/", headers=headers, timeout=120)
+                samples.append(time.perf_counter() - t)
+                assert r.status_code == 200, r.text
+        finally:
+            with contextlib.suppress(Exception):
+                sbx.kill()
+    samples.sort()
+    return {
+        "rounds": rounds,
+        "p50_ms": statistics.median(samples) * 1000,
+        "max_ms": samples[-1] * 1000,
+        "samples_ms": [s * 1000 for s in samples],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--resume-rounds", type=int, default=3)
+    parser.add_argument(
+        "--no-resume", action="store_true", help="skip part 2 (needs the full system)"
+    )
+    parser.add_argument(
+        "--serve-proxy", nargs=2, metavar=("PORT", "POD_HOST"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args()
+    if args.serve_proxy:
+        serve_proxy(int(args.serve_proxy[0]), args.serve_proxy[1])
+        return 0
+
+    rows = overhead(args.requests, args.concurrency)
+    print(
+        f"{'case':<14} {'conc':>4} {'direct p50':>10} {'p99':>8} {'rps':>7} | "
+        f"{'proxy p50':>9} {'p99':>8} {'rps':>7} | {'ratio':>5}"
+    )
+    for r in rows:
+        print(
+            f"{r['case']:<14} {r['concurrency']:>4} "
+            f"{r['direct_p50_ms']:>8.2f}ms {r['direct_p99_ms']:>6.2f}ms "
+            f"{r['direct_rps']:>7.0f} | {r['proxy_p50_ms']:>7.2f}ms {r['proxy_p99_ms']:>6.2f}ms "
+            f"{r['proxy_rps']:>7.0f} | {r['throughput_ratio']:>5.2f}"
+        )
+    resume: dict[str, object] | None = None
+    if not args.no_resume:
+        try:
+            resume = first_request(args.resume_rounds)
+            print(
+                f"first request on a paused sandbox (auto-resume): p50 {resume['p50_ms']:.0f} ms, "
+                f"max {resume['max_ms']:.0f} ms over {resume['rounds']} rounds"
+            )
+        except Exception as e:
+            resume = {"error": repr(e)[:500]}
+            print(f"first-request latency not measured: {resume['error']}")
+    out = REPO / "bench" / "results" / "proxy_bench.json"
+    out.write_text(
+        json.dumps(
+            {
+                "when": datetime.now(UTC).isoformat(),
+                "host": platform.node(),
+                "cpus": os.cpu_count(),
+                "requests": args.requests,
+                "overhead": rows,
+                "first_request_after_pause": resume,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"wrote {out.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,26 @@
+"""What the dashboard needs from the bus (``shared.bus.events_feed.EventsFeed`` implements it)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime
+from typing import Protocol
+
+from shared.auth.models import User
+from shared.bus.events_feed import Listener, SandboxEvent
+
+
+class EventSource(Protocol):
+    def listen(self, *, size: int = 1000) -> AbstractAsyncContextManager[Listener]:
+        """Subscribe to the live events of every sandbox until the context exits."""
+        ...
+
+    async def owner_of(self, sandbox_id: str) -> str | None:
+        """The owner (killed tombstones included), or ``None`` if there is no such sandbox."""
+        ...
+
+    async def history(self, sandbox_id: str, *, limit: int = 200) -> list[SandboxEvent]: ...
+
+    async def last_activity(self, sandbox_id: str) -> datetime | None: ...
+
+    async def users(self) -> list[User]: ...

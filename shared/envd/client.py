@@ -1,0 +1,193 @@
+"""``ConnectEnvdClient``: the control plane's client for the in-sandbox daemon.
+
+Connect protocol with the JSON codec over httpx (HTTP/1.1): ``process.Process/List`` as a unary
+call, ``process.Process/Start`` as a server stream of which only the first (start) event is read.
+The Start request carries no ``Connect-Timeout-Ms`` because envd turns that header into the
+process's deadline; the ``timeout`` argument bounds only the wait for the start event. Closing the
+stream afterwards does not stop the process (envd keeps it running, like the SDK's
+``background=True, timeout=0``).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import httpx
+import structlog
+
+from shared.errors import EnvdError, EnvdUnavailable
+from shared.models.snapshots import ProcessConfig, SnapshotProcess
+from shared.runtime.models import Endpoint
+
+log = structlog.get_logger()
+
+_ENVELOPE = struct.Struct(">BI")
+_END_STREAM = 0x02
+_COMPRESSED = 0x01
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# HTTP statuses that mean "not reachable right now" rather than "the daemon said no".
+_UNAVAILABLE_STATUSES = {502, 503, 504}
+
+
+def _headers(access_token: str | None, *, streaming: bool) -> dict[str, str]:
+    headers = {
+        "Content-Type": "application/connect+json" if streaming else "application/json",
+        "Connect-Protocol-Version": "1",
+    }
+    if access_token:
+        headers["X-Access-Token"] = access_token
+    return headers
+
+
+def _error_from_body(status: int, body: bytes) -> EnvdError | EnvdUnavailable:
+    code, message = f"http_{status}", body[:200].decode("utf-8", "replace")
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        if isinstance(data.get("code"), str):
+            code = data["code"]
+        if isinstance(data.get("message"), str):
+            message = data["message"]
+    if status in _UNAVAILABLE_STATUSES or code == "unavailable":
+        return EnvdUnavailable(f"envd unavailable ({status}): {message}")
+    return EnvdError(f"envd error {code}: {message}", code=code)
+
+
+def _envelope(message: dict[str, Any]) -> bytes:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    return _ENVELOPE.pack(0, len(data)) + data
+
+
+def _process_from_json(item: dict[str, Any]) -> SnapshotProcess:
+    config = item.get("config") or {}
+    return SnapshotProcess(
+        config=ProcessConfig(
+            cmd=config.get("cmd", ""),
+            args=list(config.get("args") or []),
+            cwd=config.get("cwd") or None,
+            envs=dict(config.get("envs") or {}),
+        ),
+        pid=int(item.get("pid", 0)),
+        tag=item.get("tag") or None,
+    )
+
+
+class ConnectEnvdClient:
+    """Implements ``shared.envd.ports.Envd``."""
+
+    def __init__(self, http: httpx.AsyncClient | None = None) -> None:
+        self._http = http or httpx.AsyncClient(http2=False, follow_redirects=False)
+        self._owns_http = http is None
+
+    async def list_processes(
+        self, endpoint: Endpoint, *, access_token: str | None, timeout: float = 10.0
+    ) -> list[SnapshotProcess]:
+        headers = _headers(access_token, streaming=False)
+        headers["Connect-Timeout-Ms"] = str(max(int(timeout * 1000), 1))
+        try:
+            response = await self._http.post(
+                f"{endpoint.base_url}/process.Process/List",
+                content=b"{}",
+                headers=headers,
+                timeout=timeout,
+            )
+        except httpx.TransportError as exc:
+            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
+        if response.status_code != 200:
+            raise _error_from_body(response.status_code, response.content)
+        try:
+            data = response.json()
+            return [_process_from_json(item) for item in data.get("processes") or []]
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise EnvdError(f"envd sent an unreadable List reply: {exc}", code="internal") from exc
+
+    async def start_process(
+        self,
+        endpoint: Endpoint,
+        config: ProcessConfig,
+        *,
+        tag: str | None,
+        access_token: str | None,
+        timeout: float = 10.0,
+    ) -> int:
+        process: dict[str, Any] = {"cmd": config.cmd, "args": list(config.args)}
+        if config.envs:
+            process["envs"] = dict(config.envs)
+        if config.cwd:
+            process["cwd"] = config.cwd
+        request: dict[str, Any] = {"process": process, "stdin": False}
+        if tag:
+            request["tag"] = tag
+        http_request = self._http.build_request(
+            "POST",
+            f"{endpoint.base_url}/process.Process/Start",
+            content=_envelope(request),
+            headers=_headers(access_token, streaming=True),
+            timeout=timeout,
+        )
+        try:
+            response = await self._http.send(http_request, stream=True)
+        except httpx.TransportError as exc:
+            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
+        try:
+            if response.status_code != 200:
+                raise _error_from_body(response.status_code, await response.aread())
+            message = await _first_message(response)
+        except httpx.TransportError as exc:
+            raise EnvdUnavailable(f"envd stream from {endpoint.base_url} broke: {exc!r}") from exc
+        finally:
+            await response.aclose()  # the process keeps running; only the stream ends
+        try:
+            pid = int(message["event"]["start"]["pid"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EnvdError(f"expected a start event, got {message!r}", code="internal") from exc
+        log.info("envd.process_started", host=endpoint.host, pid=pid, cmd=config.cmd, tag=tag)
+        return pid
+
+    async def health(self, endpoint: Endpoint, *, timeout: float = 2.0) -> bool:
+        try:
+            response = await self._http.get(f"{endpoint.base_url}/health", timeout=timeout)
+        except httpx.TransportError:
+            return False
+        return response.is_success
+
+    async def close(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+
+async def _first_message(response: httpx.Response) -> dict[str, Any]:
+    """The first enveloped message of a Connect stream; an end-stream error becomes EnvdError."""
+    buffer = b""
+    async for chunk in response.aiter_bytes():
+        buffer += chunk
+        if len(buffer) < _ENVELOPE.size:
+            continue
+        flags, length = _ENVELOPE.unpack_from(buffer)
+        if length > MAX_MESSAGE_BYTES:
+            raise EnvdError(f"envd message of {length} bytes is too large", code="internal")
+        if len(buffer) < _ENVELOPE.size + length:
+            continue
+        payload = buffer[_ENVELOPE.size : _ENVELOPE.size + length]
+        if flags & _COMPRESSED:
+            raise EnvdError("envd sent a compressed message", code="internal")
+        try:
+            data = json.loads(payload or b"{}")
+        except ValueError as exc:
+            raise EnvdError(f"envd sent invalid JSON: {exc}", code="internal") from exc
+        if flags & _END_STREAM:
+            error = data.get("error") if isinstance(data, dict) else None
+            if isinstance(error, dict):
+                code = str(error.get("code", "unknown"))
+                if code == "unavailable":
+                    raise EnvdUnavailable(f"envd unavailable: {error.get('message', '')}")
+                raise EnvdError(f"envd error {code}: {error.get('message', '')}", code=code)
+            raise EnvdError("envd ended the stream before the start event", code="internal")
+        if not isinstance(data, dict):
+            raise EnvdError(f"envd sent a non-object message: {data!r}", code="internal")
+        return data
+    raise EnvdError("envd closed the stream before the start event", code="internal")
