@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -72,7 +73,7 @@ def build_info(bin_dir: Path) -> dict[str, object]:
     return info
 
 
-async def cycles(kubeconfig: Path, n: int) -> dict[str, object]:
+async def cycles(kubeconfig: Path, n: int) -> dict[str, Any]:
     admin = await admin_client(kubeconfig)
     await create_namespace(admin, "bench")
     runtime = await KubernetesRuntime.from_kubeconfig(
@@ -96,7 +97,7 @@ async def cycles(kubeconfig: Path, n: int) -> dict[str, object]:
         await runtime.delete("sbx-bench")
     finally:
         await runtime.close()
-        await admin.close()
+        await admin.close()  # type: ignore[no-untyped-call]
     return {"create_to_ready_ms": round(first * 1000, 1), "scale_up_to_ready": summary(ready),
             "scale_down_to_gone": summary(stopped), "cycles": n}  # fmt: skip
 
@@ -110,13 +111,13 @@ def main() -> None:
     plane = ControlPlane(bin_dir=bin_dir, workdir=work / "plane").start()
     kubelet = TestKubelet(kubeconfig=plane.kubeconfig, workdir=work / "kubelet").start()
     try:
-        result = asyncio.run(cycles(plane.kubeconfig, args.cycles))
+        timing = asyncio.run(cycles(plane.kubeconfig, args.cycles))
     finally:
         kubelet.stop()
         plane.stop()
     result = {
         "control_plane_start_s": round(plane.started_in, 2),
-        **result,
+        **timing,
         "daemon": "services.envd" if real_envd_available() else "stand-in",
         "isolation": "bubblewrap",
         "build": build_info(bin_dir),
@@ -125,7 +126,7 @@ def main() -> None:
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    up, down = result["scale_up_to_ready"], result["scale_down_to_gone"]
+    up, down = timing["scale_up_to_ready"], timing["scale_down_to_gone"]
 
     def row(name: str, stats: dict[str, float]) -> tuple[str, str, str, str]:
         return name, f"{stats['p50_ms']:.0f}", f"{stats['p99_ms']:.0f}", f"{stats['max_ms']:.0f}"
@@ -140,9 +141,9 @@ def main() -> None:
     for name, p50, p99, worst in rows:
         print(f"{name:44} {p50:>8} {p99:>8} {worst:>8}")
     build = result["build"]
-    print(f"binaries: {build['binary_mb']} total {build['total_mb']} MB")  # type: ignore[index]
-    if "build_seconds_from_log" in build:  # type: ignore[operator]
-        print(f"build (cold, from log timestamps): {build['build_seconds_from_log']} s")  # type: ignore[index]
+    print(f"binaries: {build['binary_mb']} total {build['total_mb']} MB")
+    if "build_seconds_from_log" in build:
+        print(f"build (cold, from log timestamps): {build['build_seconds_from_log']} s")
     print(f"wrote {RESULTS.relative_to(REPO)}")
 
 

@@ -104,15 +104,20 @@ def _flat(*groups: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def service(name: str, doc: str, *groups: list[str]) -> User:
+def service(name: str, doc: str, *groups: list[str], subscribe: tuple[str, ...] = ()) -> User:
     prefix = f"_INBOX_{name}"
     return User(
         name=name,
         doc=doc,
         publish=_flat(js_client(), *groups),
-        subscribe=(f"{prefix}.>",),
+        subscribe=(f"{prefix}.>", *subscribe),
         inbox_prefix=prefix,
     )
+
+
+def events_read() -> list[str]:
+    """History of the event stream by subject (shared/bus/events_feed.py, the dashboard)."""
+    return [f"{API}.STREAM.INFO.{t.STREAM_EVT}", f"{API}.STREAM.MSG.GET.{t.STREAM_EVT}"]
 
 
 # ------------------------------------------------------------------ the users
@@ -127,13 +132,17 @@ def users() -> list[User]:
     )
     api = service(
         "api",
-        "REST API: commands, timeout/activity events, sandbox records (CAS), users and keys (read)",
+        "REST API + dashboard: commands, timeout/activity events, records (CAS), users and keys "
+        "(read), the event feed (read)",
         [s.all_of(x) for x in (s.CMD_CREATE, s.CMD_PAUSE, s.CMD_RESUME, s.CMD_KILL)],
         events(s.EVT_TIMEOUT_SET, s.EVT_ACTIVITY),
         kv_read(t.KV_SANDBOXES),
         kv_write(t.KV_SANDBOXES),
         kv_read(t.KV_USERS),
         kv_read(t.KV_API_KEYS),
+        events_read(),
+        # the dashboard's live feed: one core subscription (at-most-once is right for a screen)
+        subscribe=(f"{s.EVT_PREFIX}.>",),
     )
     proxy = service(
         "proxy",

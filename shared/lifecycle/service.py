@@ -14,8 +14,6 @@ Decisions written down here:
 - A transition that gave up surfaces as ``RuntimeFailure`` carrying the recorded reason.
 """
 
-# ruff: noqa: ASYNC109 - ``timeout`` is a sandbox's inactivity timeout, not an asyncio one
-
 from __future__ import annotations
 
 import secrets
@@ -103,7 +101,7 @@ class SandboxLifecycle:
             auto_resume=request.auto_resume,
             metadata=dict(request.metadata),
             envs=dict(request.envs),
-            envd_access_token=secrets.token_urlsafe(24),
+            envd_access_token=secrets.token_hex(24),  # hex: never starts with "-" (argv-safe)
             created_at=at,
             started_at=at,
             updated_at=at,

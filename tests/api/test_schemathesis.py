@@ -34,7 +34,11 @@ def _app() -> object:
     return create_app(cfg, wiring=Wiring(settings=cfg, lifecycle=lifecycle, keys=keys))
 
 
-schema = schemathesis.openapi.from_asgi("/openapi.json", _app())
+# The dashboard's routes (``/dashboard/...``, ``.../events``) live in the same app but belong to
+# the dashboard and need a bus connection; they are fuzzed by the dashboard's own tests.
+schema = schemathesis.openapi.from_asgi("/openapi.json", _app()).exclude(
+    path_regex=r"^/dashboard|/events$"
+)
 
 
 @schema.parametrize()

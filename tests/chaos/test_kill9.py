@@ -126,11 +126,16 @@ async def _check_running(rig: Rig, sid: str) -> None:
 
 
 async def _cycle(rig: Rig, sid: str) -> None:
-    await rig.lifecycle.pause(sid, owner="chaos", wait=WAIT)
-    await _check_paused(rig, sid)
-    result = await rig.lifecycle.resume(sid, owner="chaos", wait=WAIT)
-    assert result.record.state == SandboxState.RUNNING
-    await _check_running(rig, sid)
+    try:
+        await rig.lifecycle.pause(sid, owner="chaos", wait=WAIT)
+        await _check_paused(rig, sid)
+        result = await rig.lifecycle.resume(sid, owner="chaos", wait=WAIT)
+        assert result.record.state == SandboxState.RUNNING
+        await _check_running(rig, sid)
+    except TimeoutError as e:
+        record = await rig.store.get(sid)
+        alive = {n: rig.services.alive(n) for n in rig.services.procs}
+        pytest.fail(f"{e}; record={record!r}; services alive={alive}; kills={rig.services.kills}")
 
 
 async def _chaos(services: Services, names: list[str], stop: asyncio.Event) -> None:

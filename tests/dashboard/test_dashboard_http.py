@@ -37,8 +37,15 @@ def _kill(up: Up, user: str, name: str) -> None:
         c.delete(f"/api/v1/sandbox/{name}")
 
 
-def _login(up: Up, user: str) -> httpx.Client:
-    c = httpx.Client(base_url=up.api_url, timeout=90)
+class _Session(httpx.Client):
+    """A client signed in to the dashboard (the cookie jar holds the session)."""
+
+    def __enter__(self) -> _Session:
+        return self
+
+
+def _login(up: Up, user: str) -> _Session:
+    c = _Session(base_url=up.api_url, timeout=90)
     r = c.post("/dashboard/login", json={"apiKey": up.keys[user]})
     assert r.status_code == 200, r.text
     return c
@@ -185,6 +192,13 @@ def _sse(client: httpx.Client, path: str = "/dashboard/api/stream") -> Iterator[
     stop = threading.Event()
 
     def read() -> None:
+        try:
+            _read()
+        except httpx.HTTPError:
+            if not stop.is_set():
+                raise
+
+    def _read() -> None:
         with client.stream("GET", path, timeout=httpx.Timeout(60, read=60)) as r:
             assert r.status_code == 200
             assert r.headers["content-type"].startswith("text/event-stream")

@@ -63,6 +63,11 @@ class Apiserver:
         assert server.startswith(("https://127.", "https://localhost")), f"loopback only: {server}"
         self._client = httpx.Client(base_url=server, verify=tls, headers=headers, timeout=30)
 
+    @property
+    def client(self) -> httpx.Client:
+        """The authenticated client, for plain reads and the odd POST (TokenRequest)."""
+        return self._client
+
     def close(self) -> None:
         self._client.close()
 

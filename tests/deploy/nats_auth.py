@@ -111,6 +111,7 @@ class AuthNats:
 
 def start_auth_nats(folder: Path) -> Iterator[AuthNats]:
     users = [u.name for u in load_generator().users()]
+    folder.mkdir(parents=True, exist_ok=True)
     server = AuthNats(folder=folder, users=users).start()
     try:
         yield server

@@ -212,6 +212,13 @@ async def test_service_does_its_job_with_its_own_user(provisioned: AuthNats, ser
             assert await publisher.publish(
                 Probe(sandbox_id=sid), s.of(prefix, sid), msg_id=f"{prefix}:{sid}"
             )
+        if service == "api":  # the dashboard's event feed: live core subscription + history
+            nc = broker.config.connection_state.connection
+            live = await nc.subscribe(f"{s.EVT_PREFIX}.>")
+            await nc.flush()
+            js = broker.config.connection_state.stream
+            await js.get_msg(t.STREAM_EVT, subject=s.of(s.EVT_ACTIVITY, sid))
+            await live.unsubscribe()
         if job.dead_letters:
             assert await publisher.publish(
                 Probe(sandbox_id=sid), f"{s.DLQ_PREFIX}.test.{sid}", msg_id=f"dlq:{sid}"

@@ -21,4 +21,4 @@ async def admin_api(k8s_cluster: ClusterAccess) -> AsyncIterator[k8s.ApiClient]:
     """An API client with the cluster-admin test credentials (system:masters)."""
     api = await admin_client(k8s_cluster)
     yield api
-    await api.close()
+    await api.close()  # type: ignore[no-untyped-call]

@@ -133,7 +133,9 @@ class TestKubelet:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        api = await k8s_config.new_client_from_config(config_file=str(self.kubeconfig))
+        api = await k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.kubeconfig)
+        )
         tasks: list[asyncio.Task[None]] = []
         try:
             self._core = k8s.CoreV1Api(api)
@@ -161,7 +163,7 @@ class TestKubelet:
     # ------------------------------------------------------------ node and lease
 
     async def _register_node(self) -> None:
-        node = k8s.V1Node.from_dict(
+        node = k8s.V1Node.model_validate(
             {
                 "apiVersion": "v1",
                 "kind": "Node",
@@ -230,7 +232,7 @@ class TestKubelet:
             if e.status != 404:
                 raise
             await self._coord.create_namespaced_lease(
-                "kube-node-lease", k8s.V1Lease.from_dict(body)
+                "kube-node-lease", k8s.V1Lease.model_validate(body)
             )
 
     async def _lease_loop(self) -> None:
@@ -250,11 +252,13 @@ class TestKubelet:
                 listed = await self._core.list_pod_for_all_namespaces(label_selector=selector)
                 for pod in listed.items:
                     self._on_pod("ADDED", pod)
-                async with k8s_watch.Watch() as w:
+                async with k8s_watch.Watch() as w:  # type: ignore[no-untyped-call]
                     stream = w.stream(
                         self._core.list_pod_for_all_namespaces,
                         label_selector=selector,
-                        resource_version=listed.metadata.resource_version,
+                        resource_version=listed.metadata.resource_version
+                        if listed.metadata
+                        else None,
                         timeout_seconds=300,
                         allow_watch_bookmarks=True,
                     )
@@ -310,7 +314,7 @@ class TestKubelet:
             log.warning("test_kubelet.task_failed", error=repr(exc))
 
     async def _bind(self, pod: Any) -> None:
-        body = k8s.V1Binding.from_dict(
+        body = k8s.V1Binding.model_validate(
             {
                 "apiVersion": "v1",
                 "kind": "Binding",
@@ -380,7 +384,10 @@ class TestKubelet:
             code_dirs=pods.code_dirs(),
             hostname=run.name,
         )
-        return pods.bwrap_argv(launch)
+        argv = pods.bwrap_argv(launch)
+        # Unlike the local runtime's pods, ours must die with this kubelet: the inner bwrap
+        # (PID 1 of the pod) dies with the outer one, which dies with the kubelet's thread.
+        return [argv[0], "--die-with-parent", *argv[1:]]
 
     async def _start_pod(self, run: PodRun, pod: Any) -> None:
         uid, root = run.uid, run.root
@@ -403,6 +410,7 @@ class TestKubelet:
                 env=child_env,
                 cwd=str(REPO_ROOT),
                 start_new_session=True,
+                preexec_fn=_die_with_kubelet,
             )
         finally:
             log_file.close()
@@ -498,7 +506,7 @@ class TestKubelet:
         if self.termination_delay > 0:
             await asyncio.sleep(self.termination_delay)
         await self._kill(run)
-        options = k8s.V1DeleteOptions.from_dict(
+        options = k8s.V1DeleteOptions.model_validate(
             {"gracePeriodSeconds": 0, "preconditions": {"uid": run.uid}}
         )
         try:
@@ -511,20 +519,26 @@ class TestKubelet:
         self._pods.pop(run.uid, None)
 
     async def _kill(self, run: PodRun) -> None:
+        """Stop the pod's processes: SIGTERM, then SIGKILL after a grace period."""
         proc = run.proc
         run.terminating = True
         if proc is not None and proc.returncode is None:
+            # Both bwraps and the daemon (the inner bwrap is in a session of its own), found by
+            # the marks the local runtime's launcher puts on their command lines.
+            await pods.stop_pod(run.uid, runtime_root=self.workdir, grace=5.0)
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
+                os.killpg(proc.pid, signal.SIGKILL)  # a plain (non-bwrap) pod, or leftovers
+            await proc.wait()
         if run.watcher is not None:
             run.watcher.cancel()
         if run.ip:
             self._ips_in_use.discard(run.ip)
         if run.root != Path():
             shutil.rmtree(run.root, ignore_errors=True)  # a container's disk dies with it
+
+
+def _die_with_kubelet() -> None:
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)

@@ -71,7 +71,7 @@ def k8s_kubelet(
 
 async def admin_client(access: ClusterAccess | Path) -> k8s.ApiClient:
     path = access.kubeconfig if isinstance(access, ClusterAccess) else access
-    return await k8s_config.new_client_from_config(config_file=str(path))  # type: ignore[no-any-return]
+    return await k8s_config.new_client_from_config(config_file=str(path))  # type: ignore[no-any-return,no-untyped-call]
 
 
 async def create_namespace(api: k8s.ApiClient, name: str, *, timeout: float = 30.0) -> None:
@@ -106,7 +106,7 @@ async def k8s_namespace(k8s_cluster: ClusterAccess) -> AsyncIterator[str]:
             if e.status != 404:
                 raise
     finally:
-        await api.close()
+        await api.close()  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture

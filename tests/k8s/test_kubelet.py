@@ -44,11 +44,14 @@ async def test_node_is_ready_and_its_lease_is_held(
     k8s_kubelet: TestKubelet, admin_api: k8s.ApiClient
 ) -> None:
     node = await k8s.CoreV1Api(admin_api).read_node(k8s_kubelet.node_name)
-    ready = next(c for c in node.status.conditions if c.type == "Ready")
+    assert node.status is not None
+    ready = next(c for c in node.status.conditions or [] if c.type == "Ready")
     assert ready.status == "True"
     lease = await k8s.CoordinationV1Api(admin_api).read_namespaced_lease(
         k8s_kubelet.node_name, "kube-node-lease"
     )
+    assert lease.spec is not None
+    assert lease.spec.renew_time is not None
     assert lease.spec.holder_identity == k8s_kubelet.node_name
     age = dt.datetime.now(dt.UTC) - lease.spec.renew_time
     assert age < dt.timedelta(seconds=3 * k8s_kubelet.lease_interval)
@@ -62,13 +65,19 @@ async def test_pod_runs_as_a_sandboxed_daemon_and_terminates(
 
     async def running() -> bool:
         pod = await core.read_namespaced_pod(name, k8s_namespace)
+        assert pod.status is not None
         conditions = {c.type: c.status for c in pod.status.conditions or []}
         return pod.status.phase == "Running" and conditions.get("Ready") == "True"
 
     await until(running)
     pod = await core.read_namespaced_pod(name, k8s_namespace)
+    assert pod.spec is not None
+    assert pod.status is not None
+    assert pod.metadata is not None
+    assert pod.metadata.uid is not None
     assert pod.spec.node_name == k8s_kubelet.node_name
     ip = pod.status.pod_ip
+    assert ip is not None
     assert ipaddress.ip_address(ip) in ipaddress.ip_network(k8s_kubelet.ip_network)
     assert k8s_kubelet.running_ips()[pod.metadata.uid] == ip
     pid = k8s_kubelet.pid_of(pod.metadata.uid)
@@ -88,7 +97,7 @@ async def test_pod_runs_as_a_sandboxed_daemon_and_terminates(
         try:
             await core.read_namespaced_pod(name, k8s_namespace)
         except ApiException as e:
-            return e.status == 404
+            return bool(e.status == 404)
         return False
 
     await until(gone)
@@ -105,5 +114,7 @@ async def test_foreign_pods_are_left_alone(
     await core.create_namespaced_pod(k8s_namespace, bare_pod("foreign", {"app": "other"}))
     await asyncio.sleep(2)
     pod = await core.read_namespaced_pod("foreign", k8s_namespace)
+    assert pod.spec is not None
+    assert pod.status is not None
     assert pod.spec.node_name is None
     assert pod.status.phase == "Pending"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -20,8 +21,12 @@ from shared.runtime.kubernetes.objects import (
 from shared.runtime.models import LABEL_OWNER, LABEL_SANDBOX_ID, WorkloadSpec
 
 
-def pod(uid: str, *, ready: bool, terminating: bool = False, created: str = "t1") -> dict:
-    meta: dict = {"uid": uid, "creationTimestamp": created, "ownerReferences": [{"uid": "rs"}]}
+def pod(uid: str, *, ready: bool, terminating: bool = False, created: str = "t1") -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "uid": uid,
+        "creationTimestamp": created,
+        "ownerReferences": [{"uid": "rs"}],
+    }
     if terminating:
         meta["deletionTimestamp"] = "t9"
     status = {

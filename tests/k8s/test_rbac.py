@@ -108,6 +108,7 @@ async def test_adapter_works_with_exactly_the_shipped_role(
     )
     minted = await k8s.CoreV1Api(admin_api).create_namespaced_service_account_token(sa, ns, request)
     assert minted.status is not None
+    assert minted.status.token
     api = await token_client(k8s_cluster, minted.status.token)
     try:
         # RBAC is served from an informer cache: wait until the binding is visible.
@@ -167,4 +168,4 @@ async def test_adapter_works_with_exactly_the_shipped_role(
         with pytest.raises(RuntimeFailure, match="403"):
             await elsewhere.list()
     finally:
-        await api.close()
+        await api.close()  # type: ignore[no-untyped-call]

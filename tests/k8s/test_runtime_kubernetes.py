@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import httpx
 import pytest
@@ -33,11 +34,12 @@ async def health(ep: Endpoint) -> bool:
         return False
 
 
-async def pods_of(api: k8s.ApiClient, namespace: str, name: str) -> list[k8s.V1Pod]:
+async def pods_of(api: k8s.ApiClient, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The sandbox's pods as plain JSON (camelCase keys, as the API sends them)."""
     listed = await k8s.CoreV1Api(api).list_namespaced_pod(
         namespace, label_selector=f"{LABEL_SANDBOX_ID}={name}"
     )
-    return list(listed.items)
+    return [api.sanitize_for_serialization(p) for p in listed.items]  # type: ignore[no-untyped-call]
 
 
 async def test_pause_resume_cycle_keeps_annotations_and_replaces_the_pod(
@@ -54,9 +56,9 @@ async def test_pause_resume_cycle_keeps_annotations_and_replaces_the_pod(
     assert first.port == 49983
     assert await health(first)
     pod = (await pods_of(admin_api, rt.namespace, name))[0]
-    env = {e.name: e.value for e in pod.spec.containers[0].env}
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["ENVD_ACCESS_TOKEN"] == "t0ken"
-    assert pod.spec.automount_service_account_token is False
+    assert pod["spec"]["automountServiceAccountToken"] is False
 
     # pause: annotate (with the version we read), scale to 0, the old pod goes away
     current = await rt.get(name)
@@ -101,24 +103,24 @@ async def test_scale_up_while_old_pod_is_terminating_waits_for_the_new_pod(
         # the old pod is marked for deletion but still there, still answering
         for _ in range(100):
             pods = await pods_of(admin_api, rt.namespace, name)
-            if pods and pods[0].metadata.deletion_timestamp is not None:
+            if pods and pods[0]["metadata"].get("deletionTimestamp") is not None:
                 break
             await asyncio.sleep(0.05)
         assert pods
-        assert pods[0].metadata.uid == old.pod_uid
-        assert pods[0].metadata.deletion_timestamp is not None
+        assert pods[0]["metadata"]["uid"] == old.pod_uid
+        assert pods[0]["metadata"].get("deletionTimestamp") is not None
         assert await health(old), "the terminating pod should still be running"
 
         await rt.scale(name, 1)
         new = await rt.wait_ready(name, timeout=60)
         assert new.pod_uid != old.pod_uid
         assert await health(new)
-        both = {p.metadata.uid for p in await pods_of(admin_api, rt.namespace, name)}
+        both = {p["metadata"]["uid"] for p in await pods_of(admin_api, rt.namespace, name)}
         assert old.pod_uid in both, "the new pod should be Ready while the old one terminates"
     finally:
         k8s_kubelet.termination_delay = 0.0
     for _ in range(200):  # the old pod finishes terminating; the new one stays current
-        uids = {p.metadata.uid for p in await pods_of(admin_api, rt.namespace, name)}
+        uids = {p["metadata"]["uid"] for p in await pods_of(admin_api, rt.namespace, name)}
         if old.pod_uid not in uids:
             break
         await asyncio.sleep(0.05)
@@ -182,7 +184,7 @@ def test_torpor_errors_do_not_subclass_api_exception() -> None:
     assert isinstance(translate(ApiException(status=404, body=body), "read"), NotFound)
     assert isinstance(translate(ApiException(status=409, body=body), "patch"), Conflict)
     for status in (400, 403, 422, 500, 503):
-        error = translate(ApiException(status=status, body=body), "op")
-        assert type(error) is RuntimeFailure
-        assert isinstance(error, TorporError)
-        assert str(status) in str(error)
+        failure = translate(ApiException(status=status, body=body), "op")
+        assert type(failure) is RuntimeFailure
+        assert isinstance(failure, TorporError)
+        assert str(status) in str(failure)

@@ -15,6 +15,7 @@ import json
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs
 
 import structlog
 from fastapi import APIRouter, FastAPI, Path, Query, Request, Response
@@ -161,8 +162,10 @@ def dashboard_router(
             with contextlib.suppress(ValueError):
                 body = await request.json()
                 secret = body.get("apiKey") if isinstance(body, dict) else None
-        else:
-            secret = (await request.form()).get("apiKey")
+        else:  # a plain urlencoded form post
+            fields = parse_qs((await request.body()).decode("utf-8", "replace"))
+            values = fields.get("apiKey")
+            secret = values[0] if values else None
         if not isinstance(secret, str):
             raise ApiError(400, "send the API key as apiKey")
         caller = await authenticate(w, secret)

@@ -14,6 +14,10 @@ of workloads scaled to 0 or deleted. Pods do not depend on the runtime that star
 uid) and stops strays (pods without a record); ``close()`` stops every pod of its data dir
 (``stop_pods_on_close``) while keeping ``replicas``, so the next start brings them back.
 
+Isolation is not a VM's: pods share the host's network namespace (they must listen on loopback)
+and therefore reach every loopback service, including NATS; they run as root with no
+capabilities, see a read-only OS and torpor's code, and cannot see other pods' files or processes.
+
 Resource limits (``resources.limits`` of the template):
 - on a host with a writable cgroup v2 hierarchy that delegates memory, cpu and pids: one cgroup
   per pod enforces ``memory`` (no swap), ``cpu`` (quota) and ``pids`` for the whole pod;
@@ -142,10 +146,14 @@ class LocalRuntime:
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
-        if self._stop_pods_on_close and self._store_ is not None:
-            await self._stop_everything()
-        if self._nc is not None:
-            await self._nc.close()
+        try:
+            if self._stop_pods_on_close and self._store_ is not None:
+                await self._stop_everything()
+        finally:
+            if self._stop_pods_on_close:  # even when NATS is gone: never leave orphans
+                await self._stop_strays(set())
+            if self._nc is not None:
+                await self._nc.close()
 
     async def _bucket_kv(self) -> KeyValue:
         assert self._nc is not None
@@ -262,7 +270,7 @@ class LocalRuntime:
         self._kick(name)
         return self._view(record, revision)
 
-    async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:  # noqa: ASYNC109
+    async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
         deadline = time.monotonic() + timeout
         async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
             while True:
@@ -272,7 +280,9 @@ class LocalRuntime:
                     raise NotFound(msg)
                 record, _ = current
                 pod = record.pod
-                if pod is not None and await self._healthy(client, record.address):
+                # The daemon binds before importing its app: one patient probe is the fastest.
+                patience = max(0.05, min(deadline - time.monotonic(), 5.0))
+                if pod is not None and await self._healthy(client, record.address, patience):
                     if pod.ready:
                         return Endpoint(host=record.address, port=ENVD_PORT, pod_uid=pod.uid)
                     await self._mark_ready(name, pod.uid)
@@ -282,7 +292,7 @@ class LocalRuntime:
                     raise PodNotReady(msg)
                 await asyncio.sleep(0.02)
 
-    async def wait_stopped(self, name: str, *, timeout: float) -> None:  # noqa: ASYNC109
+    async def wait_stopped(self, name: str, *, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
             current = await self._store.get(name)
@@ -342,9 +352,9 @@ class LocalRuntime:
             pod_ip=record.address if pod is not None else None,
         )
 
-    async def _healthy(self, client: httpx.AsyncClient, address: str) -> bool:
+    async def _healthy(self, client: httpx.AsyncClient, address: str, patience: float) -> bool:
         try:
-            response = await client.get(f"http://{address}:{ENVD_PORT}/health")
+            response = await client.get(f"http://{address}:{ENVD_PORT}/health", timeout=patience)
         except httpx.HTTPError:
             return False
         return response.is_success
@@ -427,9 +437,10 @@ class LocalRuntime:
         known: set[str] = set()
         for name in names:
             current = await self._store.get(name)
-            if current is not None and current[0].pod is not None:
-                known.add(current[0].pod.uid)
+            if current is not None:
                 known.update(p.uid for p in current[0].terminating)
+                if current[0].pod is not None:
+                    known.add(current[0].pod.uid)
         for found in await asyncio.to_thread(pods.scan_pods, self._data_dir):
             if found.uid not in known and found.uid not in self._starting:
                 log.info("runtime.local.stray_stopped", workload=found.workload, pod_uid=found.uid)
@@ -554,7 +565,12 @@ class LocalRuntime:
         argv = [*pods.limit_wrapper(pod_limits, cgroup), *pods.bwrap_argv(launch)]
         self._starting.add(uid)
         try:
-            process = await pods.spawn(argv, pod_dir / "pod.log")
+            try:
+                process = await pods.spawn(argv, pod_dir / "pod.log")
+            except OSError as e:
+                await asyncio.to_thread(_remove_pod_dir, pod_dir)
+                msg = f"cannot start a pod for {record.name}: {e}"
+                raise RuntimeFailure(msg) from e
             pod = PodRecord(uid=uid, pid=process.pid, started_at=time.time(), pod_dir=str(pod_dir))
 
             def change(r: WorkloadRecord) -> WorkloadRecord | None:

@@ -41,4 +41,4 @@ async def harness(context: HarnessContext) -> AsyncIterator[RuntimeHarness]:
         except ApiException as e:
             if e.status != 404:
                 raise
-        await admin.close()
+        await admin.close()  # type: ignore[no-untyped-call]

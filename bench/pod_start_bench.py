@@ -1,0 +1,113 @@
+"""Local runtime: pod start→ready latency over scale 0→1 cycles (the resume path's pod part).
+
+Each cycle: ``scale(1)`` then ``wait_ready`` (timed: bubblewrap start, the real in-sandbox daemon
+``python -m services.envd`` importing and answering ``/health``), then ``scale(0)`` and
+``wait_stopped`` (timed separately). Embedded nats-server, loopback only.
+
+    .venv/bin/python bench/pod_start_bench.py [--cycles 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from shared.bus.server import EmbeddedNats
+from shared.runtime.local import LocalRuntime
+from shared.runtime.models import WorkloadSpec
+
+RESULTS = Path(__file__).with_name("results") / "pod_start_local.json"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(percentile(values, 50) * 1000, 1),
+        "p90_ms": round(percentile(values, 90) * 1000, 1),
+        "p99_ms": round(percentile(values, 99) * 1000, 1),
+        "min_ms": round(min(values) * 1000, 1),
+        "max_ms": round(max(values) * 1000, 1),
+        "mean_ms": round(statistics.fmean(values) * 1000, 1),
+    }
+
+
+async def run(cycles: int, work: Path) -> dict[str, object]:
+    server = EmbeddedNats(data_dir=work / "nats").start()
+    runtime = LocalRuntime(
+        nats_url=server.url,
+        data_dir=work / "runtime",
+        bucket=f"bench_{uuid.uuid4().hex[:8]}",
+        first_address="127.0.20.2",
+    )
+    try:
+        await runtime.start()
+        name = f"bench-{uuid.uuid4().hex[:8]}"
+        await runtime.create(WorkloadSpec(name=name, owner="bench", replicas=0))
+        starts: list[float] = []
+        stops: list[float] = []
+        uids = set()
+        for _ in range(cycles):
+            began = time.perf_counter()
+            await runtime.scale(name, 1)
+            endpoint = await runtime.wait_ready(name, timeout=60)
+            starts.append(time.perf_counter() - began)
+            uids.add(endpoint.pod_uid)
+            began = time.perf_counter()
+            await runtime.scale(name, 0)
+            await runtime.wait_stopped(name, timeout=60)
+            stops.append(time.perf_counter() - began)
+        await runtime.delete(name)
+        assert len(uids) == cycles, "every start must be a new pod"
+    finally:
+        await runtime.close()
+        server.stop()
+    return {
+        "benchmark": "pod_start_local",
+        "cycles": cycles,
+        "start_to_ready": summary(starts),
+        "stop": summary(stops),
+        "host": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "kernel": platform.release(),
+        },
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=50)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="torpor-bench-") as tmp:
+        result = asyncio.run(run(args.cycles, Path(tmp)))
+    print(f"local runtime, {args.cycles} scale 0→1 cycles (ms)")
+    print(f"{'':<16}{'p50':>8}{'p90':>8}{'p99':>8}{'min':>8}{'max':>8}{'mean':>8}")
+    for label, key in (("start→ready", "start_to_ready"), ("stop", "stop")):
+        row = result[key]
+        assert isinstance(row, dict)
+        cells = "".join(
+            f"{row[k]:>8.1f}" for k in ("p50_ms", "p90_ms", "p99_ms", "min_ms", "max_ms", "mean_ms")
+        )
+        print(f"{label:<16}{cells}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""Resume and pause latency of the whole system next to pod start→ready of the runtime alone.
+
+    .venv/bin/python bench/resume_vs_podstart.py --runtime local --cycles 100
+    .venv/bin/python bench/resume_vs_podstart.py --runtime kubernetes --cycles 100
+    .venv/bin/python bench/resume_vs_podstart.py --chart-only
+
+The whole stack runs (nats + api + proxy + scheduler + snapshotter + scaler, each its own
+process). A few sandboxes each run two background processes. One cycle, on one sandbox at a time:
+
+- pause:  ``POST /sandboxes/{id}/pause`` → 204 (snapshot over envd, annotation, scale to 0, pod
+  gone);
+- resume: ``POST /sandboxes/{id}/connect`` → 201 (scale to 1, new pod ready, processes replayed;
+  the scaler marks the record running only after replay, and connect waits for that);
+- then, not timed, the daemon's process list is checked: each snapshotted command exactly once;
+- pod start (the physical limit): on the same runtime, a separate bare workload is scaled
+  0 → 1 and timed until its pod is ready (daemon answers /health), then scaled back to 0.
+
+The two are interleaved, so both see the same machine load. The ratio is p50(resume) ÷
+p50(pod start) (and the same for p99). Writes ``bench/results/resume_<runtime>.json`` and redraws
+``bench/results/resume_vs_podstart.png`` from whichever result files exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from common import (
+    RESULTS,
+    STATS_HEADERS,
+    TorporStack,
+    connect,
+    create_sandbox,
+    loadavg,
+    pause,
+    ratio,
+    stats_row,
+    summary,
+    table,
+    write_result,
+)
+
+from shared.envd.client import ConnectEnvdClient
+from shared.models.snapshots import ProcessConfig
+from shared.runtime.models import Endpoint, WorkloadSpec
+
+COMMANDS = ["exec sleep 100001", "exec sleep 100002"]
+CHART = RESULTS / "resume_vs_podstart.png"
+
+RawCycle = Callable[[], Coroutine[Any, Any, tuple[float, float]]]
+
+
+# ---------------------------------------------------------------- the runtime alone
+
+
+@contextlib.asynccontextmanager
+async def raw_local(stack: TorporStack) -> AsyncIterator[RawCycle]:
+    from shared.runtime.local import LocalRuntime
+
+    assert stack.root is not None
+    runtime = LocalRuntime(
+        nats_url=stack.nats_url,
+        data_dir=stack.root / "raw",
+        bucket=f"bench_raw_{uuid.uuid4().hex[:6]}",
+        first_address="127.0.31.2",
+    )
+    await runtime.start()
+    try:
+        async with _raw_cycles(runtime) as cycle:
+            yield cycle
+    finally:
+        await runtime.close()
+
+
+@contextlib.asynccontextmanager
+async def raw_kubernetes(kubeconfig: Path, namespace: str) -> AsyncIterator[RawCycle]:
+    from shared.runtime.kubernetes import KubernetesRuntime
+
+    runtime = await KubernetesRuntime.from_kubeconfig(kubeconfig, namespace=namespace)
+    try:
+        async with _raw_cycles(runtime) as cycle:
+            yield cycle
+    finally:
+        await runtime.close()
+
+
+@contextlib.asynccontextmanager
+async def _raw_cycles(runtime: Any) -> AsyncIterator[RawCycle]:
+    name = f"raw-{uuid.uuid4().hex[:8]}"
+    await runtime.create(WorkloadSpec(name=name, owner="bench-raw", replicas=0))
+
+    async def cycle() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        await runtime.scale(name, 1)
+        await runtime.wait_ready(name, timeout=120)
+        started = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await runtime.scale(name, 0)
+        await runtime.wait_stopped(name, timeout=120)
+        return started, time.perf_counter() - t0
+
+    try:
+        yield cycle
+    finally:
+        await runtime.delete(name)
+
+
+# ---------------------------------------------------------------- the whole system
+
+
+async def seed(stack: TorporStack, envd: ConnectEnvdClient, count: int) -> list[str]:
+    ids = []
+    async with stack.client() as http, stack.store() as store:
+        for _ in range(count):
+            sbx = await create_sandbox(http)
+            sid = sbx["sandboxID"]
+            rec = await store.get(sid)
+            for command in COMMANDS:
+                await envd.start_process(
+                    Endpoint(host=rec.host, pod_uid=rec.pod_uid),
+                    ProcessConfig(cmd="/bin/bash", args=["-l", "-c", command], cwd="/workspace"),
+                    tag=None,
+                    access_token=rec.envd_access_token,
+                )
+            ids.append(sid)
+    return ids
+
+
+async def replayed_once(store: Any, envd: ConnectEnvdClient, sid: str) -> bool:
+    rec = await store.get(sid)
+    live = await envd.list_processes(
+        Endpoint(host=rec.host, pod_uid=rec.pod_uid), access_token=rec.envd_access_token
+    )
+    commands = [p.config.args[-1] for p in live if p.config.args]
+    return sorted(commands) == sorted(COMMANDS)
+
+
+async def measure(stack: TorporStack, raw: RawCycle, cycles: int, sandboxes: int) -> dict[str, Any]:
+    envd = ConnectEnvdClient()
+    pauses: list[float] = []
+    resumes: list[float] = []
+    starts: list[float] = []
+    stops: list[float] = []
+    loads: list[float] = []
+    bad_replays = 0
+    try:
+        ids = await seed(stack, envd, sandboxes)
+        await raw()  # warm-up of the bare workload (first pod start pays imports and caches)
+        async with stack.client() as http, stack.store() as store:
+            for sid in ids:  # and one untimed cycle per sandbox
+                await pause(http, sid)
+                await connect(http, sid)
+            for n in range(cycles):
+                sid = ids[n % len(ids)]
+                t0 = time.perf_counter()
+                await pause(http, sid)
+                pauses.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                code = await connect(http, sid)
+                resumes.append(time.perf_counter() - t0)
+                if code != 201 or not await replayed_once(store, envd, sid):
+                    bad_replays += 1
+                started, stopped = await raw()
+                starts.append(started)
+                stops.append(stopped)
+                loads.append(loadavg()[0])
+                if (n + 1) % 10 == 0:
+                    print(
+                        f"  {n + 1}/{cycles}: resume {resumes[-1] * 1000:.0f} ms, "
+                        f"pod start {started * 1000:.0f} ms, load {loads[-1]}",
+                        flush=True,
+                    )
+    finally:
+        await envd.close()
+    resume, start = summary(resumes), summary(starts)
+    return {
+        "cycles": cycles,
+        "sandboxes": sandboxes,
+        "processes_per_sandbox": len(COMMANDS),
+        "pause": summary(pauses),
+        "resume": resume,
+        "pod_start": start,
+        "pod_stop": summary(stops),
+        "ratio_resume_to_pod_start_p50": ratio(resume["p50_ms"], start["p50_ms"]),
+        "ratio_resume_to_pod_start_p99": ratio(resume["p99_ms"], start["p99_ms"]),
+        "bad_replays": bad_replays,
+        "load_1m_during": {
+            "min": min(loads),
+            "max": max(loads),
+            "mean": round(sum(loads) / len(loads), 2),
+        },
+        "samples_s": {
+            "pause": [round(x, 4) for x in pauses],
+            "resume": [round(x, 4) for x in resumes],
+            "pod_start": [round(x, 4) for x in starts],
+        },
+    }
+
+
+async def run_local(cycles: int, sandboxes: int) -> dict[str, Any]:
+    async with TorporStack() as stack, raw_local(stack) as raw:
+        return await measure(stack, raw, cycles, sandboxes)
+
+
+async def run_kubernetes(cycles: int, sandboxes: int) -> dict[str, Any]:
+    from tests.k8s.kubelet import TestKubelet
+    from tests.k8s.plugin import admin_client, create_namespace
+    from tests.k8s.rig import ControlPlane, ensure_binaries
+
+    work = Path(tempfile.mkdtemp(prefix="torpor-bench-k8s-"))
+    plane = await asyncio.to_thread(
+        ControlPlane(bin_dir=ensure_binaries(build=False), workdir=work / "plane").start
+    )
+    kubelet = await asyncio.to_thread(
+        TestKubelet(kubeconfig=plane.kubeconfig, workdir=work / "kubelet").start
+    )
+    try:
+        admin = await admin_client(plane.kubeconfig)
+        try:
+            for ns in ("torpor-sandboxes", "bench-raw"):
+                await create_namespace(admin, ns)
+        finally:
+            await admin.close()  # type: ignore[no-untyped-call]
+        env = {
+            "TORPOR_KUBECONFIG": str(plane.kubeconfig),
+            "TORPOR_NAMESPACE": "torpor-sandboxes",
+            "TORPOR_READY_TIMEOUT": "120",
+        }
+        async with (
+            TorporStack(runtime="kubernetes", env=env, root=work / "stack") as stack,
+            raw_kubernetes(plane.kubeconfig, "bench-raw") as raw,
+        ):
+            result = await measure(stack, raw, cycles, sandboxes)
+        result["control_plane"] = (
+            "etcd + kube-apiserver + kube-controller-manager (tests/k8s/rig.py), "
+            "test kubelet (bubblewrap pods)"
+        )
+        return result
+    finally:
+        await asyncio.to_thread(kubelet.stop)
+        await asyncio.to_thread(plane.stop)
+
+
+# ---------------------------------------------------------------- output
+
+
+def report(runtime: str, result: dict[str, Any]) -> None:
+    print(
+        f"\n{runtime} runtime: {result['cycles']} cycles over {result['sandboxes']} sandboxes, "
+        f"{result['processes_per_sandbox']} processes each; load {result['load_1m_during']}"
+    )
+    rows = [
+        stats_row("pause (pause call → 204)", result["pause"]),
+        stats_row("resume (connect → 201, replayed)", result["resume"]),
+        stats_row("pod start → ready (runtime alone)", result["pod_start"]),
+    ]
+    print(table(STATS_HEADERS, rows))
+    print(
+        f"resume ÷ pod start: p50 {result['ratio_resume_to_pod_start_p50']}, "
+        f"p99 {result['ratio_resume_to_pod_start_p99']}; bad replays {result['bad_replays']}"
+    )
+
+
+def chart() -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found = {
+        rt: json.loads(p.read_text())
+        for rt in ("local", "kubernetes")
+        if (p := RESULTS / f"resume_{rt}.json").exists()
+    }
+    if not found:
+        return None
+    fig, axes = plt.subplots(1, len(found), figsize=(6.5 * len(found), 4.6), squeeze=False)
+    for ax, (rt, doc) in zip(axes[0], found.items(), strict=True):
+        samples = doc["samples_s"]
+        for key, label, color in (
+            ("pod_start", "pod start → ready (runtime alone)", "tab:gray"),
+            ("resume", "resume: connect → processes replayed", "tab:blue"),
+            ("pause", "pause: call → pod gone", "tab:orange"),
+        ):
+            values = sorted(x * 1000 for x in samples[key])
+            ys = [(i + 1) / len(values) for i in range(len(values))]
+            p50 = doc[key]["p50_ms"]
+            ax.step(values, ys, where="post", label=f"{label} (p50 {p50:.0f} ms)", color=color)
+        ax.set_title(
+            f"{rt}: resume ÷ pod start = {doc['ratio_resume_to_pod_start_p50']} (p50), "
+            f"{doc['ratio_resume_to_pod_start_p99']} (p99)",
+            fontsize=10,
+        )
+        ax.set_xlabel("latency (ms)")
+        ax.set_ylabel("fraction of cycles")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+        load = doc["load_1m_during"]
+        ax.text(
+            0.01,
+            0.98,
+            f"n={doc['cycles']}, 2 cores, load {load['min']}-{load['max']}",
+            transform=ax.transAxes,
+            fontsize=8,
+            va="top",
+        )
+    fig.suptitle("torpor: resume latency against pod start latency (same machine, interleaved)")
+    fig.tight_layout()
+    fig.savefig(CHART, dpi=110)
+    plt.close(fig)
+    return CHART
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runtime", choices=("local", "kubernetes", "both"), default="local")
+    parser.add_argument("--cycles", type=int, default=100)
+    parser.add_argument("--sandboxes", type=int, default=4)
+    parser.add_argument("--chart-only", action="store_true")
+    args = parser.parse_args()
+    if not args.chart_only:
+        runtimes = ("local", "kubernetes") if args.runtime == "both" else (args.runtime,)
+        for rt in runtimes:
+            runner = run_local if rt == "local" else run_kubernetes
+            result = asyncio.run(runner(args.cycles, args.sandboxes))
+            path = write_result(f"resume_{rt}", {"runtime": rt, **result})
+            report(rt, result)
+            print(f"wrote {path}")
+    if (png := chart()) is not None:
+        print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()
