@@ -40,7 +40,7 @@ COMMAND = "exec sleep 400001"
 
 async def _one(stack: TorporStack, index: int, envd: ConnectEnvdClient, store: Any) -> str:
     async with stack.client(index=index) as http:
-        sid = (await create_sandbox(http))["sandboxID"]
+        sid = str((await create_sandbox(http))["sandboxID"])
     rec = await store.get(sid)
     await envd.start_process(
         Endpoint(host=rec.host, pod_uid=rec.pod_uid),

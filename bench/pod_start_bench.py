@@ -2,7 +2,9 @@
 
 Each cycle: ``scale(1)`` then ``wait_ready`` (timed: bubblewrap start, the real in-sandbox daemon
 ``python -m services.envd`` importing and answering ``/health``), then ``scale(0)`` and
-``wait_stopped`` (timed separately). Embedded nats-server, loopback only.
+``wait_stopped`` (timed separately). Each cycle also starts the same daemon *without* bubblewrap
+or the runtime (plain subprocess, polled ``/health``) as a baseline under the same machine load,
+so the runtime's own overhead is the difference. Embedded nats-server, loopback only.
 
     .venv/bin/python bench/pod_start_bench.py [--cycles 50]
 """
@@ -26,6 +28,37 @@ from shared.runtime.local import LocalRuntime
 from shared.runtime.models import WorkloadSpec
 
 RESULTS = Path(__file__).with_name("results") / "pod_start_local.json"
+BASELINE_ADDRESS = "127.0.20.250"
+
+
+async def baseline_start(root: Path) -> float:
+    """Start→/health of the bare daemon (no bwrap, no runtime), then stop it."""
+    import httpx
+
+    began = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.envd",
+        "--listen",
+        f"{BASELINE_ADDRESS}:49983",
+        "--root",
+        str(root),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            while True:
+                try:
+                    r = await client.get(f"http://{BASELINE_ADDRESS}:49983/health", timeout=5)
+                    if r.is_success:
+                        return time.perf_counter() - began
+                except httpx.HTTPError:
+                    await asyncio.sleep(0.02)
+    finally:
+        process.terminate()
+        await process.wait()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -59,6 +92,8 @@ async def run(cycles: int, work: Path) -> dict[str, object]:
         await runtime.create(WorkloadSpec(name=name, owner="bench", replicas=0))
         starts: list[float] = []
         stops: list[float] = []
+        baseline: list[float] = []
+        (work / "baseline").mkdir()
         uids = set()
         for _ in range(cycles):
             began = time.perf_counter()
@@ -70,6 +105,7 @@ async def run(cycles: int, work: Path) -> dict[str, object]:
             await runtime.scale(name, 0)
             await runtime.wait_stopped(name, timeout=60)
             stops.append(time.perf_counter() - began)
+            baseline.append(await baseline_start(work / "baseline"))
         await runtime.delete(name)
         assert len(uids) == cycles, "every start must be a new pod"
     finally:
@@ -80,6 +116,7 @@ async def run(cycles: int, work: Path) -> dict[str, object]:
         "cycles": cycles,
         "start_to_ready": summary(starts),
         "stop": summary(stops),
+        "bare_daemon_start_to_health": summary(baseline),
         "host": {
             "cpus": os.cpu_count(),
             "python": sys.version.split()[0],
@@ -97,7 +134,12 @@ def main() -> None:
         result = asyncio.run(run(args.cycles, Path(tmp)))
     print(f"local runtime, {args.cycles} scale 0→1 cycles (ms)")
     print(f"{'':<16}{'p50':>8}{'p90':>8}{'p99':>8}{'min':>8}{'max':>8}{'mean':>8}")
-    for label, key in (("start→ready", "start_to_ready"), ("stop", "stop")):
+    rows = (
+        ("start→ready", "start_to_ready"),
+        ("stop", "stop"),
+        ("bare daemon", "bare_daemon_start_to_health"),
+    )
+    for label, key in rows:
         row = result[key]
         assert isinstance(row, dict)
         cells = "".join(

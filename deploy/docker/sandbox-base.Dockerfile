@@ -9,11 +9,13 @@
 # so no control-plane code or credentials ever land inside a sandbox.
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
-# ---- build: the daemon's own virtualenv (three pinned dependencies) -------------------------
+# ---- build: the daemon's own virtualenv (four pinned dependencies) --------------------------
+# Checked on the host: the daemon with exactly these (and services/envd alone) serves /health,
+# Start and List.
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/envd \
- && /opt/envd/bin/pip install "connectrpc==0.12.1" "protobuf-py==0.6.0" "uvicorn==0.54.0"
+ && /opt/envd/bin/pip install "connectrpc==0.12.1" "protobuf-py==0.6.0" "uvicorn==0.54.0" "httptools==0.9.0"
 COPY services/__init__.py /opt/envd/app/services/__init__.py
 COPY services/envd /opt/envd/app/services/envd
 RUN /opt/envd/bin/python -m compileall -q /opt/envd

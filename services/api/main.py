@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         log_config=None,  # structlog's handler on the root logger formats uvicorn too
         access_log=False,  # RequestContext logs each request (without headers)
         proxy_headers=False,
+        timeout_graceful_shutdown=5,  # open dashboard event streams must not block a stop
     )
     with contextlib.suppress(KeyboardInterrupt):
         uvicorn.Server(config).run()

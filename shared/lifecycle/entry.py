@@ -4,6 +4,8 @@ envd client, worker, until SIGTERM. Each service passes its own host factory."""
 from __future__ import annotations
 
 import asyncio
+import io
+import signal
 import sys
 from collections.abc import Callable
 
@@ -63,6 +65,7 @@ async def _serve(  # noqa: PLR0917 - private, called once
     envd = ConnectEnvdClient()
     host = make_host(bus, runtime, envd)
     server = HealthServer(host=health.health_host, port=health.health_port, ready=host.ready)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
     try:
         await server.start()
         await host.start()
@@ -73,3 +76,11 @@ async def _serve(  # noqa: PLR0917 - private, called once
         await envd.close()
         await runtime.close()
     return 0
+
+
+def _dump_tasks() -> None:
+    """``kill -USR2 <pid>``: log every asyncio task's stack (where is a handler stuck?)."""
+    for task in asyncio.all_tasks():
+        out = io.StringIO()
+        task.print_stack(file=out)
+        log.warning("task_stack", task=task.get_name(), stack=out.getvalue())

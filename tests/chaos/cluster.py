@@ -84,6 +84,12 @@ class Services:
             proc.wait()
             self.kills += 1
 
+    def dump_tasks(self) -> None:
+        """Ask every live service to log its asyncio task stacks (``SIGUSR2``, for diagnosis)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGUSR2)
+
     def alive(self, name: str) -> bool:
         return self.procs[name].poll() is None
 

@@ -135,6 +135,8 @@ async def _cycle(rig: Rig, sid: str) -> None:
     except TimeoutError as e:
         record = await rig.store.get(sid)
         alive = {n: rig.services.alive(n) for n in rig.services.procs}
+        rig.services.dump_tasks()
+        await asyncio.sleep(2)
         pytest.fail(f"{e}; record={record!r}; services alive={alive}; kills={rig.services.kills}")
 
 

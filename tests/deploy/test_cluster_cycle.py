@@ -45,9 +45,9 @@ API_KEY = "torpor_deploytest0000000000000000000000000000000000"
 
 def rbac_in(docs: list[dict[str, Any]], namespace: str) -> list[dict[str, Any]]:
     out = []
-    for doc in docs:
-        if doc["kind"] in {"ServiceAccount", "Role", "RoleBinding"}:
-            doc = json.loads(json.dumps(doc))
+    for original in docs:
+        if original["kind"] in {"ServiceAccount", "Role", "RoleBinding"}:
+            doc = json.loads(json.dumps(original))
             doc["metadata"]["namespace"] = namespace
             for subject in doc.get("subjects", []):
                 subject["namespace"] = namespace
@@ -198,7 +198,12 @@ def _run_cycle(
         (templates / key).write_text(text)
     config = configmap(docs, "torpor-config")["data"]
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TORPOR_", "NATS_", "PAUSE_"))}
-    api_port, proxy_port = free_port(), free_port()
+    # free_port() may hand out a just-released port twice: take distinct ones up front.
+    ports: list[int] = []
+    while len(ports) < len(SERVICES):
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    api_port, proxy_port = ports.pop(), ports.pop()
     health: dict[str, int] = {}
     env_of: dict[str, dict[str, str]] = {}
     for name in SERVICES:
@@ -219,7 +224,7 @@ def _run_cycle(
         if name in RUNTIME_SERVICES:
             env["TORPOR_KUBECONFIG"] = str(sa_config)
         if name not in ("api", "proxy"):
-            health[name] = free_port()
+            health[name] = ports.pop()
             env["TORPOR_HEALTH_PORT"] = str(health[name])
         env_of[name] = env
     logs = tmp / "logs"

@@ -287,3 +287,34 @@ def test_the_dry_run_does_report_warnings(apiserver: Apiserver) -> None:
     applied = apiserver.apply(insecure, dry_run=True)
     assert applied.status in (200, 201)
     assert any("PodSecurity" in w for w in applied.warnings), applied.warnings
+
+
+def test_sandbox_image_installs_every_dependency_of_the_daemon() -> None:
+    """The sandbox image carries services/envd alone with a hand-pinned dependency list: every
+    third-party module the daemon imports (or names, like uvicorn's http="httptools") must be in
+    it, or the image builds and the daemon dies at start."""
+    import ast
+    import importlib.metadata
+    import sys
+
+    dists = importlib.metadata.packages_distributions()
+    needed: set[str] = set()
+    for path in (REPO / "services/envd").glob("*.py"):
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in {"__future__", "services"}:
+                    continue
+                needed.update(d.lower() for d in dists.get(top, [top]))
+        if 'http="httptools"' in source:
+            needed.add("httptools")
+    assert "shared" not in needed, "the daemon must not import the control plane"
+    dockerfile = (REPO / "deploy/docker/sandbox-base.Dockerfile").read_text()
+    pinned = {m.lower() for m in re.findall(r'"([A-Za-z0-9_.-]+)==[^"]+"', dockerfile)}
+    assert needed <= pinned, f"missing from the sandbox image: {sorted(needed - pinned)}"

@@ -196,12 +196,13 @@ async def _create(rig: Rig, n: int, *, short_timeout: bool) -> str | None:
     }
     key = f"faults-{SEED}-{n}"
     sid = None
-    for _ in range(10):
+    give_up = time.monotonic() + 120  # the api may be restarting (slow on a loaded machine)
+    while time.monotonic() < give_up:
         async with _api(rig) as http:
             try:
                 r = await http.post("/sandboxes", json=body, headers={"Idempotency-Key": key})
                 if r.status_code == 201:
-                    sid = r.json()["sandboxID"]
+                    sid = str(r.json()["sandboxID"])
                     break
                 rig.tally.errors[f"create:{r.status_code}"] += 1
             except httpx.HTTPError as e:
@@ -285,15 +286,23 @@ async def _worker(rig: Rig, index: int, budget: list[int], deadline: float) -> N
     n = index * 1000
     sid = await _create(rig, n, short_timeout=index == 0)
     step = index
-    while sid is not None and budget[0] > 0 and time.monotonic() < deadline:
+    while budget[0] > 0 and time.monotonic() < deadline:
+        if sid is None:
+            n += 1
+            sid = await _create(rig, n, short_timeout=False)
+            continue
         step += 1
         variant = DRIVER_FAULTS[step % len(DRIVER_FAULTS)] if rig.rnd.random() < 0.6 else "plain"
         rec = await _steady(rig, sid)
         if rec is None or rec.state == SandboxState.KILLED:
-            break
+            sid = None
+            continue
         if rec.state == SandboxState.RUNNING:
             if variant == "kill":
-                await _call(rig, "kill", "DELETE", f"/sandboxes/{sid}")
+                for _ in range(30):  # retried while the api is down; 404: already gone
+                    if await _call(rig, "kill", "DELETE", f"/sandboxes/{sid}") in (204, 404):
+                        break
+                    await asyncio.sleep(2)
                 rig.tally.killed.append(sid)
                 rig.tally.faults["kill"] += 1
                 await _steady(rig, sid)
@@ -322,7 +331,7 @@ async def _inject(rig: Rig, stop: asyncio.Event) -> None:
     kinds = ["kill9"] * 4 + ["nats_restart"]
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), rig.rnd.uniform(1.5, 5.0))
+            await asyncio.wait_for(stop.wait(), rig.rnd.uniform(3.0, 8.0))
         if stop.is_set():
             return
         kind = rig.rnd.choice(kinds)

@@ -80,6 +80,8 @@ class TestKubelet:
     termination_delay: float = 0.0
     lease_interval: float = 10.0
     started_pods: list[str] = field(default_factory=list)  # uids, in start order
+    # For benchmarks: seconds from seeing a bound pod to its daemon answering /health.
+    daemon_start_seconds: list[float] = field(default_factory=list)
     _pods: dict[str, PodRun] = field(default_factory=dict)
     _thread: threading.Thread | None = None
     _loop: asyncio.AbstractEventLoop | None = None
@@ -391,6 +393,7 @@ class TestKubelet:
 
     async def _start_pod(self, run: PodRun, pod: Any) -> None:
         uid, root = run.uid, run.root
+        seen = asyncio.get_running_loop().time()
         if run.terminating:
             return
         root.mkdir(parents=True, exist_ok=True)
@@ -426,6 +429,7 @@ class TestKubelet:
             return
         if run.terminating:
             return
+        self.daemon_start_seconds.append(asyncio.get_running_loop().time() - seen)
         await self._patch_status(run, phase="Running", ready=True, started=started)
         run.watcher = asyncio.create_task(self._watch_process(run, started))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import resource
 import shutil
@@ -157,16 +158,26 @@ def _is_within(path: Path, folder: Path) -> bool:
 
 
 def code_dirs() -> list[Path]:
-    """The interpreter, the venv and the repository: what ``python -m services.envd`` needs."""
-    repo = Path(__file__).resolve().parents[3]
-    dirs = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), repo}
+    """What ``python -m services.envd`` needs, read-only: the interpreter, the venv and the
+    daemon's own package (not the rest of torpor's source tree)."""
+    spec = importlib.util.find_spec("services.envd")
+    if spec is None or spec.origin is None:
+        msg = "the in-sandbox daemon (services.envd) is not installed"
+        raise ConfigError(msg)
+    envd = Path(spec.origin).resolve().parent
+    paths = {
+        Path(sys.base_prefix).resolve(),
+        Path(sys.prefix).resolve(),
+        envd,
+        envd.parent / "__init__.py",
+    }
     system = [Path(d).resolve() for d in _SYSTEM_DIRS if os.path.isdir(d)]
-    # Drop dirs already visible through a system bind or another code dir.
+    # Drop paths already visible through a system bind or another code path.
     kept = [
-        d
-        for d in dirs
-        if not any(_is_within(d, s) for s in system)
-        and not any(d != o and _is_within(d, o) for o in dirs)
+        p
+        for p in paths
+        if not any(_is_within(p, s) for s in system)
+        and not any(p != o and _is_within(p, o) for o in paths)
     ]
     return sorted(kept)
 

@@ -173,7 +173,8 @@ class LocalRuntime:
     # ---- the port ----------------------------------------------------------------------
 
     async def create(self, spec: WorkloadSpec) -> Workload:
-        load_template(spec.template, self._template_dirs)  # unknown template: NotFound now
+        # An unknown template is NotFound now, not a pod that never starts.
+        await asyncio.to_thread(load_template, spec.template, self._template_dirs)
         existing = await self._store.get(spec.name)
         if existing is not None:
             return self._view(*existing)
@@ -527,7 +528,7 @@ class LocalRuntime:
         await self._cleanup(dead, keep_log_as=record.name)
 
     async def _start_pod(self, record: WorkloadRecord) -> None:
-        template = load_template(record.template, self._template_dirs)
+        template = await asyncio.to_thread(load_template, record.template, self._template_dirs)
         uid = str(uuid.uuid4())
         pod_dir = self._data_dir / "pods" / uid
         workspace = pod_dir / "workspace"
@@ -549,7 +550,7 @@ class LocalRuntime:
             mounts=mounts,
             env=self._pod_env(template, record),
             command=self._command(template, record),
-            code_dirs=pods.code_dirs(),
+            code_dirs=await asyncio.to_thread(pods.code_dirs),
             hostname=record.name,
         )
         limits = template.resources.limits
