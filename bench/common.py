@@ -158,7 +158,10 @@ class TorporStack:
     replicas: int = 1
     runtime: str = "local"
     env: dict[str, str] = field(default_factory=dict)
-    log_level: str = "warning"
+    # TORPOR_BENCH_LOG_LEVEL=info (with TORPOR_BENCH_KEEP=1) to look into a slow cycle.
+    log_level: str = field(
+        default_factory=lambda: os.environ.get("TORPOR_BENCH_LOG_LEVEL", "warning")
+    )
     first_address: str = "127.0.30.2"
     root: Path | None = None
     nats: EmbeddedNats | None = None

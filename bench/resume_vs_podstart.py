@@ -150,6 +150,7 @@ async def measure(stack: TorporStack, raw: RawCycle, cycles: int, sandboxes: int
     starts: list[float] = []
     stops: list[float] = []
     loads: list[float] = []
+    stamps: list[float] = []  # wall clock at each resume call, to find a slow cycle in the logs
     bad_replays = 0
     try:
         ids = await seed(stack, envd, sandboxes)
@@ -163,6 +164,7 @@ async def measure(stack: TorporStack, raw: RawCycle, cycles: int, sandboxes: int
                 t0 = time.perf_counter()
                 await pause(http, sid)
                 pauses.append(time.perf_counter() - t0)
+                stamps.append(round(time.time(), 3))
                 t0 = time.perf_counter()
                 code = await connect(http, sid)
                 resumes.append(time.perf_counter() - t0)
@@ -201,6 +203,7 @@ async def measure(stack: TorporStack, raw: RawCycle, cycles: int, sandboxes: int
             "pause": [round(x, 4) for x in pauses],
             "resume": [round(x, 4) for x in resumes],
             "pod_start": [round(x, 4) for x in starts],
+            "resume_started_at_unix": stamps,
         },
     }
 

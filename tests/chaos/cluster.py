@@ -8,6 +8,7 @@ converge the topology themselves (``TORPOR_BUS_PROVISION=false``) so they keep t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -18,8 +19,10 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import nats
 
+from shared.bus.server import free_port
 from shared.bus.topology import DURABLES, ensure_topology
 from shared.runtime.local import LocalRuntime
 
@@ -48,7 +51,6 @@ class Services:
             "NATS_URL": nats_url,
             "TORPOR_RUNTIME": "local",
             "TORPOR_DATA_DIR": str(data_dir),
-            "TORPOR_HEALTH_PORT": "0",
             "TORPOR_HEALTH_HOST": "127.0.0.1",
             "TORPOR_BUS_PROVISION": "false",
             "TORPOR_GIVE_UP_AFTER": "10",
@@ -62,15 +64,31 @@ class Services:
         self.logs = logs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.kills = 0
+        self.ports: dict[str, int] = {}
+
+    async def wait_ready(self, name: str, *, timeout: float = 60.0) -> None:
+        """Until the service answers ``/readyz`` (bus connected, subscribers started)."""
+        url = f"http://127.0.0.1:{self.ports[name]}/readyz"
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                if self.procs[name].poll() is not None:
+                    raise RuntimeError(f"{name} exited with {self.procs[name].returncode}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(url)).status_code == 200:
+                        return
+                await asyncio.sleep(0.1)
+        raise TimeoutError(f"{name} not ready within {timeout}s")
 
     def start(self, name: str) -> None:
         """``name`` is ``snapshotter`` or ``scaler`` optionally with a replica suffix (``scaler#2``)."""
         service = name.split("#", 1)[0]
+        port = self.ports.setdefault(name, free_port())
         log = (self.logs / f"{name.replace('#', '-')}.log").open("ab")
         self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", "services.cli", "run", service],
             cwd=REPO,
-            env=self.env,
+            env={**self.env, "TORPOR_HEALTH_PORT": str(port)},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

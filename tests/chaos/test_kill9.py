@@ -141,19 +141,23 @@ async def _cycle(rig: Rig, sid: str) -> None:
 
 
 async def _chaos(services: Services, names: list[str], stop: asyncio.Event) -> None:
+    """Kill -9 a random service at a random moment, restart it, let it become ready, repeat."""
     rnd = random.Random(os.environ.get("TORPOR_CHAOS_SEED", "7"))
     while not stop.is_set():
-        await asyncio.sleep(rnd.uniform(0.3, 2.0))
+        await asyncio.sleep(rnd.uniform(0.2, 2.5))
         victim = rnd.choice(names)
         services.kill9(victim)
-        await asyncio.sleep(rnd.uniform(0.05, 0.5))
+        await asyncio.sleep(rnd.uniform(0.0, 1.0))
         services.start(victim)
+        await services.wait_ready(victim)
 
 
 async def test_kill9_during_pause_resume_cycles(rig: Rig) -> None:
     names = ["snapshotter", "scaler"]
     for name in names:
         rig.services.start(name)
+    for name in names:
+        await rig.services.wait_ready(name)
     sids = ["chaos-a", "chaos-b"]
     for sid in sids:
         await _seed_processes(rig, sid)
@@ -201,6 +205,8 @@ async def test_three_replicas_with_duplicate_commands(rig: Rig) -> None:
     for i in range(3):
         rig.services.start(f"snapshotter#{i}")
         rig.services.start(f"scaler#{i}")
+    for name in list(rig.services.procs):
+        await rig.services.wait_ready(name)
     sids = [f"multi-{i}" for i in range(int(os.environ.get("TORPOR_CHAOS_SANDBOXES", "4")))]
     await asyncio.gather(*(_seed_processes(rig, sid) for sid in sids))
     for _ in range(2):

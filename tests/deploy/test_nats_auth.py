@@ -436,3 +436,13 @@ async def test_platform_cannot_do_anything_else(provisioned: AuthNats) -> None:
             await errors.wait_violation(subject)
         await nc.subscribe("_INBOX_api.>")  # the api's replies (KV reads of keys, records)
         await errors.wait_violation("_INBOX_api")
+
+
+def test_every_durable_is_pulled_by_exactly_its_owning_service() -> None:
+    """A durable added to the topology without a user that may pull it would sit unconsumed in
+    production; its name prefix is also the inbox prefix ``subscriber_args`` uses."""
+    users = {u.name: u for u in load_generator().users()}
+    for durable in t.DURABLES:
+        pull = f"$JS.API.CONSUMER.MSG.NEXT.{durable.stream}.{durable.name}"
+        owners = [n for n, u in users.items() if pull in u.publish and n != "admin"]
+        assert owners == [durable.name.split("-", 1)[0]], (durable.name, owners)

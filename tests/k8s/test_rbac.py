@@ -7,6 +7,7 @@ runs the whole pause/resume cycle of ``KubernetesRuntime`` with exactly that tok
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ async def token_client(access: ClusterAccess, token: str) -> k8s.ApiClient:
 async def rbac_namespace(
     k8s_cluster: ClusterAccess, admin_api: k8s.ApiClient
 ) -> AsyncIterator[str]:
-    name = "torpor-rbac"
+    name = f"torpor-rbac-{uuid.uuid4().hex[:6]}"
     await create_namespace(admin_api, name)
     for doc in manifests(name):
         await apply(admin_api, doc)

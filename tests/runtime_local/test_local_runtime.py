@@ -52,6 +52,12 @@ async def test_sandboxes_cannot_see_each_other(
     assert host_copy.read_bytes() == b"only for a"  # it is there on the host ...
     assert await read_file(ep_b, str(host_copy)) is None  # ... but not inside b
 
+    # Only the daemon's code is visible, not the control plane's (or the data dir).
+    import shared.errors
+
+    assert Path(shared.errors.__file__).exists()
+    assert await read_file(ep_b, shared.errors.__file__) is None
+
     # Own PID namespace: b's PID 1 is its bwrap init, and a's daemon does not exist for b.
     assert b"bwrap" in (await read_file(ep_b, "/proc/1/cmdline") or b"")
     pid_a = daemon_pid(data_dir, ep_a.pod_uid)
@@ -208,3 +214,22 @@ async def test_bwrap_without_namespaces_is_one_clear_config_error(
     assert "cannot create namespaces" in message
     assert "No permissions" in message
     assert "apt-get install -y bubblewrap" in message
+
+
+async def test_two_runtimes_on_one_bucket_run_one_pod(
+    local_runtime: LocalRuntimeFactory, data_dir: Path
+) -> None:
+    """Several services may each hold a LocalRuntime: records, not memory, decide."""
+    a = await local_runtime()
+    b = await local_runtime(stop_pods_on_close=False)
+    name = new_name()
+    await a.create(WorkloadSpec(name=name, owner="alice", replicas=0))
+    await asyncio.gather(a.scale(name, 1), b.scale(name, 1))
+    ep_b = await b.wait_ready(name, timeout=READY)
+    ep_a = await a.wait_ready(name, timeout=READY)
+    assert ep_a == ep_b
+    await asyncio.sleep(0.5)  # both monitors had a look
+    assert [p.uid for p in pods.scan_pods(data_dir)] == [ep_a.pod_uid]
+    await b.delete(name)
+    assert await a.get(name) is None
+    assert pods.scan_pods(data_dir) == []

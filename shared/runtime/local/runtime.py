@@ -401,8 +401,12 @@ class LocalRuntime:
 
     def _kick(self, name: str, *, after: float = 0.0) -> None:
         """Schedule one reconcile of ``name`` (coalesced with any already queued)."""
-        if self._closing or (name in self._pending and after == 0.0):
+        if self._closing:
             return
+        if after == 0.0:
+            if name in self._pending:
+                return
+            self._pending.add(name)
 
         async def run() -> None:
             if after:
@@ -412,7 +416,6 @@ class LocalRuntime:
             except Exception:
                 log.exception("runtime.local.reconcile_failed", workload=name)
 
-        self._pending.add(name)
         self._spawn_task(run())
 
     async def _monitor(self) -> None:
@@ -458,8 +461,9 @@ class LocalRuntime:
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             self._pending.discard(name)
-            while await self._reconcile_step(name):
-                pass
+            with contextlib.suppress(NotFound):  # deleted meanwhile (by another runtime)
+                while await self._reconcile_step(name):
+                    pass
 
     async def _reconcile_step(self, name: str) -> bool:
         """One step towards the record's desired state; True when another step is needed."""
@@ -664,7 +668,7 @@ def _needs_work(record: WorkloadRecord) -> bool:
     if record.replicas == 0:
         return record.pod is not None
     if record.pod is None:
-        return True
+        return record.not_before <= time.time()  # else a delayed reconcile is already queued
     return not pods.is_pod_alive(record.pod.pid, record.pod.uid)
 
 
