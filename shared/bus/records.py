@@ -90,5 +90,5 @@ class KvSandboxStore:
                     if predicate(record):
                         return record
         finally:
-            await watcher.stop()
+            await watcher.stop()  # type: ignore[no-untyped-call]
         raise TimeoutError(sandbox_id)  # pragma: no cover - the watch only ends by timeout
