@@ -62,7 +62,10 @@ async def _request(proxy: httpx.AsyncClient, sid: str, token: str) -> tuple[floa
     t0 = time.perf_counter()
     try:
         r = await proxy.get("/health", headers=headers)
-        return time.perf_counter() - t0, r.status_code
+        elapsed = time.perf_counter() - t0
+        if r.status_code >= 400:
+            return elapsed, f"{r.status_code} {r.text[:160]}"
+        return elapsed, r.status_code
     except httpx.HTTPError as e:
         return time.perf_counter() - t0, type(e).__name__
 
@@ -107,7 +110,7 @@ async def run(rounds: int, burst: int) -> dict[str, Any]:
                     await pause(http, sid)
                     elapsed, status = await _request(proxy, sid, token)
                     singles.append(elapsed)
-                    if status != 200:
+                    if status not in (200, 204):
                         errors[f"single:{status}"] = errors.get(f"single:{status}", 0) + 1
                     await pause(http, sid)
                     before = await store.get(sid)
@@ -120,7 +123,7 @@ async def run(rounds: int, burst: int) -> dict[str, Any]:
                     burst_all.extend(t for t, _ in results)
                     burst_slowest.append(max(t for t, _ in results))
                     for _, status in results:
-                        if status != 200:
+                        if status not in (200, 204):
                             errors[f"burst:{status}"] = errors.get(f"burst:{status}", 0) + 1
                     loads.append(loadavg()[0])
                     print(

@@ -1,7 +1,15 @@
 """envd latency: Start -> first (start) event, and List, against a local daemon subprocess.
 
 Usage: .venv/bin/python bench/envd_bench.py [-n 200]
-Prints a table and writes bench/results/envd.json. Traffic goes to 127.0.0.1 only.
+       .venv/bin/python bench/envd_bench.py --start [--starts 30]
+
+``--start`` times daemon start-up instead: process spawn -> first 204 on ``/health`` (and ->
+first Connect ``List`` reply, which loads the lazily imported Connect services), over ``--starts``
+starts, twice: "cold" (bytecode compiled from source, as a read-only tree without ``__pycache__``
+gives it; forced with an empty ``PYTHONPYCACHEPREFIX``) and "precompiled" (after
+``python -m services.envd --precompile``, which writes ``__pycache__`` next to the sources).
+Writes bench/results/envd_start.json. Prints a table and writes bench/results/envd.json.
+Traffic goes to 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -82,13 +90,98 @@ async def measure(port: int, n: int) -> dict[str, list[float]]:
     return {"start_first_event": start_lat, "list": list_lat}
 
 
+def _start_once(env: dict[str, str]) -> tuple[float, float]:
+    """Seconds from spawn to the first /health answer and to the first List answer."""
+    port = free_port()
+    root = tempfile.mkdtemp(prefix="envd-start-")
+    health = b"GET /health HTTP/1.1\r\nHost: envd\r\n\r\n"
+    rpc = (
+        b"POST /process.Process/List HTTP/1.1\r\nHost: envd\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2\r\n\r\n{}"
+    )
+    t0 = time.perf_counter()
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "services.envd", "--listen", f"127.0.0.1:{port}", "--root", root],
+        cwd=REPO,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the daemon binds first thing, then the client waits in the backlog
+            sock = socket.socket()
+            try:
+                sock.connect(("127.0.0.1", port))
+                break
+            except OSError:
+                sock.close()
+                if time.monotonic() > deadline or daemon.poll() is not None:
+                    raise RuntimeError("envd did not start") from None
+                time.sleep(0.002)
+        with sock:
+            sock.settimeout(60)
+            sock.sendall(health)
+            if b" 204 " not in sock.recv(4096):
+                raise RuntimeError("/health did not answer 204")
+            to_health = time.perf_counter() - t0
+            sock.sendall(rpc)
+            if b" 200 " not in sock.recv(65536):
+                raise RuntimeError("List did not answer 200")
+            to_rpc = time.perf_counter() - t0
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+    return to_health, to_rpc
+
+
+def start_bench(starts: int) -> int:
+    subprocess.run([sys.executable, "-m", "services.envd", "--precompile"], cwd=REPO, check=True)
+    empty_cache = tempfile.mkdtemp(prefix="envd-nopyc-")
+    envs = {
+        "cold": {**os.environ, "PYTHONPYCACHEPREFIX": empty_cache, "PYTHONDONTWRITEBYTECODE": "1"},
+        "precompiled": {**os.environ},
+    }
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in envs}
+    for _ in range(starts):  # interleaved, so load changes hit both alike
+        for name, env in envs.items():
+            samples[name].append(_start_once(env))
+    rows = {}
+    print(f"envd start-up, {starts} starts each, loadavg {os.getloadavg()[0]:.1f}")
+    print(f"{'bytecode':<12}{'->/health p50':>15}{'p99':>8}{'->List p50':>12}{'p99':>8}  (ms)")
+    for name, pairs in samples.items():
+        health, rpc = summary([h for h, _ in pairs]), summary([r for _, r in pairs])
+        rows[name] = {"to_health": health, "to_first_list": rpc}
+        print(
+            f"{name:<12}{health['p50_ms']:>15.0f}{health['p99_ms']:>8.0f}"
+            f"{rpc['p50_ms']:>12.0f}{rpc['p99_ms']:>8.0f}"
+        )
+    out = {
+        "benchmark": "envd_start",
+        "starts": starts,
+        "results": rows,
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg": os.getloadavg(),
+        },
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    path = REPO / "bench" / "results" / "envd_start.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path.relative_to(REPO)}")
+    return 0
+
+
 def main() -> int:
     import logging
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     parser = argparse.ArgumentParser()
     parser.add_argument("-n", type=int, default=200)
+    parser.add_argument("--start", action="store_true", help="time daemon start-up instead")
+    parser.add_argument("--starts", type=int, default=30)
     args = parser.parse_args()
+    if args.start:
+        return start_bench(args.starts)
     port = free_port()
     root = tempfile.mkdtemp(prefix="envd-bench-")
     t0 = time.perf_counter()

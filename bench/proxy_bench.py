@@ -27,6 +27,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -126,6 +127,12 @@ def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 
     raise RuntimeError(f"{url} did not come up")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (load-independent, unlike latency on a busy box)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def overhead(n: int, concurrency: int) -> list[dict[str, object]]:
     from shared.bus.server import free_port
 
@@ -165,6 +172,7 @@ def overhead(n: int, concurrency: int) -> list[dict[str, object]]:
         ]
         for name, method, path, body, extra in cases:
             for conc in (1, concurrency):
+                envd_cpu = cpu_seconds(procs[0].pid)
                 d = asyncio.run(
                     drive(
                         direct + path,
@@ -175,6 +183,8 @@ def overhead(n: int, concurrency: int) -> list[dict[str, object]]:
                         concurrency=conc,
                     )
                 )
+                envd_direct = cpu_seconds(procs[0].pid) - envd_cpu
+                envd_cpu, proxy_cpu = cpu_seconds(procs[0].pid), cpu_seconds(procs[1].pid)
                 p = asyncio.run(
                     drive(
                         proxied + path,
@@ -185,6 +195,9 @@ def overhead(n: int, concurrency: int) -> list[dict[str, object]]:
                         concurrency=conc,
                     )
                 )
+                proxy_used = cpu_seconds(procs[1].pid) - proxy_cpu
+                envd_proxied = cpu_seconds(procs[0].pid) - envd_cpu
+                per_request = 1e6 / (n + 50)  # the warm-up requests count too
                 rows.append(
                     {
                         "case": name,
@@ -196,6 +209,9 @@ def overhead(n: int, concurrency: int) -> list[dict[str, object]]:
                         "proxy_p99_ms": p["p99_ms"],
                         "proxy_rps": p["rps"],
                         "throughput_ratio": p["rps"] / d["rps"],
+                        "envd_cpu_us_per_req_direct": envd_direct * per_request,
+                        "envd_cpu_us_per_req_proxied": envd_proxied * per_request,
+                        "proxy_cpu_us_per_req": proxy_used * per_request,
                     }
                 )
     finally:
@@ -224,7 +240,7 @@ def first_request(rounds: int) -> dict[str, object]:
         running_stack(Path(tmp)) as stack,
     ):
         env = stack.sdk_env()
-        opts = {
+        opts: dict[str, Any] = {
             "api_key": env["E2B_API_KEY"],
             "api_url": env["E2B_API_URL"],
             "sandbox_url": env["E2B_SANDBOX_URL"],
@@ -278,14 +294,15 @@ def main() -> int:
     rows = overhead(args.requests, args.concurrency)
     print(
         f"{'case':<14} {'conc':>4} {'direct p50':>10} {'p99':>8} {'rps':>7} | "
-        f"{'proxy p50':>9} {'p99':>8} {'rps':>7} | {'ratio':>5}"
+        f"{'proxy p50':>9} {'p99':>8} {'rps':>7} | {'ratio':>5} | CPU us/req: envd, proxy"
     )
     for r in rows:
         print(
             f"{r['case']:<14} {r['concurrency']:>4} "
             f"{r['direct_p50_ms']:>8.2f}ms {r['direct_p99_ms']:>6.2f}ms "
             f"{r['direct_rps']:>7.0f} | {r['proxy_p50_ms']:>7.2f}ms {r['proxy_p99_ms']:>6.2f}ms "
-            f"{r['proxy_rps']:>7.0f} | {r['throughput_ratio']:>5.2f}"
+            f"{r['proxy_rps']:>7.0f} | {r['throughput_ratio']:>5.2f} | "
+            f"{r['envd_cpu_us_per_req_direct']:>5.0f} {r['proxy_cpu_us_per_req']:>6.0f}"
         )
     resume: dict[str, object] | None = None
     if not args.no_resume:

@@ -23,7 +23,8 @@ class BusSettings(_Base):
     """How to reach NATS. ``NATS_URL`` may carry credentials (``nats://user:pass@host:4222``)."""
 
     nats_url: str = Field(
-        default="nats://127.0.0.1:4222", validation_alias=AliasChoices("NATS_URL", "TORPOR_NATS_URL")
+        default="nats://127.0.0.1:4222",
+        validation_alias=AliasChoices("NATS_URL", "TORPOR_NATS_URL"),
     )
     nats_creds: Path | None = Field(
         default=None, validation_alias=AliasChoices("NATS_CREDS", "TORPOR_NATS_CREDS")

@@ -2,7 +2,12 @@
 
 The listening socket is bound before the heavy imports (uvicorn, connectrpc, protobuf), so a
 client that connects during start-up waits in the backlog instead of being refused; ``/health``
-answers as soon as the application is loaded. The daemon imports nothing from ``shared``.
+answers as soon as the HTTP server is up (the Connect services load on their first call).
+The daemon imports nothing from ``shared``.
+
+``--precompile`` writes bytecode for everything the daemon loads and exits: a daemon started from
+a read-only tree (a sandbox image, the local runtime's bubblewrap binds) cannot cache what it
+compiles, and compiling uvicorn, connectrpc and protobuf from source is most of a cold start.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="directory relative paths and the default cwd resolve against (default: $HOME)",
     )
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument(
+        "--precompile",
+        action="store_true",
+        help="write bytecode for every module the daemon loads, then exit (run where writable)",
+    )
     return parser.parse_args(argv)
 
 
@@ -51,8 +61,41 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def precompile() -> int:
+    """Byte-compile the daemon's import closure next to the sources (or under
+    ``PYTHONPYCACHEPREFIX``), whatever ``PYTHONDONTWRITEBYTECODE`` says; fresh files are kept."""
+    import py_compile
+
+    from services.envd.app import EnvdApp
+    from services.envd.server import _server
+
+    app = EnvdApp(root=os.getcwd(), access_token=None)
+    try:
+        _ = app.connect_apps  # the lazily loaded part
+        _server(app, "warning").config.load()  # the protocol classes uvicorn imports at start
+    finally:
+        app.close()
+    written = 0
+    for module in list(sys.modules.values()):
+        spec = getattr(module, "__spec__", None)
+        source, cached = getattr(spec, "origin", None), getattr(spec, "cached", None)
+        if not source or not cached or not source.endswith(".py"):
+            continue
+        try:
+            if os.path.exists(cached) and os.stat(cached).st_mtime >= os.stat(source).st_mtime:
+                continue
+            py_compile.compile(source, cfile=cached, doraise=True)
+            written += 1
+        except (OSError, py_compile.PyCompileError) as exc:
+            print(f"envd: cannot precompile {source}: {exc}", file=sys.stderr)
+    print(f"envd: precompiled {written} modules")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.precompile:
+        return precompile()
     host, port = _split_listen(args.listen)
     root = os.path.abspath(args.root or os.environ.get("HOME") or os.getcwd())
     if not os.path.isdir(root):

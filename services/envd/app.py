@@ -16,12 +16,8 @@ import json
 import logging
 import os
 import time
-from typing import Any
-
-from connectrpc.code import Code
-from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec
-from connectrpc.errors import ConnectError
-from protobuf import Message
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from services.envd.files_http import (
     FilesApi,
@@ -33,12 +29,14 @@ from services.envd.files_http import (
     send_error,
     send_json,
 )
-from services.envd.filesystem_service import FilesystemService
-from services.envd.gen.filesystem.filesystem_connect import FilesystemASGIApplication
-from services.envd.gen.process.process_connect import ProcessASGIApplication
-from services.envd.process_service import ProcessService
 from services.envd.processes import ProcessTable
 from services.envd.version import ENVD_VERSION
+
+if TYPE_CHECKING:
+    from connectrpc.codec import Codec
+    from protobuf import Message
+
+    from services.envd.filesystem_service import FilesystemService
 
 log = logging.getLogger("envd")
 
@@ -63,11 +61,41 @@ class _StrictJSONCodec:
         try:
             return self._inner.decode(data, message_class)
         except Exception as exc:
+            from connectrpc.code import Code
+            from connectrpc.errors import ConnectError
+
             raise ConnectError(Code.INVALID_ARGUMENT, f"cannot decode request: {exc}") from exc
 
 
 def _codecs() -> list[Codec[Message, Message]]:
+    from connectrpc.codec import proto_binary_codec, proto_json_codec
+
     return [_StrictJSONCodec(proto_json_codec()), _StrictJSONCodec(proto_binary_codec())]
+
+
+class _ConnectApps:
+    """The Connect services, built on first use: connectrpc and the protobuf runtime are most
+    of the daemon's import time, and ``/health`` (what a resume waits for) needs neither."""
+
+    def __init__(self, table: ProcessTable, *, root: str, home: Callable[[], str]) -> None:
+        from services.envd.filesystem_service import FilesystemService
+        from services.envd.gen.filesystem.filesystem_connect import FilesystemASGIApplication
+        from services.envd.gen.process.process_connect import ProcessASGIApplication
+        from services.envd.process_service import ProcessService
+
+        self.filesystem: FilesystemService = FilesystemService(root=root, home=home)
+        self.process = ProcessASGIApplication(
+            ProcessService(table),
+            read_max_bytes=MAX_MESSAGE_BYTES,
+            compressions=(),
+            codecs=_codecs(),
+        )
+        self.files = FilesystemASGIApplication(
+            self.filesystem,
+            read_max_bytes=MAX_MESSAGE_BYTES,
+            compressions=(),
+            codecs=_codecs(),
+        )
 
 
 class DaemonState:
@@ -95,24 +123,24 @@ class EnvdApp:
         self.table = ProcessTable(
             base_env=self.state.base_env, default_cwd=self.state.default_cwd, root=root
         )
-        self.filesystem = FilesystemService(root=root, home=self.state.home)
-        self._process_app = ProcessASGIApplication(
-            ProcessService(self.table),
-            read_max_bytes=MAX_MESSAGE_BYTES,
-            compressions=(),
-            codecs=_codecs(),
-        )
-        self._filesystem_app = FilesystemASGIApplication(
-            self.filesystem,
-            read_max_bytes=MAX_MESSAGE_BYTES,
-            compressions=(),
-            codecs=_codecs(),
-        )
+        self._root = root
+        self._connect: _ConnectApps | None = None
         self._files = FilesApi(root=root, home=self.state.home)
+
+    @property
+    def connect_apps(self) -> _ConnectApps:
+        if self._connect is None:
+            self._connect = _ConnectApps(self.table, root=self._root, home=self.state.home)
+        return self._connect
+
+    @property
+    def filesystem(self) -> FilesystemService:
+        return self.connect_apps.filesystem
 
     def close(self) -> None:
         self.table.shutdown()
-        self.filesystem.close()
+        if self._connect is not None:
+            self._connect.filesystem.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -134,9 +162,9 @@ class EnvdApp:
                 )
                 return
             if path.startswith("/process.Process/"):
-                await self._process_app(scope, receive, send)  # type: ignore[arg-type]
+                await self.connect_apps.process(scope, receive, send)
             elif path.startswith("/filesystem.Filesystem/"):
-                await self._filesystem_app(scope, receive, send)  # type: ignore[arg-type]
+                await self.connect_apps.files(scope, receive, send)
             elif path == "/files":
                 await self._files(scope, receive, send)
             elif path == "/init" and scope["method"] == "POST":

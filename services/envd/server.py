@@ -3,13 +3,56 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import socket
-
-import uvicorn
+import sys
+from typing import TYPE_CHECKING
 
 from services.envd.app import EnvdApp
 from services.envd.version import ENVD_VERSION
+
+if TYPE_CHECKING:
+    from uvicorn.server import Server
+
+
+def _lean_uvicorn() -> None:
+    """Register the ``uvicorn`` package without running its ``__init__``, which imports
+    ``uvicorn.main`` and with it click and the reload supervisors: about a third of uvicorn's
+    import time, and nothing the daemon uses (it needs only ``Config``, ``Server`` and the
+    httptools protocol, imported below as submodules)."""
+    if "uvicorn" in sys.modules:
+        return
+    spec = importlib.util.find_spec("uvicorn")
+    if spec is None or spec.submodule_search_locations is None:
+        return  # let the plain import below fail with its usual message
+    sys.modules["uvicorn"] = importlib.util.module_from_spec(spec)
+
+
+def _server(app: EnvdApp, log_level: str) -> Server:
+    _lean_uvicorn()
+    import uvicorn
+    from uvicorn.config import Config
+    from uvicorn.server import Server
+
+    # What uvicorn's own modules import from the package (``uvicorn.lifespan.off``: Config).
+    uvicorn.Config = Config  # type: ignore[misc]
+    uvicorn.Server = Server  # type: ignore[misc]
+    config = Config(
+        app,
+        lifespan="off",
+        http="httptools",
+        ws="none",
+        loop="asyncio",
+        interface="asgi3",
+        log_config=None,  # logging.basicConfig below; dictConfig costs an import and a parse
+        log_level=log_level,
+        access_log=False,
+        # Streams (a watched dir, a followed process) would hold shutdown forever.
+        timeout_graceful_shutdown=1,
+        timeout_keep_alive=75,
+    )
+    return Server(config)
 
 
 def serve(sock: socket.socket, *, root: str, access_token: str | None, log_level: str) -> int:
@@ -17,20 +60,7 @@ def serve(sock: socket.socket, *, root: str, access_token: str | None, log_level
         level=log_level.upper(), format="%(asctime)s envd %(levelname)s %(name)s: %(message)s"
     )
     app = EnvdApp(root=root, access_token=access_token)
-    config = uvicorn.Config(
-        app,
-        lifespan="off",
-        http="httptools",
-        ws="none",
-        loop="asyncio",
-        interface="asgi3",
-        log_level=log_level,
-        access_log=False,
-        # Streams (a watched dir, a followed process) would hold shutdown forever.
-        timeout_graceful_shutdown=1,
-        timeout_keep_alive=75,
-    )
-    server = uvicorn.Server(config)
+    server = _server(app, log_level)
 
     async def run() -> None:
         app.table.install(asyncio.get_running_loop())

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-import httpx
 import structlog
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -31,10 +30,17 @@ from prometheus_client import (
 from starlette.types import Receive, Scope, Send
 
 from services.proxy.activity import ActivityThrottle, Toucher
-from services.proxy.forwarding import UpstreamUnreachableError, forward_http, forward_websocket
+from services.proxy.forwarding import (
+    RequestBody,
+    UpstreamFailedError,
+    UpstreamUnreachableError,
+    forward_http,
+    forward_websocket,
+)
 from services.proxy.records import RecordSource
 from services.proxy.routing import BadTargetError, Target, target_of
 from services.proxy.settings import ProxySettings
+from services.proxy.upstream import UpstreamPool
 from services.proxy.waking import NotRunningError, Resumer, Waker
 from shared.auth.models import User
 from shared.models.sandboxes import SandboxRecord, SandboxState
@@ -108,7 +114,7 @@ class ProxyApp:
         self.registry = registry or CollectorRegistry()
         self._connect = connect
         self._wiring: ProxyWiring | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._pool: UpstreamPool | None = None
         self.waker: Waker | None = None
         self.activity: ActivityThrottle | None = None
         self._requests = Counter(
@@ -130,27 +136,17 @@ class ProxyApp:
         self.waker = Waker(wiring.lifecycle, wait=self.settings.resume_wait, registry=self.registry)
         self.activity = ActivityThrottle(wiring.lifecycle, interval=self.settings.touch_interval)
 
-    def _http_client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            limits = httpx.Limits(
-                max_connections=self.settings.max_connections,
-                max_keepalive_connections=min(100, self.settings.max_connections),
-                keepalive_expiry=30,
-            )
-            timeout = httpx.Timeout(
-                connect=self.settings.connect_timeout, read=None, write=None, pool=60
-            )
-            self._client = httpx.AsyncClient(
-                limits=limits, timeout=timeout, follow_redirects=False, trust_env=False
-            )
-        return self._client
+    def _upstream(self) -> UpstreamPool:
+        if self._pool is None:
+            self._pool = UpstreamPool(connect_timeout=self.settings.connect_timeout)
+        return self._pool
 
     async def aclose(self) -> None:
         if self.activity is not None:
             await self.activity.drain()
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     # ---- ASGI -------------------------------------------------------------------------------
 
@@ -266,9 +262,13 @@ class ProxyApp:
         # retried while a just-resumed sandbox's processes start listening again.
         grace_until = _booting_until(record, self.settings.boot_grace)
         delay = 0.05
+        body = RequestBody(scope, receive)
         while True:
             try:
-                await self._forward(scope, receive, send, target, host=host, started=started)
+                await self._forward(scope, receive, send, target, body, host=host, started=started)
+                return
+            except UpstreamFailedError as e:
+                await self._refuse(scope, send, 502, f"The sandbox {target.sandbox_id}: {e}")
                 return
             except UpstreamUnreachableError:
                 if time.monotonic() + delay > grace_until:
@@ -289,6 +289,7 @@ class ProxyApp:
         receive: Receive,
         send: Send,
         target: Target,
+        body: RequestBody,
         *,
         host: str,
         started: float,
@@ -305,7 +306,7 @@ class ProxyApp:
             )
             return
         status = await forward_http(
-            self._http_client(), scope, receive, send, host=host, port=target.port
+            self._upstream(), scope, receive, send, body, host=host, port=target.port
         )
         self._requests.labels("proxied").inc()
         self._ttfb.observe(time.perf_counter() - started)

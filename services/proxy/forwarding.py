@@ -7,11 +7,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-import httpx
 import structlog
 from starlette.types import Message, Receive, Scope, Send
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
+
+from services.proxy.upstream import UpstreamConnection, UpstreamError, UpstreamPool
 
 log = structlog.get_logger()
 
@@ -75,85 +76,188 @@ def _target_url(scheme: str, host: str, port: int, scope: Scope) -> str:
     return f"{url}?{query.decode('latin-1')}" if query else url
 
 
+class UpstreamFailedError(Exception):
+    """The sandbox accepted the connection but no response came back."""
+
+
+class RequestBody:
+    """The client's request body, read once however often the connect is retried: the first
+    message is read only once a connection exists, so it can go out with the request head in
+    one write, and a refused connect consumes nothing."""
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self._receive = receive
+        self.present = _has_body(scope)
+        self.chunked = self.present and any(
+            k.lower() == b"transfer-encoding" for k, _ in scope.get("headers", [])
+        )
+        self.first = b""
+        self.complete = not self.present
+        self._fetched = not self.present
+
+    async def prefetch(self) -> None:
+        if self._fetched:
+            return
+        self._fetched = True
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGoneError
+        self.first = message.get("body", b"")
+        self.complete = not message.get("more_body", False)
+
+    async def rest(self) -> AsyncIterator[bytes]:
+        while not self.complete:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGoneError
+            self.complete = not message.get("more_body", False)
+            if chunk := message.get("body", b""):
+                yield chunk
+
+    def frame(self, chunk: bytes) -> bytes:
+        if not self.chunked or not chunk:
+            return chunk
+        return b"%x\r\n%b\r\n" % (len(chunk), chunk)
+
+    def end(self) -> bytes:
+        return b"0\r\n\r\n" if self.chunked else b""
+
+
+_NOT_FORWARDED = HOP_BY_HOP | PRIVATE | {b"expect"}  # 100-continue is uvicorn's, not the sandbox's
+
+
+def request_head(scope: Scope, *, host: str, port: int, chunked: bool) -> bytes:
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string", b"")
+    parts = [scope["method"].encode(), b" ", path]
+    if query:
+        parts += [b"?", query]
+    parts += [b" HTTP/1.1\r\nhost: ", f"{host}:{port}".encode(), b"\r\n"]
+    forwarded_host = None
+    for k, v in scope.get("headers", []):
+        name = k.lower()
+        if name == b"host":
+            forwarded_host = v
+        if name in _NOT_FORWARDED or name.startswith(b"sec-websocket-"):
+            continue
+        parts += [name, b": ", v, b"\r\n"]
+    if forwarded_host is not None:
+        parts += [b"x-forwarded-host: ", forwarded_host, b"\r\n"]
+    client = scope.get("client")
+    if client:
+        parts += [b"x-forwarded-for: ", str(client[0]).encode(), b"\r\n"]
+    parts += [b"x-forwarded-proto: ", scope.get("scheme", "http").encode(), b"\r\n"]
+    if chunked:
+        parts.append(b"transfer-encoding: chunked\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+async def _connect(pool: UpstreamPool, host: str, port: int) -> UpstreamConnection:
+    try:
+        return await pool.new_connection(host, port)
+    except (OSError, TimeoutError) as e:
+        raise UpstreamUnreachableError(str(e) or repr(e)) from e
+
+
 async def forward_http(
-    client: httpx.AsyncClient,
+    pool: UpstreamPool,
     scope: Scope,
     receive: Receive,
     send: Send,
+    body: RequestBody,
     *,
     host: str,
     port: int,
 ) -> int:
     """Proxy one HTTP exchange; returns the upstream status. ``UpstreamUnreachableError`` when the
-    connection is refused (nothing has been sent to the client then)."""
-    body_done = asyncio.Event()
-    has_body = _has_body(scope)
-    if not has_body:
-        body_done.set()
-
-    async def body() -> AsyncIterator[bytes]:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _ClientGoneError
-            if chunk := message.get("body", b""):
-                yield chunk
-            if not message.get("more_body", False):
-                break
-        body_done.set()
-
-    client_addr = scope.get("client")
-    request = client.build_request(
-        scope["method"],
-        _target_url("http", host, port, scope),
-        headers=request_headers(scope, client_host=client_addr[0] if client_addr else None),
-        content=body() if has_body else None,
-    )
+    connection is refused (nothing has been sent to the client, nor read from it, then)."""
+    conn = pool.idle_connection(host, port) or await _connect(pool, host, port)
     try:
-        response = await client.send(request, stream=True)
-    except httpx.ConnectError as e:
-        raise UpstreamUnreachableError(str(e)) from e
+        await body.prefetch()
+    except _ClientGoneError:
+        pool.release(conn)
+        return 499
+    if not body.complete and conn.reused:
+        # A streamed body cannot be replayed if the idle connection turns out to be stale.
+        conn.abort()
+        conn = await _connect(pool, host, port)
+    request = request_head(scope, host=host, port=port, chunked=body.chunked)
+    request += body.frame(body.first)
+    if body.complete:
+        request += body.end()
     try:
-        await _pump_response(response, receive, send, body_done)
+        try:
+            status, headers = await _exchange(conn, body, request)
+        except UpstreamError:
+            if not (conn.reused and body.complete and not conn.got_response_bytes):
+                raise
+            conn.abort()  # a stale keep-alive connection: the sandbox never saw the request
+            conn = await _connect(pool, host, port)
+            status, headers = await _exchange(conn, body, request)
+    except _ClientGoneError:
+        conn.abort()
+        return 499
+    except UpstreamError as e:
+        conn.abort()
+        raise UpstreamFailedError(str(e)) from e
+    if scope["method"] == "HEAD":
+        conn.end_without_body()
+    try:
+        await _pump_response(conn, status, headers, receive, send)
     finally:
-        await response.aclose()
-    return response.status_code
+        pool.release(conn)
+    return status
+
+
+async def _exchange(
+    conn: UpstreamConnection, body: RequestBody, request: bytes
+) -> tuple[int, list[tuple[bytes, bytes]]]:
+    conn.start_request()
+    await conn.write(request)
+    if not body.complete:
+        async for chunk in body.rest():
+            await conn.write(body.frame(chunk))
+        await conn.write(body.end())
+    return await conn.response_head()
 
 
 async def _pump_response(
-    response: httpx.Response, receive: Receive, send: Send, body_done: asyncio.Event
+    conn: UpstreamConnection,
+    status: int,
+    headers: list[tuple[bytes, bytes]],
+    receive: Receive,
+    send: Send,
 ) -> None:
-    headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
+    out = [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP]
+    await send({"type": "http.response.start", "status": status, "headers": out})
+    if conn.finished:  # the common case: all of it is here, one body message
+        await send({"type": "http.response.body", "body": conn.buffered_body()})
+        return
 
-    async def pump() -> None:
-        start = {"type": "http.response.start", "status": response.status_code, "headers": headers}
-        await send(start)
-        try:
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as e:  # the sandbox went away mid-stream: end what we have
-            log.info("upstream_stream_ended", error=repr(e))
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
+    # A response still coming (a stream): stop reading it when the client goes away.
     async def client_gone() -> None:
-        # Only after the request body was read: receive() belongs to the body until then.
-        await body_done.wait()
         while (await receive())["type"] != "http.disconnect":
             pass
+        conn.abort()
 
-    pump_task = asyncio.create_task(pump())
-    gone_task = asyncio.create_task(client_gone())
+    watcher = asyncio.create_task(client_gone())
     try:
-        await asyncio.wait({pump_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
+        while True:
+            try:
+                chunk = await conn.next_body()
+            except UpstreamError as e:  # the sandbox (or the client) went away mid-stream
+                log.info("upstream_stream_ended", error=repr(e))
+                break
+            if chunk is None:
+                break
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
-        for task in (pump_task, gone_task):
-            task.cancel()
-        for task in (pump_task, gone_task):
-            with contextlib.suppress(asyncio.CancelledError, _ClientGoneError, OSError):
-                await task
-    exc = pump_task.exception() if pump_task.done() and not pump_task.cancelled() else None
-    if exc is not None and not isinstance(exc, _ClientGoneError | OSError):
-        raise exc
+        if not watcher.done():
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watcher
 
 
 async def forward_websocket(
@@ -171,7 +275,7 @@ async def forward_websocket(
         upstream = await ws_connect(
             _target_url("ws", host, port, scope),
             additional_headers=headers,
-            subprotocols=scope.get("subprotocols") or None,  # type: ignore[arg-type]
+            subprotocols=scope.get("subprotocols") or None,
             open_timeout=open_timeout,
             max_size=None,
             compression=None,

@@ -20,8 +20,9 @@ a crash between the CAS and the publish never loses an event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Literal
 
@@ -36,6 +37,7 @@ from shared.errors import IllegalTransition, NotFound
 from shared.lifecycle import transitions as t
 from shared.lifecycle.pods import ensure_workload, workload_spec
 from shared.lifecycle.replay import plan, replay_key
+from shared.lifecycle.worker import PermanentFailure
 from shared.models.messages import (
     CreateSandbox,
     KillSandbox,
@@ -87,11 +89,21 @@ class Scaler:
         self._start_timeout = start_timeout
         self._retention = retention
         self._tombstone_for = tombstone_for
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
-    def lock(self, sandbox_id: str) -> asyncio.Lock:
+    @contextlib.asynccontextmanager
+    async def lock(self, sandbox_id: str) -> AsyncIterator[None]:
         """Serialises this replica's handlers per sandbox (replicas race through CAS instead)."""
-        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+        entry = self._locks.setdefault(sandbox_id, (asyncio.Lock(), [0]))
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0 and self._locks.get(sandbox_id) is entry:
+                del self._locks[sandbox_id]  # keep the table to sandboxes in flight
 
     # ---- create -------------------------------------------------------------------------
 
@@ -112,7 +124,12 @@ class Scaler:
             ):
                 await self._publish_created(current)  # done before; the event may be missing
             return "skipped"
-        await self._runtime.create(workload_spec(record, replicas=1))
+        try:
+            await self._runtime.create(workload_spec(record, replicas=1))
+        except NotFound as e:  # the template does not exist: no retry can fix that
+            if await self._clean_up_if_killed(sid):
+                return "skipped"
+            raise PermanentFailure(str(e)) from e
         await self._runtime.scale(sid, 1)
         endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
         try:

@@ -29,11 +29,11 @@ CAUSATION_HEADER = "causation_id"
 MSG_ID_HEADER = "Nats-Msg-Id"
 
 
-class PoisonMessage(Exception):  # noqa: N818 - a message, not an error condition of ours
+class PoisonMessage(Exception):
     """The message can never be handled: dead-letter it at once."""
 
 
-class Retry(Exception):  # noqa: N818
+class Retry(Exception):
     """Handle again later (e.g. the sandbox is mid-transition). ``delay`` in seconds."""
 
     def __init__(self, reason: str, *, delay: float = 2.0) -> None:
@@ -50,7 +50,7 @@ def _num_delivered(msg: Any) -> int:
     raw = getattr(msg, "raw_message", None)
     try:
         return int(raw.metadata.num_delivered)  # type: ignore[union-attr]
-    except Exception:  # noqa: BLE001 - core NATS messages have no JetStream metadata
+    except Exception:
         return 1
 
 
@@ -60,7 +60,8 @@ class LogContextMiddleware(BaseMiddleware):  # type: ignore[type-arg]
         raw = getattr(msg, "raw_message", None)
         subject = str(getattr(raw, "subject", "") or "")
         bound = {
-            "correlation_id": headers.get(CORRELATION_HEADER) or getattr(msg, "correlation_id", None),
+            "correlation_id": headers.get(CORRELATION_HEADER)
+            or getattr(msg, "correlation_id", None),
             "causation_id": headers.get(MSG_ID_HEADER),
             "subject": subject,
             "sandbox_id": subjects.sandbox_id_of(subject) if subject else None,
@@ -118,7 +119,7 @@ async def dead_letter(msg: Any, exc: BaseException) -> None:
         "x-deliveries": str(_num_delivered(msg)),
         MSG_ID_HEADER: f"dlq:{stream}:{seq}:{consumer}",
     }
-    js = raw._client.jetstream()  # noqa: SLF001 - the message's own connection
+    js = raw._client.jetstream()
     await js.publish(
         f"{subjects.DLQ_PREFIX}.{consumer}.{sid}", raw.data, stream=STREAM_DLQ, headers=headers
     )

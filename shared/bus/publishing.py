@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from shared.bus.middleware import CAUSATION_HEADER, CORRELATION_HEADER, MSG_ID_HEADER
 from shared.errors import Unavailable
 
+
 class BrokerPublisher:
     """Adapter over a connected FastStream ``NatsBroker``; waits for the JetStream PubAck."""
 
@@ -34,7 +35,7 @@ class BrokerPublisher:
                 correlation_id=str(correlation) if correlation else None,
                 timeout=self._timeout,
             )
-        except Exception as e:  # noqa: BLE001 - any transport failure means "try later"
+        except Exception as e:
             msg = f"could not publish {subject}: {e!r}"
             raise Unavailable(msg) from e
         return not bool(getattr(ack, "duplicate", False))

@@ -113,12 +113,15 @@ class EmbeddedNats:
         url = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                msg = f"nats-server exited with {self.process.returncode}; see {self.data_dir}/nats-server.log"
+                code = self.process.returncode
+                msg = f"nats-server exited with {code}; see {self.data_dir}/nats-server.log"
                 raise ConfigError(msg)
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(url, timeout=0.5) as r:  # noqa: S310 - loopback only
-                    if r.status == 200:
-                        return
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(url, timeout=0.5) as r,
+            ):
+                if r.status == 200:
+                    return
             time.sleep(0.02)
         msg = f"nats-server did not become ready within {timeout}s"
         raise ConfigError(msg)

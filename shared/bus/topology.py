@@ -137,10 +137,20 @@ SCHEDULER_LIFECYCLE = Durable(
     max_deliver=10,
 )
 SCHEDULER_FIRED = Durable(
-    STREAM_TIMERS, "scheduler-fired", (s.all_of(s.TIMER_FIRED),), backoff=(10, 30, 60), max_deliver=10
+    STREAM_TIMERS,
+    "scheduler-fired",
+    (s.all_of(s.TIMER_FIRED),),
+    backoff=(10, 30, 60),
+    max_deliver=10,
 )
 
-DURABLES = (SNAPSHOTTER_PAUSE, SCALER_LIFECYCLE, SCALER_ON_SNAPSHOTTED, SCHEDULER_LIFECYCLE, SCHEDULER_FIRED)
+DURABLES = (
+    SNAPSHOTTER_PAUSE,
+    SCALER_LIFECYCLE,
+    SCALER_ON_SNAPSHOTTED,
+    SCHEDULER_LIFECYCLE,
+    SCHEDULER_FIRED,
+)
 
 
 def kv_buckets(replicas: int) -> list[KeyValueConfig]:

@@ -253,7 +253,10 @@ class SandboxLifecycle:
         record = await self._store.get(sandbox_id)
         if record is None or record.state != SandboxState.RUNNING:
             return
-        updated = await self._move_deadline(sandbox_id, timeout=None, only_later=True)
+        # The deadline moves in KV; an ``activity`` event (not ``timeout_set``) tells the scheduler.
+        updated = await self._move_deadline(
+            sandbox_id, timeout=None, only_later=True, announce=False
+        )
         bucket = int(time.time())  # one activity event per sandbox per second at most
         await self._publisher.publish(
             SandboxActivity(sandbox_id=sandbox_id, generation=updated.generation, at=_now()),
@@ -262,7 +265,7 @@ class SandboxLifecycle:
         )
 
     async def _move_deadline(
-        self, sandbox_id: str, *, timeout: int | None, only_later: bool
+        self, sandbox_id: str, *, timeout: int | None, only_later: bool, announce: bool = True
     ) -> SandboxRecord:
         """Running: deadline = now + timeout (the new timeout is kept for later activity).
         Not running: only the timeout is stored; it applies from the next resume."""
@@ -286,7 +289,7 @@ class SandboxLifecycle:
             return record.model_copy(update=update)
 
         record = await self._store.update(sandbox_id, mutate)
-        if changed and record.deadline is not None:
+        if announce and changed and record.deadline is not None:
             await self._publisher.publish(
                 SandboxTimeoutSet(
                     sandbox_id=sandbox_id,

@@ -28,6 +28,10 @@ T = TypeVar("T")
 FailFn = Callable[[str], Awaitable[None]]
 
 
+class PermanentFailure(Exception):
+    """Retrying cannot help (e.g. an unknown template): fail the transition now."""
+
+
 def deliveries(msg: Any) -> int:
     try:
         return int(msg.raw_message.metadata.num_delivered)
@@ -78,7 +82,7 @@ async def guarded(
         SkipMessage,
     ):
         raise
-    except SnapshotTooLarge as e:
+    except (SnapshotTooLarge, PermanentFailure) as e:
         await _fail(fail, str(e))
         return None
     except Exception as e:

@@ -29,7 +29,7 @@ sbx.files.write("/workspace/server.py", SERVER_PY)
 
 # a long-running background process — its command line gets captured on pause
 sbx.commands.run(
-    "PYTHONPATH=/workspace/pylibs PATH=/workspace/npm/bin:$PATH python3 server.py > service.log 2>&1",  # noqa: E501 - verbatim
+    "PYTHONPATH=/workspace/pylibs PATH=/workspace/npm/bin:$PATH python3 server.py > service.log 2>&1",
     background=True,
     timeout=0,
     cwd="/workspace",

@@ -16,7 +16,7 @@ from tests.e2e.stack import Stack
 
 pytestmark = pytest.mark.slow
 
-SEED_CMD = "PYTHONPATH=/workspace/pylibs PATH=/workspace/npm/bin:$PATH python3 server.py > service.log 2>&1"  # noqa: E501 - verbatim from the seed
+SEED_CMD = "PYTHONPATH=/workspace/pylibs PATH=/workspace/npm/bin:$PATH python3 server.py > service.log 2>&1"
 
 
 def test_seed_example_verbatim(stack: Stack) -> None:

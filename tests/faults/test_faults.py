@@ -324,6 +324,10 @@ async def _worker(rig: Rig, index: int, budget: list[int], deadline: float) -> N
             if rec.state == SandboxState.PAUSED and after and after.state == SandboxState.RUNNING:
                 rig.tally.cycles += 1
                 budget[0] -= 1
+                if rig.tally.cycles % 50 == 0:  # progress of a long run (visible with -s)
+                    print(
+                        f"faults: {rig.tally.cycles} cycles, {dict(rig.tally.faults)}", flush=True
+                    )
 
 
 async def _inject(rig: Rig, stop: asyncio.Event) -> None:

@@ -34,6 +34,8 @@ class FakeRuntime:
     async def create(self, spec: WorkloadSpec) -> Workload:
         if spec.name in self.workloads:
             return self.workloads[spec.name]
+        if spec.template == "missing":
+            raise NotFound(f"template {spec.template} not found")
         self._address[spec.name] = f"127.0.0.{next(self._addresses)}"
         wl = Workload(
             name=spec.name,

@@ -162,3 +162,50 @@ async def test_failing_process_is_reported_and_sandbox_still_resumes(system: Sys
     assert result.record.state == SandboxState.RUNNING
     pod = result.record.pod_uid or ""
     assert [p.config.cmd for p in envd.pods[pod]] == ["/bin/bash"]
+
+
+async def test_timeouts_move_the_deadline_and_announce_it(system: System, fresh_nats) -> None:  # type: ignore[no-untyped-def]
+    import nats
+
+    rec = await system.lifecycle.create(
+        CreateRequest(owner="alice", sandbox_id="sbx-time", timeout=300)
+    )
+    assert rec.deadline is not None
+    shorter = await system.lifecycle.set_timeout("sbx-time", owner="alice", timeout=60)
+    assert shorter.timeout == 60
+    assert shorter.deadline is not None
+    assert shorter.deadline < rec.deadline
+    same = await system.lifecycle.extend_timeout("sbx-time", owner="alice", timeout=10)
+    assert same.deadline == shorter.deadline  # connect never shortens
+    await system.lifecycle.touch("sbx-time")
+    touched = await system.lifecycle.get("sbx-time", owner="alice")
+    assert touched.deadline is not None
+    assert touched.deadline >= shorter.deadline
+    nc = await nats.connect(fresh_nats.url)
+    try:
+        js = nc.jetstream()
+        timeout_set = await js.get_last_msg("SANDBOX_EVT", "sandbox.evt.timeout_set.sbx-time")
+        activity = await js.get_last_msg("SANDBOX_EVT", "sandbox.evt.activity.sbx-time")
+    finally:
+        await nc.close()
+    assert json.loads(timeout_set.data)["deadline"].startswith(shorter.deadline.isoformat()[:19])
+    assert json.loads(activity.data)["generation"] == touched.generation
+    with pytest.raises(NotFound):
+        await system.lifecycle.set_timeout("sbx-time", owner="bob", timeout=60)
+
+
+async def test_unknown_template_fails_the_create_at_once(system: System) -> None:
+    with pytest.raises(RuntimeFailure, match="template missing not found"):
+        await system.lifecycle.create(
+            CreateRequest(owner="alice", sandbox_id="sbx-tpl", template="missing"), wait=5
+        )
+    rec = await system.store.get("sbx-tpl")
+    assert rec is not None
+    assert rec.state == SandboxState.FAILED
+    assert rec.failure is not None
+    assert rec.failure.startswith("create:")
+
+
+async def test_invalid_sandbox_id_is_refused(system: System) -> None:
+    with pytest.raises(ValueError, match="invalid sandbox id"):
+        await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="Not_Valid!"))

@@ -89,10 +89,14 @@ async def test_seed_cycle_on_local_runtime(system: System, tmp_path: Path) -> No
     assert not _workspace(tmp_path, rec.pod_uid).exists()  # ...and so is its disk
     doc = json.loads(base64.b64decode(workload.annotations[ANNOTATION_SNAPSHOT]))
     assert doc["captured_time"].endswith("Z")
-    assert [
-        (p["config"]["cmd"], p["config"]["args"], p["config"].get("cwd"), p["pid"])
-        for p in doc["processes"]
-    ] == [("/bin/bash", ["-l", "-c", COMMAND], "/workspace", pid)]
+    # Exactly the seed's shape: optional keys (envs, tag) are omitted, not null.
+    assert doc["processes"] == [
+        {
+            "config": {"cmd": "/bin/bash", "args": ["-l", "-c", COMMAND], "cwd": "/workspace"},
+            "pid": pid,
+        }
+    ]
+    assert list(doc) == ["captured_time", "processes"]
     with pytest.raises(IllegalTransition):
         await system.lifecycle.pause("sbx-local", owner="alice", wait=5)
 

@@ -298,8 +298,13 @@ def _stat(pid: int) -> tuple[str, int] | None:
 
 
 def _setenv_values(argv: list[str]) -> dict[str, str]:
+    # Right after spawn the pod may still be its limit wrapper (``prlimit ... -- bwrap ...``):
+    # read from bwrap on, or the wrapper's ``--`` would make a starting pod look dead.
+    start = next((i for i, a in enumerate(argv) if os.path.basename(a) == "bwrap"), 0)
     values = {}
     for i, arg in enumerate(argv[:-2]):
+        if i < start:
+            continue
         if arg == "--setenv" and argv[i + 1].startswith("TORPOR_"):
             values[argv[i + 1]] = argv[i + 2]
         if arg == "--":
