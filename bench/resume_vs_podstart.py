@@ -15,7 +15,9 @@ process). A few sandboxes each run two background processes. One cycle, on one s
 - pod start (the physical limit): on the same runtime, a separate bare workload is scaled
   0 → 1 and timed until its pod is ready (daemon answers /health), then scaled back to 0.
 
-The two are interleaved, so both see the same machine load. The ratio is p50(resume) ÷
+The two are interleaved, so both see the same machine load. ``--gap S`` idles S seconds before
+each timed start (resume and bare pod alike): a real sandbox sits paused for a while, so the
+previous pod's teardown is not part of its resume (default 0: resume right after the pause). The ratio is p50(resume) ÷
 p50(pod start) (and the same for p99). Writes ``bench/results/resume_<runtime>.json`` and redraws
 ``bench/results/resume_vs_podstart.png`` from whichever result files exist.
 """
@@ -143,7 +145,9 @@ async def replayed_once(store: Any, envd: ConnectEnvdClient, sid: str) -> bool:
     return sorted(commands) == sorted(COMMANDS)
 
 
-async def measure(stack: TorporStack, raw: RawCycle, cycles: int, sandboxes: int) -> dict[str, Any]:
+async def measure(
+    stack: TorporStack, raw: RawCycle, cycles: int, sandboxes: int, gap: float = 0.0
+) -> dict[str, Any]:
     envd = ConnectEnvdClient()
     pauses: list[float] = []
     resumes: list[float] = []
@@ -164,12 +168,14 @@ async def measure(stack: TorporStack, raw: RawCycle, cycles: int, sandboxes: int
                 t0 = time.perf_counter()
                 await pause(http, sid)
                 pauses.append(time.perf_counter() - t0)
+                await asyncio.sleep(gap)  # a paused sandbox idles before it is resumed
                 stamps.append(round(time.time(), 3))
                 t0 = time.perf_counter()
                 code = await connect(http, sid)
                 resumes.append(time.perf_counter() - t0)
                 if code != 201 or not await replayed_once(store, envd, sid):
                     bad_replays += 1
+                await asyncio.sleep(gap)
                 started, stopped = await raw()
                 starts.append(started)
                 stops.append(stopped)
@@ -185,6 +191,7 @@ async def measure(stack: TorporStack, raw: RawCycle, cycles: int, sandboxes: int
     resume, start = summary(resumes), summary(starts)
     return {
         "cycles": cycles,
+        "gap_s": gap,
         "sandboxes": sandboxes,
         "processes_per_sandbox": len(COMMANDS),
         "pause": summary(pauses),
@@ -208,12 +215,12 @@ async def measure(stack: TorporStack, raw: RawCycle, cycles: int, sandboxes: int
     }
 
 
-async def run_local(cycles: int, sandboxes: int) -> dict[str, Any]:
+async def run_local(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, Any]:
     async with TorporStack() as stack, raw_local(stack) as raw:
-        return await measure(stack, raw, cycles, sandboxes)
+        return await measure(stack, raw, cycles, sandboxes, gap)
 
 
-async def run_kubernetes(cycles: int, sandboxes: int) -> dict[str, Any]:
+async def run_kubernetes(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, Any]:
     from tests.k8s.kubelet import TestKubelet
     from tests.k8s.plugin import admin_client, create_namespace
     from tests.k8s.rig import ControlPlane, ensure_binaries
@@ -241,7 +248,7 @@ async def run_kubernetes(cycles: int, sandboxes: int) -> dict[str, Any]:
             TorporStack(runtime="kubernetes", env=env, root=work / "stack") as stack,
             raw_kubernetes(plane.kubeconfig, "bench-raw") as raw,
         ):
-            result = await measure(stack, raw, cycles, sandboxes)
+            result = await measure(stack, raw, cycles, sandboxes, gap)
         result["control_plane"] = (
             "etcd + kube-apiserver + kube-controller-manager (tests/k8s/rig.py), "
             "test kubelet (bubblewrap pods)"
@@ -327,14 +334,21 @@ def main() -> None:
     parser.add_argument("--runtime", choices=("local", "kubernetes", "both"), default="local")
     parser.add_argument("--cycles", type=int, default=100)
     parser.add_argument("--sandboxes", type=int, default=4)
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        help="seconds of idle before each timed start (resume and bare pod alike)",
+    )
+    parser.add_argument("--suffix", default="", help="result file suffix, e.g. _gap1")
     parser.add_argument("--chart-only", action="store_true")
     args = parser.parse_args()
     if not args.chart_only:
         runtimes = ("local", "kubernetes") if args.runtime == "both" else (args.runtime,)
         for rt in runtimes:
             runner = run_local if rt == "local" else run_kubernetes
-            result = asyncio.run(runner(args.cycles, args.sandboxes))
-            path = write_result(f"resume_{rt}", {"runtime": rt, **result})
+            result = asyncio.run(runner(args.cycles, args.sandboxes, args.gap))
+            path = write_result(f"resume_{rt}{args.suffix}", {"runtime": rt, **result})
             report(rt, result)
             print(f"wrote {path}")
     if (png := chart()) is not None:

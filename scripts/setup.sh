@@ -29,3 +29,7 @@ if [[ ! -x /usr/bin/chromium && $(id -u) == 0 ]] && command -v apt-get >/dev/nul
     || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
     || echo "setup: could not install chromium (dashboard browser tests will skip)" >&2
 fi
+# Pods run the daemon from a read-only venv inside bubblewrap, where Python cannot cache bytecode:
+# compile once here (PYTHONDONTWRITEBYTECODE may be set in the environment) so pods start fast.
+PYTHONDONTWRITEBYTECODE= .venv/bin/python -m services.envd --precompile >/dev/null 2>&1 \
+  || echo "setup: could not precompile the daemon's bytecode (pods will start slower)" >&2

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import shutil
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +153,7 @@ async def _chaos(services: Services, names: list[str], stop: asyncio.Event) -> N
         await services.wait_ready(victim)
 
 
+@pytest.mark.timeout(max(300, CYCLES * 20))
 async def test_kill9_during_pause_resume_cycles(rig: Rig) -> None:
     names = ["snapshotter", "scaler"]
     for name in names:
@@ -163,9 +165,13 @@ async def test_kill9_during_pause_resume_cycles(rig: Rig) -> None:
         await _seed_processes(rig, sid)
     stop = asyncio.Event()
     chaos = asyncio.create_task(_chaos(rig.services, names, stop))
+    started = time.monotonic()
     try:
-        for _ in range(CYCLES):
+        for n in range(CYCLES):
             await asyncio.gather(*(_cycle(rig, sid) for sid in sids))
+            print(
+                f"cycle {n + 1}/{CYCLES} done at {time.monotonic() - started:.0f}s, kills={rig.services.kills}"
+            )
     finally:
         stop.set()
         await chaos
