@@ -18,6 +18,7 @@ from services.cli.instance import InstanceState, remove_state, write_state
 from services.cli.status_view import StatusView
 from services.cli.supervising import Child, Supervisor
 from shared.bus.server import EmbeddedNats, free_port
+from shared.runtime.local import pods
 from shared.settings import BusSettings
 
 
@@ -58,12 +59,18 @@ def child_env(plan: Plan, nats_url: str) -> dict[str, str]:
 
 def run_up(plan: Plan) -> int:
     """Blocks until Ctrl-C/SIGTERM. NATS starts first and stops last."""
-    nats = EmbeddedNats(data_dir=plan.data_dir / "nats", host=plan.host, port=plan.nats_port)
+    nats = EmbeddedNats(
+        data_dir=plan.data_dir / "nats", host=plan.host, port=plan.nats_port, die_with_parent=True
+    )
     nats.start()
     try:
         return asyncio.run(_supervise(plan, nats))
     finally:
         remove_state(plan.data_dir)
+        # Sandboxes stop with the instance (no orphans); their records keep replicas=1, so the
+        # next `torpor up` restarts them.
+        with contextlib.suppress(Exception):
+            asyncio.run(pods.stop_all(plan.data_dir, grace=2.0))
         nats.stop()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.errors import ConfigError
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the broker when its owner dies, even by ``kill -9`` (no orphaned broker
+    holding the port and the store)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def find_nats_server() -> str:
@@ -55,6 +66,7 @@ class EmbeddedNats:
     port: int = 0  # 0 picks a free port
     monitor_port: int = 0
     max_file_store: str = "8G"
+    die_with_parent: bool = False
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -102,6 +114,8 @@ class EmbeddedNats:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            # Only for an owner on its main thread: PDEATHSIG fires when the *thread* exits.
+            preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
         )
         self._wait_ready(timeout)
         return self

@@ -418,3 +418,13 @@ async def _wait_gone(procs: list[_PodProcess], within: float) -> bool:
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.1)
     return True
+
+
+async def stop_all(runtime_root: Path, *, grace: float) -> int:
+    """Stop every pod started with this data dir (the supervisor's shutdown sweep); records keep
+    their replicas, so the next start brings the sandboxes back. Returns how many were stopped."""
+    found = scan_pods(runtime_root)
+    await asyncio.gather(
+        *(stop_pod(pod.uid, runtime_root=runtime_root, grace=grace) for pod in found)
+    )
+    return len(found)
