@@ -95,7 +95,7 @@ class Workers:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.ports: list[int] = []
 
-    def start(self, service: str) -> None:
+    def start(self, service: str, *, log_level: str = "warning") -> None:
         port = free_port()
         env = {
             **os.environ,
@@ -105,7 +105,8 @@ class Workers:
             "TORPOR_LOCAL_FIRST_ADDRESS": SANDBOX_ADDRESSES,
             "TORPOR_HEALTH_HOST": "127.0.0.1",
             "TORPOR_HEALTH_PORT": str(port),
-            "TORPOR_LOG_LEVEL": "warning",
+            "TORPOR_LOG_LEVEL": log_level,
+            "TORPOR_LOG_FORMAT": "json",
         }
         with (self.logs / f"{service}.log").open("ab") as log:
             self.procs.append(
@@ -173,7 +174,8 @@ async def run(cycles: int, sandboxes: int) -> dict[str, Any]:
         await prepare(client, bus)
         await client.start()
         workers.start("snapshotter")
-        workers.start("scaler")
+        # info: the scaler's ``resume_timing`` lines give the per-phase breakdown below.
+        workers.start("scaler", log_level="info")
         await workers.ready()
         await floor.start()
         await floor.create(WorkloadSpec(name="floor", owner="bench", replicas=0))
@@ -224,6 +226,7 @@ async def run(cycles: int, sandboxes: int) -> dict[str, Any]:
             await lifecycle.kill(sid, owner="bench", wait=60)
     finally:
         workers.stop()
+        phases = resume_phases(tmp / "scaler.log")
         await floor.close()
         # The workers never stop pods (by design): a last supervisor on their data dir does.
         with contextlib.suppress(Exception):
@@ -250,6 +253,7 @@ async def run(cycles: int, sandboxes: int) -> dict[str, Any]:
         "ratio_resume_to_pod_start_p50": round(resume["p50_ms"] / pod["p50_ms"], 3),
         "ratio_resume_to_pod_start_p99": round(resume["p99_ms"] / pod["p99_ms"], 3),
         "bad_replays": bad_replays,
+        "resume_phases_in_scaler": phases,
         "load_1m_during": {"min": min(loads), "max": max(loads)} if loads else {},
         "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "measured_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -269,6 +273,27 @@ async def run(cycles: int, sandboxes: int) -> dict[str, Any]:
     return out
 
 
+def resume_phases(log: Path) -> dict[str, dict[str, float]]:
+    """p50/p99 of each phase the scaler logs per resume (``resume_timing``): ``queued`` (stream
+    to handler), ``claim`` (CAS to resuming), ``scale``, ``ready`` (new pod's daemon answers),
+    ``replay`` (List + Start of each process + replay mark), ``commit`` (CAS to running),
+    ``publish`` (the resumed event)."""
+    samples: dict[str, list[float]] = {}
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace").splitlines():
+            if '"resume_timing"' not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                for key, value in entry.items():
+                    if key.endswith("_ms") and isinstance(value, int | float):
+                        samples.setdefault(key.removesuffix("_ms"), []).append(value / 1000)
+    return {
+        name: {k: v for k, v in summary(values).items() if k in ("n", "p50_ms", "p99_ms")}
+        for name, values in samples.items()
+    }
+
+
 def table(result: dict[str, Any]) -> str:
     rows = [
         ("pause", result["pause"]),
@@ -284,6 +309,13 @@ def table(result: dict[str, Any]) -> str:
         f"resume / pod start: p50 {result['ratio_resume_to_pod_start_p50']:.2f}x, "
         f"p99 {result['ratio_resume_to_pod_start_p99']:.2f}x; bad replays: {result['bad_replays']}"
     )
+    phases = result.get("resume_phases_in_scaler") or {}
+    if phases:
+        lines.append(
+            "resume phases in the scaler (p50/p99 ms): "
+            + ", ".join(f"{k} {v['p50_ms']:.0f}/{v['p99_ms']:.0f}" for k, v in phases.items())
+        )
+    lines.append(f"load average (1 min) during the run: {result['load_1m_during']}")
     return "\n".join(lines)
 
 

@@ -2,7 +2,8 @@
 
 The listening socket is bound before the heavy imports (uvicorn, connectrpc, protobuf), so a
 client that connects during start-up waits in the backlog instead of being refused; ``/health``
-answers as soon as the HTTP server is up (the Connect services load on their first call).
+answers once the whole API can be served (the Connect services are loaded before the server
+starts: "ready" is what a resume's replay needs, not just an HTTP answer).
 The daemon imports nothing from ``shared``.
 
 ``--precompile`` writes bytecode for everything the daemon loads and exits: a daemon started from
@@ -94,6 +95,8 @@ def precompile() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Read once (parse_args' default); processes the daemon starts must not inherit the token.
+    os.environ.pop("ENVD_ACCESS_TOKEN", None)
     if args.precompile:
         return precompile()
     host, port = _split_listen(args.listen)

@@ -74,8 +74,9 @@ def _codecs() -> list[Codec[Message, Message]]:
 
 
 class _ConnectApps:
-    """The Connect services, built on first use: connectrpc and the protobuf runtime are most
-    of the daemon's import time, and ``/health`` (what a resume waits for) needs neither."""
+    """The Connect services: connectrpc and the protobuf runtime are most of the daemon's import
+    time. ``serve`` builds them before answering ``/health``; in-process users (tests, tools) that
+    never call the Connect API do not pay for them."""
 
     def __init__(self, table: ProcessTable, *, root: str, home: Callable[[], str]) -> None:
         from services.envd.filesystem_service import FilesystemService

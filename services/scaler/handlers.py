@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
+import structlog
 from faststream.nats import NatsMessage, NatsRouter
 from pydantic import BaseModel
 
@@ -44,6 +46,15 @@ _EVENTS: tuple[tuple[str, type[BaseModel], str], ...] = (
         "A transition gave up; the record is failed with a reason.",
     ),
 )
+
+
+def _queued_ms(msg: NatsMessage) -> float | None:
+    """From the command's storage in the stream to its handler (same host: one clock)."""
+    try:
+        stored = msg.raw_message.metadata.timestamp
+    except Exception:
+        return None
+    return round((datetime.now(UTC) - stored).total_seconds() * 1000, 1)
 
 
 def _sandbox_id_checked(msg: NatsMessage, body_sid: str) -> str:
@@ -97,6 +108,7 @@ def build_router(
         elif verb == "resume":
             resume = ResumeSandbox.model_validate(body)
             sid = _sandbox_id_checked(msg, resume.sandbox_id)
+            structlog.contextvars.bind_contextvars(queued_ms=_queued_ms(msg))
             cmd_id = header_msg_id(msg, msg_id("resume", sid, resume.generation))
 
             async def fail_resume(reason: str) -> None:

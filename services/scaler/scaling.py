@@ -66,6 +66,23 @@ async def _no_progress() -> None:
     return None
 
 
+class Spans:
+    """Durations of consecutive phases (ms), for the ``resume_timing`` log line."""
+
+    def __init__(self, started: float) -> None:
+        self._last = started
+        self._started = started
+        self._ms: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        now = time.monotonic()
+        self._ms[f"{phase}_ms"] = round((now - self._last) * 1000, 1)
+        self._last = now
+
+    def as_ms(self) -> dict[str, float]:
+        return {**self._ms, "total_ms": round((self._last - self._started) * 1000, 1)}
+
+
 class Scaler:
     def __init__(
         self,
@@ -217,10 +234,12 @@ class Scaler:
     ) -> Outcome:
         sid = cmd.sandbox_id
         started = time.monotonic()
+        spans = Spans(started)
         try:
             record = await self._store.update(
                 sid, t.begin("resume", cmd_msg_id, generation=cmd.generation)
             )
+            spans.mark("claim")
         except NotFound:
             return "skipped"
         except IllegalTransition:
@@ -235,22 +254,28 @@ class Scaler:
         try:
             await ensure_workload(self._runtime, record)
             await self._runtime.scale(sid, 1)
+            spans.mark("scale")
             await progress()
             endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
+            spans.mark("ready")
             await progress()
             outcomes = await self._replay(record, endpoint, progress)
+            spans.mark("replay")
             record = await self._store.update(
                 sid,
                 t.running(
                     op="resume", cmd_msg_id=cmd_msg_id, endpoint=endpoint, timeout=cmd.timeout
                 ),
             )
+            spans.mark("commit")
         except (IllegalTransition, NotFound):
             if await self._clean_up_if_killed(sid):
                 return "skipped"
             raise
         await self._publish_resumed(record, outcomes)
+        spans.mark("publish")
         metrics.observe("resume", "done", time.monotonic() - started)
+        log.info("resume_timing", **spans.as_ms())
         for o in outcomes:
             metrics.REPLAYED.labels("ok" if o.error is None else "error").inc()
         return "done"

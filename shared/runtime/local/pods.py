@@ -20,7 +20,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +92,11 @@ class PodLaunch:
     hostname: str
 
 
-def bwrap_argv(launch: PodLaunch) -> list[str]:
+def bwrap_argv(launch: PodLaunch, *, env_fd: int | None = None) -> list[str]:
+    """The pod's bwrap command line. With ``env_fd``, the pod's environment (access token, user
+    envs) is read by bwrap from that descriptor (``--args``, see :func:`env_args`) instead of
+    the command line, which every local user can read in ``ps``; only the ``TORPOR_*`` marks
+    that identify the pod stay in argv."""
     argv = [
         launch.bwrap,
         "--unshare-pid",
@@ -138,15 +142,27 @@ def bwrap_argv(launch: PodLaunch) -> list[str]:
     for mount in launch.mounts:
         argv += ["--ro-bind" if mount.read_only else "--bind", str(mount.source), mount.target]
     argv += ["--chdir", launch.workdir]
-    env = {
-        **launch.env,
+    marks = {
         ENV_POD_UID: launch.uid,
         ENV_WORKLOAD: launch.workload,
         ENV_RUNTIME_ROOT: str(launch.runtime_root),
     }
-    for key, value in env.items():
+    if env_fd is None:
+        for key, value in launch.env.items():
+            argv += ["--setenv", key, value]
+    else:
+        argv += ["--args", str(env_fd)]
+    for key, value in marks.items():
         argv += ["--setenv", key, value]
     return [*argv, "--", *launch.command]
+
+
+def env_args(env: Mapping[str, str]) -> bytes:
+    """``--setenv`` options for bwrap's ``--args FD``: NUL-separated, never on a command line."""
+    parts = []
+    for key, value in env.items():
+        parts += ["--setenv", key, value]
+    return b"".join(p.encode() + b"\0" for p in parts)
 
 
 def _is_within(path: Path, folder: Path) -> bool:
@@ -180,6 +196,72 @@ def code_dirs() -> list[Path]:
         and not any(p != o and _is_within(p, o) for o in paths)
     ]
     return sorted(kept)
+
+
+# ---- bytecode ---------------------------------------------------------------------------
+
+_BYTECODE_SENTINELS = ("uvicorn", "connectrpc", "protobuf")  # big third-party imports
+
+
+def _pyc(source: Path) -> Path:
+    return source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
+
+
+def daemon_bytecode_stale() -> bool:
+    """True when the daemon's bytecode is missing or older than its sources and can be written.
+
+    Pods see the code read-only, so a daemon whose bytecode is stale compiles its imports on
+    every start (a few hundred ms). Cheap: the daemon's own files (what developers edit) and the
+    package roots of its big dependencies (written by ``scripts/setup.sh``)."""
+    spec = importlib.util.find_spec("services.envd")
+    if spec is None or spec.origin is None:
+        return False
+    envd = Path(spec.origin).parent
+    if not os.access(envd, os.W_OK):
+        return False  # an installed read-only tree: nothing we could fix
+    sources = list(envd.rglob("*.py"))
+    for name in _BYTECODE_SENTINELS:
+        dep = importlib.util.find_spec(name)
+        if dep is not None and dep.origin is not None:
+            sources.append(Path(dep.origin))
+    for source in sources:
+        try:
+            if _pyc(source).stat().st_mtime < source.stat().st_mtime:
+                return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            continue
+    return False
+
+
+async def precompile_daemon(python: str) -> None:
+    """``python -m services.envd --precompile`` where the tree is writable (a developer's
+    checkout, CI); a failure only costs start-up time, so it is logged, not raised."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"}
+    }
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            python,
+            "-m",
+            "services.envd",
+            "--precompile",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+        )
+        out, _ = await proc.communicate()
+    except OSError as e:
+        log.warning("runtime.local.precompile_failed", error=str(e))
+        return
+    if proc.returncode != 0:
+        log.warning("runtime.local.precompile_failed", output=out.decode(errors="replace")[-300:])
+    else:
+        log.info("runtime.local.precompiled", output=out.decode(errors="replace").strip())
 
 
 # ---- resource limits ------------------------------------------------------------------
@@ -268,13 +350,33 @@ def limit_wrapper(limits: Limits, cgroup: Path | None) -> list[str]:
 # ---- process table --------------------------------------------------------------------
 
 
-async def spawn(argv: Sequence[str], log_path: Path) -> asyncio.subprocess.Process:
+def open_env_file(path: Path, env: Mapping[str, str]) -> int:
+    """The pod's environment for ``bwrap --args`` in an unlinked 0600 file (no size limit, unlike
+    a pipe written before the reader starts): a descriptor at its start, to be passed to the pod.
+    Nothing stays on disk."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.unlink(path)
+        data = env_args(env)
+        while data:
+            data = data[os.write(fd, data) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+async def spawn(
+    argv: Sequence[str], log_path: Path, *, pass_fds: Sequence[int] = ()
+) -> asyncio.subprocess.Process:
     with log_path.open("ab") as out:
         return await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=out,
             stderr=out,
+            pass_fds=tuple(pass_fds),
             start_new_session=True,  # survives the owner; no terminal signals from it
         )
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import os
 import shutil
 import sys
 import time
@@ -69,6 +70,7 @@ DEFAULT_BUCKET = "torpor_workloads"
 # Kubernetes' limit for all annotations of one object; the local runtime enforces the same.
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 _BACKOFF_MAX = 30.0
+ENV_ACCESS_TOKEN = "ENVD_ACCESS_TOKEN"  # noqa: S105 - a variable name, read by the daemon
 
 
 class LocalRuntime:
@@ -116,6 +118,7 @@ class LocalRuntime:
         (self._data_dir / "pods").mkdir(parents=True, exist_ok=True)
         (self._data_dir / "logs").mkdir(parents=True, exist_ok=True)
         self._cgroup_parent = await asyncio.to_thread(pods.cgroup_parent)
+        await _precompile_once(self._python)
         try:
             self._nc = await nats.connect(self._nats_url, max_reconnect_attempts=-1)
         except Exception as e:  # nats-py raises several unrelated types on connect failure
@@ -284,10 +287,9 @@ class LocalRuntime:
                 # The daemon binds before importing its app: one patient probe is the fastest.
                 patience = max(0.05, min(deadline - time.monotonic(), 5.0))
                 if pod is not None and await self._healthy(client, record.address, patience):
-                    if pod.ready:
+                    if pod.ready or await self._mark_ready(name, pod.uid):
                         return Endpoint(host=record.address, port=ENVD_PORT, pod_uid=pod.uid)
-                    await self._mark_ready(name, pod.uid)
-                    continue
+                    continue  # replaced or stopped meanwhile: look again
                 if time.monotonic() >= deadline:
                     msg = f"pod of {name} not ready within {timeout:g}s{self._log_tail(record)}"
                     raise PodNotReady(msg)
@@ -360,14 +362,19 @@ class LocalRuntime:
             return False
         return response.is_success
 
-    async def _mark_ready(self, name: str, uid: str) -> None:
+    async def _mark_ready(self, name: str, uid: str) -> bool:
+        """Record that pod ``uid`` answered; False when it is no longer the workload's pod."""
+
         def change(record: WorkloadRecord) -> WorkloadRecord | None:
             if record.pod is None or record.pod.uid != uid or record.pod.ready:
                 return None
             return record.model_copy(update={"pod": record.pod.model_copy(update={"ready": True})})
 
-        with contextlib.suppress(NotFound):
-            await self._store.mutate(name, change)
+        try:
+            record, _ = await self._store.mutate(name, change)
+        except NotFound:
+            return False
+        return record.pod is not None and record.pod.uid == uid and not record.deleting
 
     def _log_tail(self, record: WorkloadRecord) -> str:
         candidates = [Path(record.pod.pod_dir) / "pod.log"] if record.pod else []
@@ -567,11 +574,20 @@ class LocalRuntime:
         cgroup = None
         if self._cgroup_parent is not None:
             cgroup = await asyncio.to_thread(pods.make_cgroup, self._cgroup_parent, uid, pod_limits)
-        argv = [*pods.limit_wrapper(pod_limits, cgroup), *pods.bwrap_argv(launch)]
         self._starting.add(uid)
         try:
             try:
-                process = await pods.spawn(argv, pod_dir / "pod.log")
+                env_fd = await asyncio.to_thread(
+                    pods.open_env_file, pod_dir / "env.args", launch.env
+                )
+                try:
+                    argv = [
+                        *pods.limit_wrapper(pod_limits, cgroup),
+                        *pods.bwrap_argv(launch, env_fd=env_fd),
+                    ]
+                    process = await pods.spawn(argv, pod_dir / "pod.log", pass_fds=[env_fd])
+                finally:
+                    os.close(env_fd)
             except OSError as e:
                 await asyncio.to_thread(_remove_pod_dir, pod_dir)
                 msg = f"cannot start a pod for {record.name}: {e}"
@@ -599,13 +615,18 @@ class LocalRuntime:
     def _pod_env(self, template: Template, record: WorkloadRecord) -> dict[str, str]:
         system_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         path = f"{Path(sys.base_prefix) / 'bin'}:{system_path}"
-        return {
+        env = {
             "PATH": path,
             **template.env,
             **record.envs,
             "E2B_SANDBOX": "true",
             "E2B_SANDBOX_ID": record.name,
         }
+        if record.access_token:
+            # Not ``--access-token`` in argv: visible in ``ps``, and a token starting with "-"
+            # would be read as an option. The daemon drops it from the environment it hands on.
+            env[ENV_ACCESS_TOKEN] = record.access_token
+        return env
 
     def _command(self, template: Template, record: WorkloadRecord) -> builtins.list[str]:
         if template.command is not None:
@@ -616,7 +637,7 @@ class LocalRuntime:
                 "root": "/workspace",
             }
             return [part.format(**values) for part in template.command]
-        argv = [
+        return [
             self._python,
             "-m",
             "services.envd",
@@ -625,9 +646,6 @@ class LocalRuntime:
             "--root",
             "/workspace",
         ]
-        if record.access_token:
-            argv += ["--access-token", record.access_token]
-        return argv
 
     async def _cleanup(self, pod: PodRecord, *, keep_log_as: str | None = None) -> None:
         """Stop (if needed) and discard a pod: its workspace goes, like a container's disk."""
@@ -660,6 +678,17 @@ class LocalRuntime:
             with contextlib.suppress(NotFound):
                 await self._store.mutate(name, change)
         await self._stop_strays(set())
+
+
+_precompiled: set[str] = set()  # interpreters whose daemon bytecode this process checked
+
+
+async def _precompile_once(python: str) -> None:
+    if python in _precompiled:
+        return
+    _precompiled.add(python)
+    if await asyncio.to_thread(pods.daemon_bytecode_stale):
+        await pods.precompile_daemon(python)
 
 
 def _needs_work(record: WorkloadRecord) -> bool:
