@@ -34,6 +34,8 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -282,6 +284,8 @@ async def run_kubernetes(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[
     finally:
         await asyncio.to_thread(kubelet.stop)
         await asyncio.to_thread(plane.stop)
+        if not os.environ.get("TORPOR_BENCH_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- output

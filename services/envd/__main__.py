@@ -14,6 +14,7 @@ compiles, and compiling uvicorn, connectrpc and protobuf from source is most of 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import sys
@@ -94,6 +95,7 @@ def precompile() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    gc.disable()  # until start-up is done (services.envd.server.serve): a few % of it
     args = parse_args(argv)
     # Read once (parse_args' default); processes the daemon starts must not inherit the token.
     os.environ.pop("ENVD_ACCESS_TOKEN", None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import logging
 import socket
@@ -65,6 +66,11 @@ def serve(sock: socket.socket, *, root: str, access_token: str | None, log_level
     # right after "ready" does not pay for them, and pod start measures the whole start.
     _ = app.connect_apps
     server = _server(app, log_level)
+    server.config.load()  # uvicorn's protocol classes, also before /health answers
+    # Start-up ran without the cyclic GC (main() turned it off: imports create no garbage worth
+    # collecting); what they built lives as long as the daemon, so keep it out of later passes.
+    gc.freeze()
+    gc.enable()
 
     async def run() -> None:
         app.table.install(asyncio.get_running_loop())

@@ -253,6 +253,8 @@ async def _pause(rig: Rig, sid: str, rec: SandboxRecord, variant: str) -> None:
             )
         rig.tally.faults[variant] += 1
     else:
+        if variant == "daemon_stopped":  # no daemon process found for the record's address
+            rig.tally.ops["daemon_not_found"] += 1
         await _call(rig, "pause", "POST", f"/sandboxes/{sid}/pause")
     rig.tally.ops["pause"] += 1
 
@@ -315,9 +317,6 @@ async def _worker(rig: Rig, index: int, budget: list[int], deadline: float) -> N
                 rig.tally.faults["expiry"] += 1
                 continue
             await _pause(rig, sid, rec, variant)
-            if variant == "reordered":
-                after = await _steady(rig, sid)
-                rig.tally.ops[f"reordered_ends_{after.state.value if after else 'gone'}"] += 1
         elif rec.state in (SandboxState.PAUSED, SandboxState.FAILED):
             await _resume(rig, sid, rec, variant, 6 if index == 0 else 3600)
             after = await _steady(rig, sid)

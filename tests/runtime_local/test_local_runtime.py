@@ -233,3 +233,51 @@ async def test_two_runtimes_on_one_bucket_run_one_pod(
     await b.delete(name)
     assert await a.get(name) is None
     assert pods.scan_pods(data_dir) == []
+
+
+async def test_access_token_is_not_on_a_command_line(
+    local_runtime: LocalRuntimeFactory, data_dir: Path
+) -> None:
+    """The token reaches the daemon through bwrap's ``--args`` descriptor, not argv (which any
+    local user reads in ``ps``); one starting with "-" is not taken for an option; processes the
+    daemon starts do not inherit it."""
+    import httpx
+
+    from shared.envd.client import ConnectEnvdClient
+    from shared.models.snapshots import ProcessConfig
+
+    rt = await local_runtime()
+    name = new_name()
+    token = "-looks-like-an-option-" + uuid.uuid4().hex
+    await rt.create(WorkloadSpec(name=name, owner="alice", access_token=token))
+    ep = await rt.wait_ready(name, timeout=READY)
+    [outer] = [p.pid for p in pods.scan_pods(data_dir) if p.uid == ep.pod_uid]
+    for pid in [outer, *pods.descendants(outer)]:
+        assert token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert not list((data_dir / "pods" / ep.pod_uid).glob("env*")), "the env file stayed on disk"
+
+    async with httpx.AsyncClient(trust_env=False) as http:
+        url = f"http://{ep.host}:{ep.port}/envs"
+        assert (await http.get(url)).status_code == 401
+        assert (await http.get(url, headers={"X-Access-Token": token})).status_code == 200
+
+    envd = ConnectEnvdClient()
+    try:
+        pid = await envd.start_process(
+            ep,
+            ProcessConfig(cmd="/bin/sh", args=["-c", "env > /workspace/env.txt"]),
+            tag=None,
+            access_token=token,
+        )
+        assert pid > 0
+        for _ in range(100):
+            seen = data_dir / "pods" / ep.pod_uid / "workspace" / "env.txt"
+            if seen.exists() and seen.read_text().strip():
+                break
+            await asyncio.sleep(0.05)
+        env = seen.read_text()
+        assert f"E2B_SANDBOX_ID={name}" in env
+        assert "ENVD_ACCESS_TOKEN" not in env
+        assert token not in env
+    finally:
+        await envd.close()

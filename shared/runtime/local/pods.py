@@ -119,13 +119,6 @@ def bwrap_argv(launch: PodLaunch, *, env_fd: int | None = None) -> list[str]:
             argv += ["--symlink", os.readlink(folder), folder]
         elif os.path.isdir(folder):
             argv += ["--ro-bind", folder, folder]
-    for code_dir in launch.code_dirs:
-        argv += ["--ro-bind", str(code_dir), str(code_dir)]
-    for folder in [*_SYSTEM_DIRS, *map(str, launch.code_dirs)]:
-        # Hide the data dir if one of the read-only binds contains it.
-        if _is_within(launch.runtime_root, Path(folder)):
-            argv += ["--tmpfs", str(launch.runtime_root)]
-            break
     argv += [
         "--proc",
         "/proc",
@@ -135,10 +128,16 @@ def bwrap_argv(launch: PodLaunch, *, env_fd: int | None = None) -> list[str]:
         "/tmp",  # noqa: S108 - the pod's own /tmp, a fresh tmpfs
         "--tmpfs",
         "/run",
-        "--bind",
-        str(launch.workspace),
-        "/workspace",
     ]
+    # After the /tmp and /run tmpfs: a checkout or venv that lives under /tmp must stay visible.
+    for code_dir in launch.code_dirs:
+        argv += ["--ro-bind", str(code_dir), str(code_dir)]
+    for folder in [*_SYSTEM_DIRS, *map(str, launch.code_dirs)]:
+        # Hide the data dir if one of the read-only binds contains it.
+        if _is_within(launch.runtime_root, Path(folder)):
+            argv += ["--tmpfs", str(launch.runtime_root)]
+            break
+    argv += ["--bind", str(launch.workspace), "/workspace"]
     for mount in launch.mounts:
         argv += ["--ro-bind" if mount.read_only else "--bind", str(mount.source), mount.target]
     argv += ["--chdir", launch.workdir]
