@@ -24,8 +24,10 @@ import uuid
 from pathlib import Path
 
 from shared.bus.server import EmbeddedNats
+from shared.logging import configure
 from shared.runtime.local import LocalRuntime
 from shared.runtime.models import WorkloadSpec
+from shared.settings import LoggingSettings
 
 RESULTS = Path(__file__).with_name("results") / "pod_start_local.json"
 BASELINE_ADDRESS = "127.0.20.250"
@@ -127,6 +129,7 @@ async def run(cycles: int, work: Path) -> dict[str, object]:
 
 
 def main() -> None:
+    configure(LoggingSettings(log_level="warning"), service="bench")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=50)
     args = parser.parse_args()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Literal
 
@@ -252,15 +252,16 @@ class Scaler:
                 await self._publish_resumed(current, [])  # done before; the event may be missing
             return "skipped"
         try:
-            await ensure_workload(self._runtime, record)
+            workload = await ensure_workload(self._runtime, record)
             await self._runtime.scale(sid, 1)
             spans.mark("scale")
             await progress()
             endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
             spans.mark("ready")
             await progress()
-            outcomes = await self._replay(record, endpoint, progress)
-            spans.mark("replay")
+            # Annotations as read before the scale: only this resume writes them meanwhile.
+            outcomes = await self._replay(record, endpoint, workload.annotations, progress, spans)
+            spans.mark("replay_mark")
             record = await self._store.update(
                 sid,
                 t.running(
@@ -281,11 +282,14 @@ class Scaler:
         return "done"
 
     async def _replay(
-        self, record: SandboxRecord, endpoint: Endpoint, progress: Progress
+        self,
+        record: SandboxRecord,
+        endpoint: Endpoint,
+        annotations: Mapping[str, str],
+        progress: Progress,
+        spans: Spans | None = None,
     ) -> list[ProcessOutcome]:
         """Start every snapshot process once in this pod, in order; failures are reported."""
-        workload = await self._runtime.get(record.sandbox_id)
-        annotations = workload.annotations if workload is not None else {}
         value = annotations.get(ANNOTATION_SNAPSHOT)
         if value is None and record.snapshot is not None:
             value = record.snapshot.annotation
@@ -301,6 +305,8 @@ class Scaler:
         running = await self._envd.list_processes(
             endpoint, access_token=token, timeout=self._start_timeout
         )
+        if spans is not None:
+            spans.mark("replay_list")
         outcomes: list[ProcessOutcome] = []
         for step in plan(snapshot.processes, running):
             p = step.process
@@ -323,6 +329,8 @@ class Scaler:
                     outcome.model_copy(update={"error": f"{type(e).__name__}: {e}"[:500]})
                 )
             await progress()
+        if spans is not None:
+            spans.mark("replay_start")
         await self._runtime.patch_annotations(record.sandbox_id, {ANNOTATION_REPLAYED: key})
         log.info(
             "replayed",

@@ -190,15 +190,19 @@ class KubernetesRuntime:
             msg = f"pods of {self._ns}/{name} still exist after {timeout:g}s"
             raise RuntimeFailure(msg) from None
 
-    async def delete(self, name: str) -> None:
+    async def delete(self, name: str, *, pods_gone_timeout: float = 60.0) -> None:
+        """Delete the ReplicaSet and wait (watch) until its pods are gone too: the port promises
+        the pods are deleted, and the garbage collector removes them asynchronously."""
         try:
             with api_errors(f"delete ReplicaSet {self._ns}/{name}"):
                 await self._apps.delete_namespaced_replica_set(
                     name, self._ns, propagation_policy="Background"
                 )
         except NotFound:
-            return
-        log.info("k8s.workload_deleted", name=name, namespace=self._ns)
+            pass
+        else:
+            log.info("k8s.workload_deleted", name=name, namespace=self._ns)
+        await self.wait_stopped(name, timeout=pods_gone_timeout)
 
     async def list(self, *, labels: Mapping[str, str] | None = None) -> list[Workload]:
         wanted = selector({**(labels or {}), LABEL_MANAGED_BY: MANAGED_BY})
