@@ -111,6 +111,7 @@ class ProxyApp:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.settings = settings
+        self._slots: dict[tuple[str, int], asyncio.Semaphore] = {}
         self.registry = registry or CollectorRegistry()
         self._connect = connect
         self._wiring: ProxyWiring | None = None
@@ -305,12 +306,21 @@ class ProxyApp:
                 open_timeout=self.settings.connect_timeout,
             )
             return
-        status = await forward_http(
-            self._upstream(), scope, receive, send, body, host=host, port=target.port
-        )
+        async with self._slot(host, target.port):
+            status = await forward_http(
+                self._upstream(), scope, receive, send, body, host=host, port=target.port
+            )
         self._requests.labels("proxied").inc()
         self._ttfb.observe(time.perf_counter() - started)
         log.debug("proxied", port=target.port, status=status)
+
+    def _slot(self, host: str, port: int) -> asyncio.Semaphore:
+        """Bound concurrent exchanges per upstream (host, port); see ``max_connections``."""
+        key = (host, port)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = asyncio.Semaphore(self.settings.max_connections)
+        return slot
 
     async def _authorise(
         self, scope: Scope, target: Target, record: SandboxRecord, wiring: ProxyWiring

@@ -35,4 +35,7 @@ class ProxySettings(_Base):
     # E2B's default: ports other than the daemon's are reachable without a token. Set to false
     # to require the sandbox's X-Access-Token on every port.
     public_ports: bool = True
-    max_connections: int = Field(default=1000, ge=1)
+    # TORPOR_PROXY_MAX_CONNECTIONS: concurrent upstream HTTP exchanges per sandbox port; more
+    # requests queue here instead of overflowing a small accept backlog in the sandbox (Python's
+    # http.server listens with a backlog of 5; overflowed handshakes stall for minutes).
+    max_connections: int = Field(default=32, ge=1)
