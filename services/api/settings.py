@@ -30,6 +30,12 @@ class ApiSettings(_Base):
     create_wait: float = 60.0
     transition_wait: float = 55.0
     list_max_limit: int = 100
+    # TORPOR_DEFAULT_TEMPLATE: what E2B's default template name "base" (the SDK's default when
+    # no template is given) creates.
+    default_template: str = "sandbox-base"
+
+    def resolve_template(self, name: str) -> str:
+        return self.default_template if name == "base" else name
 
 
 class ApiServiceSettings:

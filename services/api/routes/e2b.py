@@ -91,7 +91,7 @@ async def create_sandbox(
     request = CreateRequest(
         owner=caller.name,
         sandbox_id=_idempotent_id(caller.name, idempotency_key) if idempotency_key else None,
-        template=body.template_id,
+        template=w.settings.resolve_template(body.template_id),
         timeout=_timeout(w, body.timeout),
         auto_pause=body.wants_auto_pause(),
         auto_resume=body.wants_auto_resume(),
