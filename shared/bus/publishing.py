@@ -7,6 +7,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel
 
+from shared.bus import topology
 from shared.bus.middleware import CAUSATION_HEADER, CORRELATION_HEADER, MSG_ID_HEADER
 from shared.errors import Unavailable
 
@@ -40,9 +41,8 @@ class BrokerPublisher:
             raise Unavailable(msg) from e
         return not bool(getattr(ack, "duplicate", False))
 
-def _stream_for(subject: str) -> str:
-    from shared.bus import topology
 
+def _stream_for(subject: str) -> str:
     if subject.startswith("sandbox.cmd."):
         return topology.STREAM_CMD
     if subject.startswith("sandbox.evt."):

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from shared.bus.ports import Mutation
@@ -64,14 +64,18 @@ class KvSandboxStore:
             await self._kv.delete(sandbox_id)
 
     async def list(self) -> list[SandboxRecord]:
-        try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            return []
+        """Every live record in one pass: a watch delivers each key's latest value and then a
+        ``None`` marker (one round trip, not a ``get`` per key)."""
+        watcher = await self._kv.watchall(ignore_deletes=True)
         out: list[SandboxRecord] = []
-        for key in keys:
-            if (record := await self.get(key)) is not None:
-                out.append(record)
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    break
+                if entry.value and entry.operation not in ("DEL", "PURGE"):
+                    out.append(SandboxRecord.model_validate_json(entry.value))
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
         return out
 
     async def wait_for(
