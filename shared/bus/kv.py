@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from shared.errors import Conflict
@@ -32,7 +32,15 @@ class NatsBucket:
             raise Conflict(msg) from e
 
     async def keys(self) -> list[str]:
-        try:
-            return list(await self._kv.keys())
-        except NoKeysError:
-            return []
+        return await key_names(self._kv)
+
+
+async def key_names(kv: KeyValue) -> list[str]:
+    """Every key with a message in the bucket (deleted ones included: their ``get`` is ``None``).
+
+    One ``stream_info`` with a subjects filter, instead of ``KeyValue.keys()``: that one's watcher
+    can report "no more keys" before it has processed keys already delivered to it (seen as an
+    empty list under load)."""
+    pre = kv._pre
+    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{pre}>")
+    return [subject[len(pre) :] for subject in (info.state.subjects or {})]

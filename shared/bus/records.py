@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from shared.bus.kv import key_names
 from shared.bus.ports import Mutation
 from shared.errors import Conflict, NotFound
 from shared.models.sandboxes import SandboxRecord
@@ -64,18 +65,10 @@ class KvSandboxStore:
             await self._kv.delete(sandbox_id)
 
     async def list(self) -> list[SandboxRecord]:
-        """Every live record in one pass: a watch delivers each key's latest value and then a
-        ``None`` marker (one round trip, not a ``get`` per key)."""
-        watcher = await self._kv.watchall(ignore_deletes=True)
         out: list[SandboxRecord] = []
-        try:
-            async for entry in watcher:
-                if entry is None:
-                    break
-                if entry.value and entry.operation not in ("DEL", "PURGE"):
-                    out.append(SandboxRecord.model_validate_json(entry.value))
-        finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+        for key in await key_names(self._kv):
+            if (record := await self.get(key)) is not None:
+                out.append(record)
         return out
 
     async def wait_for(

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from e2b import AuthenticationException, Sandbox
 
+from tests.conftest import skip_or_fail
 from tests.envd.conftest import TOKEN, Daemon
 
 AUTH = {"X-Access-Token": TOKEN}
@@ -167,7 +168,7 @@ def test_files_out_of_space_is_507(daemon: Daemon) -> None:
     import stat
 
     if not os.path.exists("/dev/full") or not stat.S_ISCHR(os.stat("/dev/full").st_mode):
-        pytest.skip("no /dev/full character device")
+        skip_or_fail("no /dev/full character device")
     r = httpx.post(
         f"{daemon.url}/files",
         params={"path": "/dev/full"},
