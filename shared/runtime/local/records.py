@@ -15,11 +15,11 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
 )
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.bus.kv import key_names
 from shared.errors import Conflict, NotFound
 
 WORKLOAD_PREFIX = "wl."
@@ -125,11 +125,9 @@ class WorkloadStore:
             raise Conflict(msg) from e
 
     async def _keys(self, prefix: str) -> list[str]:
-        # nats-py's ``keys(filters=...)`` matches substrings, so filter by prefix here.
-        try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            return []
+        # Deleted keys are included; their ``get`` is None. (Not ``KeyValue.keys()``: it can miss
+        # keys under load, and a start-up stray sweep that sees no workloads stops every pod.)
+        keys = await key_names(self._kv)
         return sorted(k.removeprefix(prefix) for k in keys if k.startswith(prefix))
 
     async def names(self) -> list[str]:
@@ -161,4 +159,5 @@ class WorkloadStore:
             return
 
     async def reserved_addresses(self) -> list[str]:
-        return [k.replace("-", ".") for k in await self._keys(ADDRESS_PREFIX)]
+        addresses = [k.replace("-", ".") for k in await self._keys(ADDRESS_PREFIX)]
+        return [a for a in addresses if await self.address_holder(a) is not None]
