@@ -33,6 +33,7 @@ def workload_spec(record: SandboxRecord, *, replicas: int = 1) -> WorkloadSpec:
         annotations=annotations,
         envs=dict(record.envs),
         access_token=record.envd_access_token,
+        network=record.network,
         replicas=1 if replicas else 0,
     )
 

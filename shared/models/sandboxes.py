@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.models.network import OPEN, NetworkPolicy
+
 SCHEMA_VERSION = 1
 
 
@@ -88,6 +90,7 @@ class SandboxRecord(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     envs: dict[str, str] = Field(default_factory=dict)
     envd_access_token: str | None = None
+    network: NetworkPolicy = OPEN
     host: str | None = None  # the current pod's daemon address (pod IP); None unless running
     pod_uid: str | None = None
     created_at: datetime

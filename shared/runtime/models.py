@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.models.network import OPEN, NetworkPolicy
+
 # Labels every workload carries, in Kubernetes label syntax (also used by the local runtime).
 LABEL_SANDBOX_ID = "torpor.dev/sandbox-id"
 LABEL_OWNER = "torpor.dev/owner"
@@ -15,6 +17,8 @@ MANAGED_BY = "torpor"
 ANNOTATION_SNAPSHOT = "torpor.dev/snapshot"
 # Which snapshot the current pod has already replayed (keyed by snapshot id: replay once).
 ANNOTATION_REPLAYED = "torpor.dev/replayed-snapshot"
+# The workload's network policy (JSON of NetworkPolicy), where a runtime keeps it on the object.
+ANNOTATION_NETWORK = "torpor.dev/network"
 ENVD_PORT = 49983
 
 
@@ -33,6 +37,7 @@ class WorkloadSpec(_Frozen):
     envs: dict[str, str] = Field(default_factory=dict)
     access_token: str | None = None  # passed to the daemon (X-Access-Token)
     replicas: Literal[0, 1] = 1
+    network: NetworkPolicy = OPEN  # enforced by the runtime for every pod of the workload
 
 
 class Endpoint(_Frozen):

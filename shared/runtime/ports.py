@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from shared.models.network import NetworkPolicy
 from shared.runtime.models import Endpoint, Workload, WorkloadSpec
 
 
@@ -36,6 +37,11 @@ class Runtime(Protocol):
 
     async def scale(self, name: str, replicas: int) -> Workload:
         """Set desired replicas to 0 or 1 (idempotent)."""
+        ...
+
+    async def set_network(self, name: str, policy: NetworkPolicy) -> None:
+        """Replace the workload's network policy; applies to its running pod at once and to
+        every later pod (kept across scale 0/1). ``NotFound`` for a missing workload."""
         ...
 
     async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:

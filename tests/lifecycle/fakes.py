@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Mapping
 
 from shared.errors import EnvdUnavailable, NotFound, PodNotReady
+from shared.models.network import NetworkPolicy
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.runtime.models import Endpoint, Workload, WorkloadSpec
 
@@ -25,6 +26,7 @@ class FakeRuntime:
         self._version = itertools.count(1)
         self._addresses = itertools.count(2)
         self._address: dict[str, str] = {}
+        self.networks: dict[str, NetworkPolicy] = {}
 
     def _put(self, wl: Workload, **update: object) -> Workload:
         new = wl.model_copy(update={**update, "resource_version": str(next(self._version))})
@@ -50,6 +52,11 @@ class FakeRuntime:
 
     async def get(self, name: str) -> Workload | None:
         return self.workloads.get(name)
+
+    async def set_network(self, name: str, policy: NetworkPolicy) -> None:
+        if name not in self.workloads:
+            raise NotFound(f"workload {name} not found")
+        self.networks[name] = policy
 
     async def patch_annotations(
         self,

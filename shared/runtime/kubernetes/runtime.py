@@ -20,6 +20,7 @@ from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
 from shared.errors import ConfigError, Conflict, NotFound, PodNotReady, RuntimeFailure
+from shared.models.network import NetworkPolicy
 from shared.runtime.kubernetes.errors import api_errors
 from shared.runtime.kubernetes.objects import (
     Pod,
@@ -33,6 +34,7 @@ from shared.runtime.kubernetes.objects import (
 )
 from shared.runtime.kubernetes.templates import PodTemplates
 from shared.runtime.models import (
+    ANNOTATION_NETWORK,
     LABEL_MANAGED_BY,
     LABEL_SANDBOX_ID,
     MANAGED_BY,
@@ -168,6 +170,10 @@ class KubernetesRuntime:
             raise NotFound(msg)
         log.info("k8s.workload_scaled", name=name, replicas=replicas)
         return workload
+
+    async def set_network(self, name: str, policy: NetworkPolicy) -> None:
+        # Recorded on the ReplicaSet so it is kept across scale 0/1.
+        await self.patch_annotations(name, {ANNOTATION_NETWORK: policy.model_dump_json()})
 
     async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
         rs = await self._read(name)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.bus.kv import key_names
 from shared.errors import Conflict, NotFound
+from shared.models.network import OPEN, NetworkPolicy
 
 WORKLOAD_PREFIX = "wl."
 ADDRESS_PREFIX = "addr."
@@ -49,6 +50,7 @@ class WorkloadRecord(_Frozen):
     annotations: dict[str, str]
     envs: dict[str, str] = Field(default_factory=dict)
     access_token: str | None = None
+    network: NetworkPolicy = OPEN
     replicas: int
     address: str  # this workload's loopback address, stable for its lifetime
     pod: PodRecord | None = None  # the current pod (not terminating)

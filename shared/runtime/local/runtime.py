@@ -50,6 +50,7 @@ from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
 from shared.errors import Conflict, NotFound, PodNotReady, RuntimeFailure, Unavailable
+from shared.models.network import NetworkPolicy
 from shared.runtime.local import pods
 from shared.runtime.local.records import PodRecord, WorkloadRecord, WorkloadStore
 from shared.runtime.models import (
@@ -197,6 +198,7 @@ class LocalRuntime:
             annotations=dict(spec.annotations),
             envs=dict(spec.envs),
             access_token=spec.access_token,
+            network=spec.network,
             replicas=spec.replicas,
             address=address,
         )
@@ -273,6 +275,18 @@ class LocalRuntime:
         record, revision = await self._store.mutate(name, change)
         self._kick(name)
         return self._view(record, revision)
+
+    async def set_network(self, name: str, policy: NetworkPolicy) -> None:
+        def change(record: WorkloadRecord) -> WorkloadRecord | None:
+            if record.deleting:
+                msg = f"workload {name} is being deleted"
+                raise NotFound(msg)
+            if record.network == policy:
+                return None
+            return record.model_copy(update={"network": policy})
+
+        await self._store.mutate(name, change)
+        self._kick(name)
 
     async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
         deadline = time.monotonic() + timeout
