@@ -1,8 +1,13 @@
 """API keys and users over two ``Bucket``s (KV ``torpor_api_keys`` and ``torpor_users``).
 
-Keys are 192-bit random secrets. Because they are high-entropy, a plain sha256 is enough to make
-the stored value useless to a reader of the bucket (no slow KDF needed), and looking a key up by
-its hash means no secret is ever compared in variable time.
+Keys are ``e2b_`` followed by 40 lowercase hex digits (160 random bits): the format every
+``e2b`` SDK version accepts (2.25-2.45 refuse anything else client-side unless
+E2B_VALIDATE_API_KEY=false). Keys issued earlier as ``torpor_<48 hex>`` keep working: a key is
+looked up by its hash, whatever its prefix.
+
+Because keys are high-entropy, a plain sha256 is enough to make the stored value useless to a
+reader of the bucket (no slow KDF needed), and looking a key up by its hash means no secret is
+ever compared in variable time.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from shared.auth.models import ApiKeyInfo, ApiKeyRecord, User, check_user_name
 from shared.auth.ports import Bucket, Users
 from shared.errors import Conflict, NotFound
 
-SECRET_PREFIX = "torpor_"  # noqa: S105 - a prefix, not a secret
+SECRET_PREFIX = "e2b_"  # noqa: S105 - a prefix, not a secret
 _MAX_SECRET_LEN = 256
 
 Clock = Callable[[], datetime]
@@ -27,7 +32,7 @@ def _now() -> datetime:
 
 
 def new_secret() -> str:
-    return SECRET_PREFIX + secrets.token_hex(24)
+    return SECRET_PREFIX + secrets.token_hex(20)
 
 
 def hash_secret(secret: str) -> str:
