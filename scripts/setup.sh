@@ -31,5 +31,5 @@ if [[ ! -x /usr/bin/chromium && $(id -u) == 0 ]] && command -v apt-get >/dev/nul
 fi
 # Pods run the daemon from a read-only venv inside bubblewrap, where Python cannot cache bytecode:
 # compile once here (PYTHONDONTWRITEBYTECODE may be set in the environment) so pods start fast.
-PYTHONDONTWRITEBYTECODE= .venv/bin/python -m services.envd --precompile >/dev/null 2>&1 \
+PYTHONDONTWRITEBYTECODE= .venv/bin/python -X pycache_prefix=.venv/var/torpor-pycache -m services.envd --precompile >/dev/null 2>&1 \
   || echo "setup: could not precompile the daemon's bytecode (pods will start slower)" >&2

@@ -18,7 +18,7 @@ from services.cli.instance import InstanceState, remove_state, write_state
 from services.cli.status_view import StatusView
 from services.cli.supervising import Child, Supervisor
 from shared.bus.server import EmbeddedNats, free_port
-from shared.runtime.local import pods
+from shared.runtime.local import procfs
 from shared.settings import BusSettings
 
 
@@ -70,7 +70,7 @@ def run_up(plan: Plan) -> int:
         # Sandboxes stop with the instance (no orphans); their records keep replicas=1, so the
         # next `torpor up` restarts them.
         with contextlib.suppress(Exception):
-            asyncio.run(pods.stop_all(plan.data_dir, grace=2.0))
+            asyncio.run(procfs.stop_all(plan.data_dir, grace=2.0))
         nats.stop()
 
 

@@ -42,7 +42,7 @@ async def open_runtime(
         return await KubernetesRuntime.from_kubeconfig(
             settings.kubeconfig, namespace=settings.namespace, templates=templates
         )
-    from shared.runtime.local.runtime import LocalRuntime
+    from shared.runtime.local import LocalRuntime
 
     runtime = LocalRuntime(
         nats_url=nats_url,

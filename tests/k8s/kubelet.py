@@ -34,7 +34,8 @@ from kubernetes.aio import config as k8s_config
 from kubernetes.aio import watch as k8s_watch
 from kubernetes.aio.client.exceptions import ApiException
 
-from shared.runtime.local import pods
+from shared.runtime.local import bwrap as local_bwrap
+from shared.runtime.local import procfs
 from shared.runtime.models import ENVD_PORT, LABEL_MANAGED_BY, MANAGED_BY
 
 log = structlog.get_logger()
@@ -373,7 +374,7 @@ class TestKubelet:
                 argv += ["--access-token", token]
         if not bwrap:
             return argv
-        launch = pods.PodLaunch(
+        launch = local_bwrap.PodLaunch(
             bwrap=shutil.which("bwrap") or "bwrap",
             uid=run.uid,
             workload=run.name,
@@ -383,10 +384,10 @@ class TestKubelet:
             mounts=[],
             env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace", **env},
             command=argv,
-            code_dirs=pods.code_dirs(),
+            code_dirs=local_bwrap.code_dirs(),
             hostname=run.name,
         )
-        argv = pods.bwrap_argv(launch)
+        argv = local_bwrap.bwrap_argv(launch)
         # Unlike the local runtime's pods, ours must die with this kubelet: the inner bwrap
         # (PID 1 of the pod) dies with the outer one, which dies with the kubelet's thread.
         return [argv[0], "--die-with-parent", *argv[1:]]
@@ -529,7 +530,7 @@ class TestKubelet:
         if proc is not None and proc.returncode is None:
             # Both bwraps and the daemon (the inner bwrap is in a session of its own), found by
             # the marks the local runtime's launcher puts on their command lines.
-            await pods.stop_pod(run.uid, runtime_root=self.workdir, grace=5.0)
+            await procfs.stop_pod(run.uid, runtime_root=self.workdir, grace=5.0)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # a plain (non-bwrap) pod, or leftovers
             await proc.wait()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shared.runtime.local import LocalRuntime, pods
+from shared.runtime.local import LocalRuntime, procfs
 from tests.conftest import skip_or_fail
 from tests.runtime_local.support import LocalRuntimeFactory, runtime_kwargs
 
@@ -46,5 +46,5 @@ async def local_runtime(
         for runtime in reversed(started):
             await runtime.close()
         # Safety net for failed tests (e.g. a killed owner's pods); tests assert on their own.
-        for pod in pods.scan_pods(data_dir):
-            await pods.stop_pod(pod.uid, runtime_root=data_dir, grace=0.5)
+        for pod in procfs.scan_pods(data_dir):
+            await procfs.stop_pod(pod.uid, runtime_root=data_dir, grace=0.5)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from shared.errors import ConfigError
-from shared.runtime.local import pods
+from shared.runtime.local import limits as local_limits
+from shared.runtime.local import procfs
 from shared.runtime.models import Endpoint, WorkloadSpec
 from tests.contract.harness import healthy, read_file, write_file
 from tests.runtime_local.support import FIRST_ADDRESS, TEMPLATES, LocalRuntimeFactory
@@ -30,8 +31,8 @@ def new_name() -> str:
 
 def daemon_pid(data_dir: Path, pod_uid: str) -> int:
     """Host pid of the daemon (the deepest process) of a pod."""
-    [outer] = [p.pid for p in pods.scan_pods(data_dir) if p.uid == pod_uid]
-    return pods.descendants(outer)[-1]
+    [outer] = [p.pid for p in procfs.scan_pods(data_dir) if p.uid == pod_uid]
+    return procfs.descendants(outer)[-1]
 
 
 async def test_sandboxes_cannot_see_each_other(
@@ -94,9 +95,9 @@ async def test_resource_limits_apply_to_the_daemon(local_runtime: LocalRuntimeFa
     ep = await rt.wait_ready(name, timeout=READY)
     limits = (await read_file(ep, "/proc/self/limits") or b"").decode()
     open_files = next(line for line in limits.splitlines() if line.startswith("Max open files"))
-    nofile = str(pods.capped_rlimit(resource.RLIMIT_NOFILE, 65536))  # from sandbox-base
+    nofile = str(local_limits.capped_rlimit(resource.RLIMIT_NOFILE, 65536))  # from sandbox-base
     assert open_files.split()[3:5] == [nofile, nofile]
-    if pods.cgroup_parent() is None:  # no cgroup v2: memory is an address-space rlimit
+    if local_limits.cgroup_parent() is None:  # no cgroup v2: memory is an address-space rlimit
         address_space = next(
             line for line in limits.splitlines() if line.startswith("Max address space")
         )
@@ -158,7 +159,7 @@ async def test_killed_owner_leaves_pods_running_for_the_next_owner(
     owner.kill()  # kill -9: no cleanup at all
     owner.wait(10)
     await asyncio.sleep(0.5)
-    assert {p.uid for p in pods.scan_pods(data_dir)} == {e["pod_uid"] for e in endpoints.values()}
+    assert {p.uid for p in procfs.scan_pods(data_dir)} == {e["pod_uid"] for e in endpoints.values()}
 
     rt = await local_runtime()
     for name in names:
@@ -166,7 +167,7 @@ async def test_killed_owner_leaves_pods_running_for_the_next_owner(
         assert ep.pod_uid == endpoints[name]["pod_uid"], "the running pod was not adopted"
         assert await healthy(ep)
     await rt.close()
-    assert pods.scan_pods(data_dir) == [], "pods left behind after close"
+    assert procfs.scan_pods(data_dir) == [], "pods left behind after close"
     for raw in endpoints.values():
         assert not await healthy(Endpoint.model_validate(raw))
 
@@ -186,10 +187,10 @@ async def test_pods_without_a_record_are_stopped_on_start(
     )
     owner.kill()
     owner.wait(10)
-    assert len(pods.scan_pods(data_dir)) == 1
+    assert len(procfs.scan_pods(data_dir)) == 1
     # Same data dir, other bucket: the running pod has no record there, so it is a stray.
     await local_runtime(bucket=f"wl_{uuid.uuid4().hex[:12]}")
-    assert pods.scan_pods(data_dir) == []
+    assert procfs.scan_pods(data_dir) == []
 
 
 async def test_missing_bwrap_is_one_clear_config_error(local_runtime: LocalRuntimeFactory) -> None:
@@ -229,10 +230,10 @@ async def test_two_runtimes_on_one_bucket_run_one_pod(
     ep_a = await a.wait_ready(name, timeout=READY)
     assert ep_a == ep_b
     await asyncio.sleep(0.5)  # both monitors had a look
-    assert [p.uid for p in pods.scan_pods(data_dir)] == [ep_a.pod_uid]
+    assert [p.uid for p in procfs.scan_pods(data_dir)] == [ep_a.pod_uid]
     await b.delete(name)
     assert await a.get(name) is None
-    assert pods.scan_pods(data_dir) == []
+    assert procfs.scan_pods(data_dir) == []
 
 
 async def test_access_token_is_not_on_a_command_line(
@@ -251,8 +252,8 @@ async def test_access_token_is_not_on_a_command_line(
     token = "-looks-like-an-option-" + uuid.uuid4().hex
     await rt.create(WorkloadSpec(name=name, owner="alice", access_token=token))
     ep = await rt.wait_ready(name, timeout=READY)
-    [outer] = [p.pid for p in pods.scan_pods(data_dir) if p.uid == ep.pod_uid]
-    for pid in [outer, *pods.descendants(outer)]:
+    [outer] = [p.pid for p in procfs.scan_pods(data_dir) if p.uid == ep.pod_uid]
+    for pid in [outer, *procfs.descendants(outer)]:
         assert token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
     assert not list((data_dir / "pods" / ep.pod_uid).glob("env*")), "the env file stayed on disk"
 

@@ -1,5 +1,5 @@
 """The local runtime adapter: bubblewrap-isolated pods on loopback, records in NATS KV."""
 
-from shared.runtime.local.runtime import LocalRuntime
+from shared.runtime.local.workloads import LocalRuntime
 
 __all__ = ["LocalRuntime"]

@@ -1,13 +1,12 @@
 """Workload records of the local runtime, kept in a NATS KV bucket and changed only by CAS.
 
-Key ``wl.<name>`` holds one :class:`WorkloadRecord`; key ``addr.<a>-<b>-<c>-<d>`` reserves a
-loopback address for a workload. The KV revision of ``wl.<name>`` is the workload's
+Key ``wl.<name>`` holds one :class:`WorkloadRecord` (the bucket also holds the address
+reservations of :mod:`.addresses`). The KV revision of ``wl.<name>`` is the workload's
 ``resource_version``.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Literal
 
@@ -24,7 +23,6 @@ from shared.errors import Conflict, NotFound
 from shared.models.network import OPEN, NetworkPolicy
 
 WORKLOAD_PREFIX = "wl."
-ADDRESS_PREFIX = "addr."
 
 
 class _Frozen(BaseModel):
@@ -62,10 +60,6 @@ class WorkloadRecord(_Frozen):
 
 def workload_key(name: str) -> str:
     return f"{WORKLOAD_PREFIX}{name}"
-
-
-def address_key(address: str) -> str:
-    return ADDRESS_PREFIX + address.replace(".", "-")
 
 
 class WorkloadStore:
@@ -134,32 +128,3 @@ class WorkloadStore:
 
     async def names(self) -> list[str]:
         return await self._keys(WORKLOAD_PREFIX)
-
-    # ---- loopback address reservations -------------------------------------------------
-
-    async def reserve_address(self, address: str, name: str) -> bool:
-        try:
-            await self._kv.create(address_key(address), json.dumps({"workload": name}).encode())
-        except KeyWrongLastSequenceError:
-            return False
-        return True
-
-    async def address_holder(self, address: str) -> str | None:
-        try:
-            entry = await self._kv.get(address_key(address))
-        except KeyNotFoundError:
-            return None
-        if entry.value is None:
-            return None
-        holder = json.loads(entry.value).get("workload")
-        return holder if isinstance(holder, str) else None
-
-    async def release_address(self, address: str) -> None:
-        try:
-            await self._kv.purge(address_key(address))
-        except KeyNotFoundError:
-            return
-
-    async def reserved_addresses(self) -> list[str]:
-        addresses = [k.replace("-", ".") for k in await self._keys(ADDRESS_PREFIX)]
-        return [a for a in addresses if await self.address_holder(a) is not None]

@@ -1,0 +1,246 @@
+"""The local runtime's ReplicaSet controller: makes pod processes match the workload records.
+
+It starts a pod when ``replicas`` is 1 and none runs (crashed pods are restarted with a
+back-off), stops pods of workloads scaled to 0 or deleted, and at start-up stops strays (pods of
+this data dir that no record knows) and releases addresses of workloads that are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import Any
+
+import structlog
+
+from shared.errors import Conflict, NotFound
+from shared.runtime.local import procfs
+from shared.runtime.local.addresses import AddressPool
+from shared.runtime.local.launcher import PodLauncher
+from shared.runtime.local.records import WorkloadRecord, WorkloadStore
+
+log = structlog.get_logger()
+
+_BACKOFF_MAX = 30.0
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        store: WorkloadStore,
+        addresses: AddressPool,
+        launcher: PodLauncher,
+        poll_interval: float,
+    ) -> None:
+        self._store = store
+        self._addresses = addresses
+        self._launcher = launcher
+        self._poll_interval = poll_interval
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._pending: set[str] = set()
+        self._starting: set[str] = set()  # pod uids spawned but not yet recorded
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    def start_monitor(self) -> None:
+        self._spawn_task(self._monitor())
+
+    async def close(self) -> None:
+        """Stop reconciling (pods keep running)."""
+        self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+
+    def kick(self, name: str, *, after: float = 0.0) -> None:
+        """Schedule one reconcile of ``name`` (coalesced with any already queued)."""
+        if self._closing:
+            return
+        if after == 0.0:
+            if name in self._pending:
+                return
+            self._pending.add(name)
+
+        async def run() -> None:
+            if after:
+                await asyncio.sleep(after)
+            try:
+                await self.reconcile(name)
+            except Exception:
+                log.exception("runtime.local.reconcile_failed", workload=name)
+
+        self._spawn_task(run())
+
+    async def reconcile(self, name: str) -> None:
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            self._pending.discard(name)
+            with contextlib.suppress(NotFound):  # deleted meanwhile (by another runtime)
+                while await self._step(name):
+                    pass
+
+    async def reconcile_all(self, *, stray_sweep: bool) -> None:
+        names = await self._store.names()
+        for name in names:
+            current = await self._store.get(name)
+            if current is not None and _needs_work(current[0]):
+                self.kick(name)
+        if stray_sweep:
+            await self.stop_strays(set(names))
+            await self._addresses.release_orphans(set(names))
+
+    async def stop_strays(self, names: set[str]) -> None:
+        """Stop this data dir's pods that no record of ``names`` knows."""
+        known: set[str] = set()
+        for name in names:
+            current = await self._store.get(name)
+            if current is not None:
+                known.update(p.uid for p in current[0].terminating)
+                if current[0].pod is not None:
+                    known.add(current[0].pod.uid)
+        for found in await self._launcher.scan():
+            if found.uid not in known and found.uid not in self._starting:
+                log.info("runtime.local.stray_stopped", workload=found.workload, pod_uid=found.uid)
+                await self._launcher.stop_stray(found.uid)
+
+    async def stop_everything(self) -> None:
+        """Stop every pod of this data dir; ``replicas`` stay, so the next start restarts them."""
+        for name in await self._store.names():
+            current = await self._store.get(name)
+            if current is None:
+                continue
+            record = current[0]
+            for pod in [*record.terminating, *([record.pod] if record.pod else [])]:
+                await self._launcher.cleanup(pod)
+
+            def change(r: WorkloadRecord) -> WorkloadRecord:
+                return r.model_copy(update={"pod": None, "terminating": []})
+
+            with contextlib.suppress(NotFound):
+                await self._store.mutate(name, change)
+        await self.stop_strays(set())
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _monitor(self) -> None:
+        # Checks _closing too: nats-py can turn a cancellation into another exception.
+        while not self._closing:
+            await asyncio.sleep(self._poll_interval)
+            try:
+                await self.reconcile_all(stray_sweep=False)
+            except Exception:
+                log.exception("runtime.local.monitor_failed")
+
+    async def _step(self, name: str) -> bool:
+        """One step towards the record's desired state; True when another step is needed."""
+        current = await self._store.get(name)
+        if current is None:
+            return False
+        record, revision = current
+        if record.terminating:
+            for pod in record.terminating:
+                await self._launcher.cleanup(pod)
+            gone = {p.uid for p in record.terminating}
+            await self._store.mutate(
+                name,
+                lambda r: r.model_copy(
+                    update={"terminating": [p for p in r.terminating if p.uid not in gone]}
+                ),
+            )
+            return True
+        if record.deleting:
+            if record.pod is None:
+                with contextlib.suppress(Conflict):
+                    await self._store.remove(name, last=revision)
+                    await self._addresses.release(record.address)
+                    log.info("runtime.local.deleted", workload=name)
+                    return False
+                return True
+            await self._store.mutate(name, _pod_to_terminating)
+            return True
+        if record.replicas == 0:
+            if record.pod is not None:
+                await self._store.mutate(name, _pod_to_terminating)
+                return True
+            return False
+        if record.pod is not None:
+            if procfs.is_pod_alive(record.pod.pid, record.pod.uid):
+                return False
+            await self._pod_died(record)
+            return True
+        wait = record.not_before - time.time()
+        if wait > 0:
+            self.kick(name, after=wait)
+            return False
+        await self._start_pod(record)
+        return False
+
+    async def _pod_died(self, record: WorkloadRecord) -> None:
+        dead = record.pod
+        assert dead is not None
+        backoff = min(0.5 * 2**record.restarts, _BACKOFF_MAX)
+        log.warning(
+            "runtime.local.pod_died", workload=record.name, pod_uid=dead.uid, restart_in=backoff
+        )
+
+        def change(r: WorkloadRecord) -> WorkloadRecord | None:
+            if r.pod is None or r.pod.uid != dead.uid:
+                return None
+            return r.model_copy(
+                update={
+                    "pod": None,
+                    "restarts": r.restarts + 1,
+                    "not_before": time.time() + backoff,
+                }
+            )
+
+        await self._store.mutate(record.name, change)
+        await self._launcher.cleanup(dead, keep_log_as=record.name)
+
+    async def _start_pod(self, record: WorkloadRecord) -> None:
+        uid = str(uuid.uuid4())
+        self._starting.add(uid)
+        try:
+            pod, process = await self._launcher.start(record, uid)
+
+            def change(r: WorkloadRecord) -> WorkloadRecord | None:
+                if r.pod is not None or r.replicas != 1 or r.deleting:
+                    return None
+                return r.model_copy(update={"pod": pod})
+
+            current, _ = await self._store.mutate(record.name, change)
+        finally:
+            self._starting.discard(uid)
+        if current.pod is None or current.pod.uid != uid:  # someone else won, or scaled to 0
+            await self._launcher.cleanup(pod)
+            return
+        log.info("runtime.local.pod_started", workload=record.name, pod_uid=uid, pid=process.pid)
+        self._spawn_task(self._watch_exit(record.name, process))
+
+    async def _watch_exit(self, name: str, process: asyncio.subprocess.Process) -> None:
+        await process.wait()  # also reaps the child
+        self.kick(name)
+
+
+def _needs_work(record: WorkloadRecord) -> bool:
+    if record.terminating or record.deleting:
+        return True
+    if record.replicas == 0:
+        return record.pod is not None
+    if record.pod is None:
+        return record.not_before <= time.time()  # else a delayed reconcile is already queued
+    return not procfs.is_pod_alive(record.pod.pid, record.pod.uid)
+
+
+def _pod_to_terminating(record: WorkloadRecord) -> WorkloadRecord | None:
+    if record.pod is None:
+        return None
+    return record.model_copy(update={"pod": None, "terminating": [*record.terminating, record.pod]})

@@ -1,0 +1,427 @@
+"""The local runtime: ReplicaSet-shaped workloads as bubblewrap-isolated process trees.
+
+This module is the :class:`shared.runtime.ports.Runtime` port: records in NATS KV
+(``torpor_workloads``, see :mod:`.records`), changed by CAS, and a :mod:`.reconciler` that makes
+the processes match them. Each workload has one address (:mod:`.addresses`) reserved for its
+lifetime. Its pod (:mod:`.launcher`, :mod:`.bwrap`) is the in-sandbox daemon
+(``python -m services.envd``) under ``bwrap`` with its own PID/IPC/UTS namespaces, the host
+network (it listens on its own 127.0.x.y:49983), a read-only view of the OS and of torpor's code,
+a fresh ``/workspace`` that is deleted when the pod stops, and the template's volumes (host
+directories kept across pauses). "Ready" means the daemon's ``/health`` answers 2xx.
+
+Pods do not depend on the runtime that started them: after a ``kill -9`` of the owner the next
+``LocalRuntime`` adopts the running pods (found by pid and pod uid, :mod:`.procfs`) and stops
+strays (pods without a record); ``close()`` stops every pod of its data dir
+(``stop_pods_on_close``) while keeping ``replicas``, so the next start brings them back.
+
+Isolation is not a VM's: pods share the host's network namespace (they must listen on loopback)
+and therefore reach every loopback service, including NATS; they run as root with no
+capabilities, see a read-only OS and torpor's code, and cannot see other pods' files or processes.
+Resource limits: see :mod:`.limits`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+import nats
+import structlog
+from nats.aio.client import Client
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BucketNotFoundError
+from nats.js.kv import KeyValue
+
+from shared.errors import Conflict, NotFound, PodNotReady, RuntimeFailure, Unavailable
+from shared.models.network import NetworkPolicy
+from shared.runtime.local import bwrap, bytecode, limits
+from shared.runtime.local.addresses import AddressPool
+from shared.runtime.local.launcher import PodLauncher
+from shared.runtime.local.reconciler import Reconciler
+from shared.runtime.local.records import WorkloadRecord, WorkloadStore
+from shared.runtime.models import (
+    ENVD_PORT,
+    LABEL_MANAGED_BY,
+    LABEL_OWNER,
+    LABEL_SANDBOX_ID,
+    MANAGED_BY,
+    Endpoint,
+    Workload,
+    WorkloadSpec,
+)
+from shared.runtime.templates import load_template, template_dirs
+
+log = structlog.get_logger()
+
+DEFAULT_BUCKET = "torpor_workloads"
+# Kubernetes' limit for all annotations of one object; the local runtime enforces the same.
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+
+
+class LocalRuntime:
+    """The embedded default implementation of :class:`shared.runtime.ports.Runtime`."""
+
+    def __init__(
+        self,
+        *,
+        nats_url: str,
+        data_dir: Path,
+        templates_dir: Path | None = None,
+        bucket: str = DEFAULT_BUCKET,
+        bwrap: str = "bwrap",
+        python: str = sys.executable,
+        stop_grace: float = 2.0,
+        supervise: bool = True,
+        stop_pods_on_close: bool = True,
+        first_address: str = "127.0.0.2",
+        poll_interval: float = 1.0,
+    ) -> None:
+        self._nats_url = nats_url
+        self._data_dir = data_dir.resolve()
+        self._template_dirs = template_dirs(templates_dir)
+        self._bucket = bucket
+        self._bwrap = bwrap
+        self._python = python
+        self._stop_grace = stop_grace
+        self._supervise = supervise
+        self._stop_pods_on_close = stop_pods_on_close
+        self._first_address = first_address
+        self._poll_interval = poll_interval
+        self._nc: Client | None = None
+        self._store_: WorkloadStore | None = None
+        self._addresses_: AddressPool | None = None
+        self._reconciler_: Reconciler | None = None
+        self._launcher: PodLauncher | None = None
+        self._closing = False
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> LocalRuntime:
+        await bwrap.check_bwrap(self._bwrap)
+        (self._data_dir / "pods").mkdir(parents=True, exist_ok=True)
+        (self._data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        cgroup_parent = await asyncio.to_thread(limits.cgroup_parent)
+        pycache = await asyncio.to_thread(bytecode.cache_dir, self._data_dir)
+        await bytecode.ensure(self._python, pycache)
+        self._launcher = PodLauncher(
+            data_dir=self._data_dir,
+            template_dirs=self._template_dirs,
+            bwrap_path=self._bwrap,
+            python=self._python,
+            stop_grace=self._stop_grace,
+            pycache=pycache,
+            cgroup_parent=cgroup_parent,
+        )
+        try:
+            self._nc = await nats.connect(self._nats_url, max_reconnect_attempts=-1)
+        except Exception as e:  # nats-py raises several unrelated types on connect failure
+            msg = f"cannot connect to NATS at {self._nats_url}: {e}"
+            raise Unavailable(msg) from e
+        kv = await self._bucket_kv()
+        self._store_ = WorkloadStore(kv)
+        self._addresses_ = AddressPool(kv, first_address=self._first_address)
+        self._reconciler_ = Reconciler(
+            store=self._store_,
+            addresses=self._addresses_,
+            launcher=self._launcher,
+            poll_interval=self._poll_interval,
+        )
+        if self._supervise:
+            await self._reconciler_.reconcile_all(stray_sweep=True)
+            self._reconciler_.start_monitor()
+        log.info("runtime.local.started", data_dir=str(self._data_dir), cgroups=bool(cgroup_parent))
+        return self
+
+    async def __aenter__(self) -> LocalRuntime:
+        return await self.start()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self._reconciler_ is None:
+            if self._nc is not None:
+                await self._nc.close()
+            return
+        await self._reconciler_.close()
+        try:
+            if self._stop_pods_on_close:
+                await self._reconciler_.stop_everything()
+        finally:
+            if self._stop_pods_on_close:  # even when NATS is gone: never leave orphans
+                await self._reconciler_.stop_strays(set())
+            if self._nc is not None:
+                await self._nc.close()
+
+    async def _bucket_kv(self) -> KeyValue:
+        assert self._nc is not None
+        js = self._nc.jetstream()
+        try:
+            return await js.key_value(self._bucket)
+        except BucketNotFoundError:
+            return await js.create_key_value(KeyValueConfig(bucket=self._bucket, history=5))
+
+    @property
+    def _store(self) -> WorkloadStore:
+        if self._store_ is None:
+            msg = "LocalRuntime used before start()"
+            raise RuntimeFailure(msg)
+        return self._store_
+
+    @property
+    def _addresses(self) -> AddressPool:
+        if self._addresses_ is None:
+            msg = "LocalRuntime used before start()"
+            raise RuntimeFailure(msg)
+        return self._addresses_
+
+    @property
+    def _reconciler(self) -> Reconciler:
+        if self._reconciler_ is None:
+            msg = "LocalRuntime used before start()"
+            raise RuntimeFailure(msg)
+        return self._reconciler_
+
+    # ---- the port ----------------------------------------------------------------------
+
+    async def create(self, spec: WorkloadSpec) -> Workload:
+        # An unknown template is NotFound now, not a pod that never starts.
+        await asyncio.to_thread(load_template, spec.template, self._template_dirs)
+        existing = await self._store.get(spec.name)
+        if existing is not None:
+            return self._view(*existing)
+        labels = {
+            **spec.labels,
+            LABEL_SANDBOX_ID: spec.name,
+            LABEL_OWNER: spec.owner,
+            LABEL_MANAGED_BY: MANAGED_BY,
+        }
+        _check_annotations(spec.annotations)
+        address = await self._addresses.reserve(spec.name)
+        record = WorkloadRecord(
+            name=spec.name,
+            template=spec.template,
+            owner=spec.owner,
+            labels=labels,
+            annotations=dict(spec.annotations),
+            envs=dict(spec.envs),
+            access_token=spec.access_token,
+            network=spec.network,
+            replicas=spec.replicas,
+            address=address,
+        )
+        revision = await self._store.create(record)
+        if revision is None:  # lost a create race: the other one stands
+            await self._addresses.release(address)
+            current = await self._store.get(spec.name)
+            if current is None:
+                msg = f"workload {spec.name} vanished while being created"
+                raise Conflict(msg)
+            return self._view(*current)
+        log.info("runtime.local.created", workload=spec.name, address=address)
+        self._reconciler.kick(spec.name)
+        return self._view(record, revision)
+
+    async def get(self, name: str) -> Workload | None:
+        current = await self._store.get(name)
+        return None if current is None or current[0].deleting else self._view(*current)
+
+    async def patch_annotations(
+        self,
+        name: str,
+        annotations: Mapping[str, str | None],
+        *,
+        resource_version: str | None = None,
+    ) -> Workload:
+        def change(record: WorkloadRecord) -> WorkloadRecord:
+            merged = dict(record.annotations)
+            for key, value in annotations.items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+            _check_annotations(merged)
+            return record.model_copy(update={"annotations": merged})
+
+        if resource_version is None:
+            return self._view(*await self._store.mutate(name, change))
+        current = await self._store.get(name)
+        if current is None or current[0].deleting:
+            msg = f"workload {name} not found"
+            raise NotFound(msg)
+        record, revision = current
+        if str(revision) != resource_version:
+            msg = f"workload {name} is at version {revision}, not {resource_version}"
+            raise Conflict(msg)
+        new = change(record)
+        return self._view(new, await self._store.put(new, last=revision))
+
+    async def scale(self, name: str, replicas: int) -> Workload:
+        if replicas not in (0, 1):
+            msg = f"replicas must be 0 or 1, not {replicas}"
+            raise RuntimeFailure(msg)
+
+        def change(record: WorkloadRecord) -> WorkloadRecord | None:
+            if record.deleting:
+                msg = f"workload {name} is being deleted"
+                raise NotFound(msg)
+            if replicas == 0 and record.pod is not None:
+                # The pod leaves the record now, so wait_ready never returns it again.
+                return record.model_copy(
+                    update={
+                        "replicas": 0,
+                        "pod": None,
+                        "terminating": [*record.terminating, record.pod],
+                    }
+                )
+            if replicas == record.replicas:
+                return None
+            return record.model_copy(
+                update={"replicas": replicas, "restarts": 0, "not_before": 0.0}
+            )
+
+        record, revision = await self._store.mutate(name, change)
+        self._reconciler.kick(name)
+        return self._view(record, revision)
+
+    async def set_network(self, name: str, policy: NetworkPolicy) -> None:
+        def change(record: WorkloadRecord) -> WorkloadRecord | None:
+            if record.deleting:
+                msg = f"workload {name} is being deleted"
+                raise NotFound(msg)
+            if record.network == policy:
+                return None
+            return record.model_copy(update={"network": policy})
+
+        await self._store.mutate(name, change)
+        self._reconciler.kick(name)
+
+    async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
+            while True:
+                current = await self._store.get(name)
+                if current is None or current[0].deleting:
+                    msg = f"workload {name} not found"
+                    raise NotFound(msg)
+                record, _ = current
+                pod = record.pod
+                # The daemon binds before importing its app: one patient probe is the fastest.
+                patience = max(0.05, min(deadline - time.monotonic(), 5.0))
+                if pod is not None and await self._healthy(client, record.address, patience):
+                    if pod.ready or await self._mark_ready(name, pod.uid):
+                        return Endpoint(host=record.address, port=ENVD_PORT, pod_uid=pod.uid)
+                    continue  # replaced or stopped meanwhile: look again
+                if time.monotonic() >= deadline:
+                    msg = f"pod of {name} not ready within {timeout:g}s{self._log_tail(record)}"
+                    raise PodNotReady(msg)
+                await asyncio.sleep(0.02)
+
+    async def wait_stopped(self, name: str, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            current = await self._store.get(name)
+            if current is None:
+                return
+            record, _ = current
+            if record.pod is None and not record.terminating:
+                return
+            if time.monotonic() >= deadline:
+                msg = f"pod of {name} still running after {timeout:g}s"
+                raise RuntimeFailure(msg)
+            await asyncio.sleep(0.02)
+
+    async def delete(self, name: str) -> None:
+        def change(record: WorkloadRecord) -> WorkloadRecord:
+            pod = [record.pod] if record.pod is not None else []
+            return record.model_copy(
+                update={
+                    "deleting": True,
+                    "replicas": 0,
+                    "pod": None,
+                    "terminating": [*record.terminating, *pod],
+                }
+            )
+
+        try:
+            await self._store.mutate(name, change)
+        except NotFound:
+            return
+        await self._reconciler.reconcile(name)
+
+    async def list(self, *, labels: Mapping[str, str] | None = None) -> list[Workload]:
+        out = []
+        for name in await self._store.names():
+            current = await self._store.get(name)
+            if current is None or current[0].deleting:
+                continue
+            record, revision = current
+            if labels and any(record.labels.get(k) != v for k, v in labels.items()):
+                continue
+            out.append(self._view(record, revision))
+        return out
+
+    # ---- views and helpers -----------------------------------------------------------
+
+    def _view(self, record: WorkloadRecord, revision: int) -> Workload:
+        pod = record.pod
+        return Workload(
+            name=record.name,
+            template=record.template,
+            labels=record.labels,
+            annotations=record.annotations,
+            replicas=record.replicas,
+            ready_replicas=1 if pod is not None and pod.ready else 0,
+            resource_version=str(revision),
+            pod_uid=pod.uid if pod is not None else None,
+            pod_ip=record.address if pod is not None else None,
+        )
+
+    async def _healthy(self, client: httpx.AsyncClient, address: str, patience: float) -> bool:
+        try:
+            response = await client.get(f"http://{address}:{ENVD_PORT}/health", timeout=patience)
+        except httpx.HTTPError:
+            return False
+        return response.is_success
+
+    async def _mark_ready(self, name: str, uid: str) -> bool:
+        """Record that pod ``uid`` answered; False when it is no longer the workload's pod."""
+
+        def change(record: WorkloadRecord) -> WorkloadRecord | None:
+            if record.pod is None or record.pod.uid != uid or record.pod.ready:
+                return None
+            return record.model_copy(update={"pod": record.pod.model_copy(update={"ready": True})})
+
+        try:
+            record, _ = await self._store.mutate(name, change)
+        except NotFound:
+            return False
+        return record.pod is not None and record.pod.uid == uid and not record.deleting
+
+    def _log_tail(self, record: WorkloadRecord) -> str:
+        candidates = [Path(record.pod.pod_dir) / "pod.log"] if record.pod else []
+        candidates.append(self._data_dir / "logs" / f"{record.name}.last.log")
+        for path in candidates:
+            with contextlib.suppress(OSError):
+                lines = path.read_text(errors="replace").strip().splitlines()
+                if lines:
+                    return f" (pod log: {lines[-1][:300]})"
+        return ""
+
+
+def _check_annotations(annotations: Mapping[str, str]) -> None:
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+    if size > MAX_ANNOTATIONS_BYTES:
+        msg = f"annotations total {size} bytes, over the {MAX_ANNOTATIONS_BYTES}-byte limit"
+        raise RuntimeFailure(msg)
