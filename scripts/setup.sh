@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv with torpor and its dev tools; installs bubblewrap when missing (root + apt only).
+# Creates .venv with torpor and its dev tools; installs bubblewrap, nftables and iproute2 when
+# missing (root + apt only).
 # Idempotent and quick when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,17 @@ if ! command -v bwrap >/dev/null 2>&1; then
       || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
   else
     echo "setup: bubblewrap is missing; install it with: sudo apt-get install -y bubblewrap" >&2
+  fi
+fi
+# The local runtime's pod network: a network namespace per pod (iproute2), NAT and each sandbox's
+# egress policy (nftables), entering the namespace (nsenter, util-linux). Needs root at run time.
+if ! command -v nft >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing nftables and iproute2 (the local runtime's pod network)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iproute2 >/dev/null \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iproute2 >/dev/null; }
+  else
+    echo "setup: nft/ip are missing; install them with: sudo apt-get install -y nftables iproute2" >&2
   fi
 fi
 # Headless Chromium for the dashboard's browser tests (driven by the playwright package; never

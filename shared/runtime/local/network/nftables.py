@@ -1,0 +1,155 @@
+"""The instance's nftables table: isolation, NAT and each pod's egress policy, as nft scripts.
+
+One table (family ``inet``) per instance, ``torpor_<id>``; its comment records the claimed range
+(read back after a restart). Every rule matches only this instance's links (``tp<id>*``):
+
+- ``input``: a pod reaches no address of the host (gateway, host interfaces, loopback
+  services); only replies to connections the host opened to the pod pass.
+- ``forward``: into a pod only replies to its own connections; from a pod only packets whose
+  source is the pod's own address on its own link (``links``), to no other pod, and then the pod's
+  egress chain (``egress`` map: link → ``egress_<slot>``), which implements
+  :meth:`NetworkPolicy.permits` exactly: ``allow_out`` accepts, then the effective deny list
+  rejects, everything else is accepted. It sees every packet, so a new policy also cuts open
+  connections. Pods have no IPv6 address; IPv6 from a pod is rejected.
+- ``postrouting``: pod traffic leaving the host is masqueraded (NAT).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from shared.models.network import NetworkPolicy
+from shared.runtime.local.network.names import InstanceNames
+
+REJECT = "reject with icmpx admin-prohibited"
+_COMMENT = re.compile(r'comment "torpor (\S+) ')
+
+
+def _v4(cidrs: tuple[str, ...]) -> list[ipaddress.IPv4Network]:
+    nets = [ipaddress.ip_network(c) for c in cidrs]
+    v4 = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
+    return list(ipaddress.collapse_addresses(v4))
+
+
+def egress_lists(
+    policy: NetworkPolicy,
+) -> tuple[list[ipaddress.IPv4Network], list[ipaddress.IPv4Network]]:
+    """(accepted, rejected) IPv4 networks, checked in that order, then accept."""
+    return _v4(policy.allow_out), _v4(policy.effective_deny)
+
+
+def permits(policy: NetworkPolicy, address: str) -> bool:
+    """What the rendered chain does with ``address`` (tests compare it with the model's rule)."""
+    ip = ipaddress.ip_address(address)
+    allow, deny = egress_lists(policy)
+    if any(ip in n for n in allow):
+        return True
+    return not any(ip in n for n in deny)
+
+
+def _set(nets: list[ipaddress.IPv4Network]) -> str:
+    return "{ " + ", ".join(str(n) for n in nets) + " }"
+
+
+def egress_rules(names: InstanceNames, slot: int, policy: NetworkPolicy) -> str:
+    """Replace slot ``slot``'s egress chain and (re)register its link: one atomic script,
+    idempotent (also what a live policy change runs)."""
+    table, chain = names.table, names.chain(slot)
+    allow, deny = egress_lists(policy)
+    lines = [f"add chain inet {table} {chain}", f"flush chain inet {table} {chain}"]
+    if allow:
+        lines.append(f"add rule inet {table} {chain} ip daddr {_set(allow)} accept")
+    if deny:
+        lines.append(f"add rule inet {table} {chain} ip daddr {_set(deny)} {REJECT}")
+    lines.append(f"add rule inet {table} {chain} accept")
+    return "\n".join(lines) + "\n"
+
+
+def register_pod(names: InstanceNames, slot: int, address: str) -> str:
+    table, link = names.table, names.link(slot)
+    return (
+        f'add element inet {table} links {{ "{link}" . {address} }}\n'
+        f'add element inet {table} egress {{ "{link}" : jump {names.chain(slot)} }}\n'
+    )
+
+
+def remove_pod(names: InstanceNames, slot: int, address: str) -> str:
+    """Remove slot ``slot``'s rules whether or not they exist (``add`` first makes the deletes
+    always valid; nft 1.0.6 has no ``destroy``)."""
+    table, chain, link = names.table, names.chain(slot), names.link(slot)
+    return (
+        f"add chain inet {table} {chain}\n"
+        + register_pod(names, slot, address)
+        + f'delete element inet {table} egress {{ "{link}" }}\n'
+        f'delete element inet {table} links {{ "{link}" . {address} }}\n'
+        f"flush chain inet {table} {chain}\n"
+        f"delete chain inet {table} {chain}\n"
+    )
+
+
+def table_script(
+    names: InstanceNames,
+    subnet: ipaddress.IPv4Network,
+    label: str,
+    pods: dict[int, NetworkPolicy],
+    *,
+    replace: bool,
+) -> str:
+    """The whole table with the given pods' rules. ``replace``: atomically swap out an existing
+    table (the add-then-delete makes the delete valid when there is none)."""
+    table, links = names.table, names.link_glob
+    safe_label = label.replace('"', "").replace("\\", "")[:100]
+    head = f"add table inet {table}\ndelete table inet {table}\n" if replace else ""
+    base = f"""table inet {table} {{
+  comment "torpor {subnet} {safe_label}"
+  set links {{ type ifname . ipv4_addr; }}
+  map egress {{ type ifname : verdict; }}
+  chain pod_source {{
+    meta nfproto ipv6 {REJECT}
+    iifname . ip saddr != @links {REJECT}
+  }}
+  chain input {{
+    type filter hook input priority filter - 10; policy accept;
+    iifname "{links}" jump pod_source
+    iifname "{links}" ct state established,related accept
+    iifname "{links}" {REJECT}
+  }}
+  chain from_pod {{
+    jump pod_source
+    ip daddr {subnet} {REJECT}
+    iifname vmap @egress
+    {REJECT}
+  }}
+  chain forward {{
+    type filter hook forward priority filter - 10; policy accept;
+    oifname "{links}" ct state established,related accept
+    oifname "{links}" {REJECT}
+    iifname "{links}" jump from_pod
+  }}
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr {subnet} oifname != "{links}" masquerade
+  }}
+}}
+"""
+    per_pod = "".join(
+        egress_rules(names, slot, policy) + register_pod(names, slot, str(subnet[slot]))
+        for slot, policy in sorted(pods.items())
+    )
+    return head + base + per_pod
+
+
+def subnet_of(listing: str) -> ipaddress.IPv4Network | None:
+    """The range recorded in a listed table's comment."""
+    match = _COMMENT.search(listing)
+    if match is None:
+        return None
+    try:
+        return ipaddress.IPv4Network(match.group(1))
+    except ValueError:
+        return None
+
+
+def chains_of(listing: str) -> list[str]:
+    return re.findall(r"^\s*chain (\S+) \{", listing, flags=re.MULTILINE)

@@ -1,0 +1,240 @@
+"""One runtime instance's pod network: claim a range, give each pod a namespace and rules, clean up.
+
+A pod's address is ``range[slot]`` (slot ≥ 2; ``range[1]`` is the gateway, the host side of
+every link). The runtime keeps a workload's slot reserved while it is paused, so no other pod
+gets its address. Everything here is idempotent and keyed by instance-scoped names
+(:mod:`.names`), so a runtime restarted after ``kill -9`` adopts what its pods still use and
+removes only its own leftovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import ipaddress
+import os
+import shutil
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import structlog
+
+from shared.errors import ConfigError, RuntimeFailure
+from shared.models.network import NetworkPolicy
+from shared.runtime.local.network import links, nftables, subnet
+from shared.runtime.local.network.commands import run
+from shared.runtime.local.network.names import MAX_SLOTS, InstanceNames
+
+log = structlog.get_logger()
+
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+
+
+class PodNetwork:
+    def __init__(
+        self, data_dir: Path, *, pod_cidr: str = subnet.AUTO, ip: str = "ip", nft: str = "nft"
+    ) -> None:
+        self._data_dir = data_dir.resolve()
+        self.names = InstanceNames.for_data_dir(self._data_dir)
+        self._setting = subnet.parse_setting(pod_cidr)
+        self._ip = ip
+        self._nft = nft
+        self._subnet: ipaddress.IPv4Network | None = None
+
+    # ---- the range --------------------------------------------------------------------
+
+    @property
+    def subnet(self) -> ipaddress.IPv4Network:
+        if self._subnet is None:
+            msg = "pod network used before open()"
+            raise RuntimeFailure(msg)
+        return self._subnet
+
+    @property
+    def gateway(self) -> ipaddress.IPv4Address:
+        return self.subnet[1]
+
+    def slots(self) -> range:
+        """Slots that can hold a pod (not the network, gateway or broadcast address)."""
+        return range(2, min(self.subnet.num_addresses - 1, MAX_SLOTS + 1))
+
+    def address(self, slot: int) -> str:
+        return str(self.subnet[slot])
+
+    def slot_of(self, address: str) -> int | None:
+        """The slot of ``address``, or ``None`` when it is not a pod address of this range."""
+        try:
+            ip = ipaddress.IPv4Address(address)
+        except ValueError:
+            return None
+        if ip not in self.subnet:
+            return None
+        slot = int(ip) - int(self.subnet.network_address)
+        return slot if slot in self.slots() else None
+
+    async def open(self) -> PodNetwork:
+        """Adopt the instance's range (its table survives a ``kill -9``) or claim a new one."""
+        for tool in (self._ip, self._nft, "nsenter"):
+            if shutil.which(tool) is None:
+                msg = f"the local runtime's pod network needs `{tool}`: {_HINT}"
+                raise ConfigError(msg)
+        if os.geteuid() != 0:
+            msg = f"the local runtime's pod network needs root (namespaces, nftables): {_HINT}"
+            raise ConfigError(msg)
+        async with self._instance_lock():
+            listing = await self._list_table()
+            found = nftables.subnet_of(listing) if listing is not None else None
+            if found is not None:
+                self._subnet = found
+                if self._setting is not None and self._setting != found:
+                    log.warning(
+                        "runtime.local.network.kept_range",
+                        range=str(found),
+                        setting=str(self._setting),
+                        reason="pods of the last run may still use it; stop them to change it",
+                    )
+                await run([self._ip, "route", "replace", "unreachable", str(found)])
+            else:
+                self._subnet = await self._claim()
+        await asyncio.to_thread(_enable_forwarding)
+        log.info("runtime.local.network.open", range=str(self._subnet), table=self.names.table)
+        return self
+
+    async def _claim(self) -> ipaddress.IPv4Network:
+        routes = await run([self._ip, "-j", "-4", "route", "show", "table", "all"])
+        addresses = await run([self._ip, "-j", "-4", "addr", "show"])
+        taken = subnet.host_networks(routes.stdout, addresses.stdout)
+        for candidate in subnet.candidates(self._setting):
+            hit = subnet.overlap(candidate, taken)
+            if hit is not None:
+                if self._setting is not None:
+                    msg = (
+                        f"TORPOR_POD_CIDR {candidate} overlaps {hit}, already routed on this host "
+                        "(another torpor instance or a host network): choose another range"
+                    )
+                    raise ConfigError(msg)
+                continue
+            script = nftables.table_script(
+                self.names, candidate, str(self._data_dir), {}, replace=True
+            )
+            await run([self._nft, "-f", "-"], stdin=script)
+            added = await run(
+                [self._ip, "route", "add", "unreachable", str(candidate)], check=False
+            )
+            if added.returncode == 0:
+                log.info("runtime.local.network.claimed", range=str(candidate))
+                return candidate
+            await run([self._nft, "delete", "table", "inet", self.names.table], check=False)
+            if self._setting is not None:  # claimed by another instance a moment ago
+                msg = f"TORPOR_POD_CIDR {candidate} is in use by another torpor instance"
+                raise ConfigError(msg)
+        msg = f"no free /{subnet.AUTO_PREFIX} left in {subnet.POOL} for pods: set TORPOR_POD_CIDR"
+        raise ConfigError(msg)
+
+    @contextlib.asynccontextmanager
+    async def _instance_lock(self) -> AsyncIterator[None]:
+        """Serialises claims by the processes of one instance (they share the data dir)."""
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._data_dir / "network.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # also releases the lock
+
+    async def _list_table(self) -> str | None:
+        listed = await run([self._nft, "list", "table", "inet", self.names.table], check=False)
+        return listed.stdout if listed.returncode == 0 else None
+
+    # ---- pods -------------------------------------------------------------------------
+
+    def netns_path(self, slot: int) -> Path:
+        return links.netns_path(self.names.netns(slot))
+
+    def enter_prefix(self, slot: int) -> list[str]:
+        """Argv prefix that runs the rest of a command line inside slot ``slot``'s namespace."""
+        return ["nsenter", f"--net={self.netns_path(slot)}", "--"]
+
+    async def setup(self, slot: int, policy: NetworkPolicy) -> str:
+        """Namespace, link, routes and rules for a pod at ``slot``; its address."""
+        names, address = self.names, self.address(slot)
+        link, netns = names.link(slot), names.netns(slot)
+        if links.exists(link, netns):  # a leftover of a pod that died with its runtime
+            await self.teardown(slot)
+        try:
+            await links.create(
+                self._ip, netns=netns, link=link, address=address, gateway=self.gateway
+            )
+            await self.apply_policy(slot, policy)
+        except RuntimeFailure:
+            await self.teardown(slot)
+            raise
+        return address
+
+    async def apply_policy(self, slot: int, policy: NetworkPolicy) -> None:
+        """Replace the pod's egress rules (one atomic nft transaction)."""
+        script = nftables.egress_rules(self.names, slot, policy) + nftables.register_pod(
+            self.names, slot, self.address(slot)
+        )
+        await run([self._nft, "-f", "-"], stdin=script)
+
+    async def teardown(self, slot: int) -> None:
+        names = self.names
+        await run(
+            [self._nft, "-f", "-"],
+            stdin=nftables.remove_pod(names, slot, self.address(slot)),
+            check=False,  # the table is gone already: nothing to remove
+        )
+        await links.remove(self._ip, netns=names.netns(slot), link=names.link(slot))
+
+    async def sweep(self, keep: Mapping[int, NetworkPolicy]) -> None:
+        """Make the host match ``keep`` (slot → policy of each live pod): rebuild the table
+        atomically and remove every link and namespace of this instance not in ``keep``."""
+        script = nftables.table_script(
+            self.names, self.subnet, str(self._data_dir), dict(keep), replace=True
+        )
+        await run([self._nft, "-f", "-"], stdin=script)
+        await self._remove_links(keep)
+
+    async def _remove_links(self, keep: Mapping[int, object]) -> None:
+        names = self.names
+        slots = {names.slot_of_link(n) for n in links.own_links(names.link_prefix)}
+        slots |= {names.slot_of_netns(n) for n in links.own_netns(f"torpor-{names.instance}-")}
+        for slot in sorted(s for s in slots if s is not None and s not in keep):
+            log.info("runtime.local.network.leftover_removed", slot=slot)
+            await links.remove(self._ip, netns=names.netns(slot), link=names.link(slot))
+
+    async def release(self) -> None:
+        """Remove everything of this instance: links, namespaces, the range's route, the table
+        (what ``close()`` and ``torpor up`` run after the last pod stopped)."""
+        if shutil.which(self._ip) is None or shutil.which(self._nft) is None:
+            return
+        await self._remove_links({})
+        listing = await self._list_table()
+        if listing is None:
+            return
+        claimed = nftables.subnet_of(listing)
+        if claimed is not None:
+            await run([self._ip, "route", "del", "unreachable", str(claimed)], check=False)
+        await run([self._nft, "delete", "table", "inet", self.names.table], check=False)
+        log.info("runtime.local.network.released", range=str(claimed), table=self.names.table)
+
+
+async def release_instance(data_dir: Path) -> None:
+    await PodNetwork(data_dir).release()
+
+
+_HINT = "apt-get install -y iproute2 nftables util-linux, and run as root"
+
+
+def _enable_forwarding() -> None:
+    """Pods reach the outside through NAT, which needs IPv4 forwarding (as Docker and Podman
+    do); the instance's ``forward`` chain rejects everything else towards or from its pods."""
+    try:
+        if IP_FORWARD.read_text().strip() != "1":
+            IP_FORWARD.write_text("1")
+            log.info("runtime.local.network.forwarding_enabled")
+    except OSError as e:
+        msg = f"cannot enable IPv4 forwarding ({e.strerror}): pods would have no egress"
+        raise ConfigError(msg) from e

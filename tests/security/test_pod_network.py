@@ -1,0 +1,223 @@
+"""The pod network module on its own (real namespaces, veths, nftables; no runtime): isolation,
+NAT, egress policy, instance scoping and exact cleanup. Processes entered into a pod's namespace
+with ``nsenter`` stand in for pods here; tests/security/test_network_isolation.py runs real
+sandboxes."""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+import secrets
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from shared.errors import ConfigError
+from shared.models.network import NetworkPolicy
+from shared.runtime.local.network import PodNetwork, nftables
+from shared.runtime.local.network.names import InstanceNames
+from tests.security.network_support import (
+    OutsideHost,
+    in_netns,
+    leftovers,
+    probe,
+    require_root_network,
+    sh,
+)
+
+LISTENER = (
+    "import socket,sys\n"
+    "s=socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(8)\n"
+    "print('ready', flush=True)\n"
+    "while True:\n"
+    "    c,_=s.accept(); c.sendall(b'pod'); c.close()\n"
+)
+
+
+@pytest.fixture
+async def network(tmp_path: Path) -> AsyncIterator[PodNetwork]:
+    require_root_network()
+    net = await PodNetwork(tmp_path / "data").open()
+    try:
+        yield net
+    finally:
+        subnet = net.subnet
+        await net.release()
+        assert leftovers(tmp_path / "data") == []
+        assert str(subnet) not in sh("ip", "route", "show", "table", "all")
+
+
+def _listen(net: PodNetwork, slot: int, port: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        ["nsenter", f"--net={net.netns_path(slot)}", "--", sys.executable, "-c", LISTENER,
+         "0.0.0.0", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+async def test_isolation_and_nat(network: PodNetwork, outside_host: OutsideHost) -> None:
+    net = network
+    alice, bob = 2, 3
+    alice_ip = await net.setup(alice, NetworkPolicy())
+    bob_ip = await net.setup(bob, NetworkPolicy())
+    assert ipaddress.ip_address(alice_ip) in net.subnet
+    ns = net.netns_path(alice)
+    servers = [_listen(net, alice, 7000), _listen(net, bob, 7000)]
+    host_server = subprocess.Popen(
+        [sys.executable, "-c", LISTENER, "0.0.0.0", "7001"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert host_server.stdout is not None
+        assert host_server.stdout.readline().strip() == "ready"
+        # The host (control plane) reaches each pod at its address.
+        assert in_netns("/proc/self/ns/net", _PROBE_HOST, alice_ip, "7000") == "ok pod"
+        # The outside, through NAT.
+        assert probe(ns, outside_host.address, outside_host.port) == "ok hello"
+        # Not the host: gateway, its other addresses, loopback; not the other pod.
+        host_addresses = sh("ip", "-4", "-o", "addr", "show").split()
+        eth = [a.split("/")[0] for a in host_addresses if a.count(".") == 3 and "/" in a]
+        for target in [str(net.gateway), outside_host.host_side, *eth]:
+            assert not probe(ns, target, 7001).startswith("ok"), target
+        assert probe(ns, "127.0.0.1", 7001).startswith("ConnectionRefused")  # its own lo
+        assert not probe(ns, bob_ip, 7000).startswith("ok")
+        # A forged source (another pod's address, bound with IP_FREEBIND) gets nowhere.
+        forged = in_netns(ns, _PROBE_FROM, bob_ip, outside_host.address, str(outside_host.port))
+        assert not forged.startswith("ok"), forged
+        # The pod cannot change its own addresses or routes: it would need CAP_NET_ADMIN over
+        # the namespace, which belongs to the host's user namespace (bwrap drops every cap).
+        rc = subprocess.run(
+            ["nsenter", f"--net={ns}", "--", "setpriv", "--inh-caps=-all", "--bounding-set=-all",
+             "ip", "addr", "add", f"{bob_ip}/32", "dev", "eth0"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert rc.returncode != 0 and "Operation not permitted" in rc.stderr
+    finally:
+        for proc in [*servers, host_server]:
+            proc.kill()
+            proc.wait()
+        await net.teardown(alice)
+        await net.teardown(bob)
+
+
+async def test_policy_live_and_exact(network: PodNetwork, outside_host: OutsideHost) -> None:
+    net, slot = network, 5
+    await net.setup(slot, NetworkPolicy(allow_internet=False))
+    ns, target = net.netns_path(slot), outside_host.address
+    try:
+        assert not probe(ns, target, outside_host.port).startswith("ok")
+        block = str(ipaddress.ip_network(f"{target}/30", strict=False))
+        cases = [
+            (NetworkPolicy(), True),
+            (NetworkPolicy(deny_out=(block,)), False),
+            (NetworkPolicy(deny_out=("0.0.0.0/0",), allow_out=(f"{target}/32",)), True),
+            (NetworkPolicy(allow_internet=False, allow_out=(block,)), True),
+            (NetworkPolicy(deny_out=(f"{target}",), allow_out=("10.0.0.0/8",)), False),
+        ]
+        for policy, reachable in cases:
+            await net.apply_policy(slot, policy)  # live: the namespace and link stay
+            assert policy.permits(target) is reachable
+            got = probe(ns, target, outside_host.port)
+            assert got.startswith("ok") is reachable, (policy, got)
+    finally:
+        await net.teardown(slot)
+    assert leftovers(net._data_dir) == [f"table {net.names.table}"]
+
+
+def test_rendered_policy_is_the_models_rule() -> None:
+    """The rendered allow/deny lists decide exactly as NetworkPolicy.permits (random policies)."""
+    rng = random.Random(14)
+
+    def cidr() -> str:
+        return f"{rng.randrange(256)}.{rng.randrange(256)}.0.0/{rng.choice([8, 12, 16, 24, 32])}"
+
+    for _ in range(200):
+        policy = NetworkPolicy(
+            allow_internet=rng.random() < 0.5,
+            allow_out=tuple(cidr() for _ in range(rng.randrange(4))),
+            deny_out=tuple(cidr() for _ in range(rng.randrange(4))),
+        )
+        for _ in range(50):
+            address = str(ipaddress.IPv4Address(rng.getrandbits(32)))
+            assert nftables.permits(policy, address) == policy.permits(address)
+
+
+async def test_instances_get_distinct_ranges_and_names(tmp_path: Path) -> None:
+    require_root_network()
+    one = await PodNetwork(tmp_path / "one").open()
+    two = await PodNetwork(tmp_path / "two").open()
+    try:
+        assert not one.subnet.overlaps(two.subnet)
+        assert one.names.table != two.names.table
+        # The same data dir adopts its range (what a restart after kill -9 does).
+        again = await PodNetwork(tmp_path / "one").open()
+        assert again.subnet == one.subnet
+        # An explicit range that overlaps another instance's: one readable line.
+        with pytest.raises(ConfigError, match=r"TORPOR_POD_CIDR .* overlaps"):
+            await PodNetwork(tmp_path / "three", pod_cidr=str(one.subnet)).open()
+        assert leftovers(tmp_path / "three") == []
+    finally:
+        await one.release()
+        await two.release()
+    assert leftovers(tmp_path / "one") == leftovers(tmp_path / "two") == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["8.8.8.0/24", "127.0.0.0/16", "10.0.0.0/8", "10.1.2.0/30", "--ro-bind", "10.0.0.1\0/24",
+     "fd00::/64", "10.1.2.3/24", "x" * 10_000, ""],
+)  # fmt: skip
+def test_hostile_range_settings(value: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="TORPOR_POD_CIDR"):
+        PodNetwork(tmp_path, pod_cidr=value)
+
+
+async def test_sweep_keeps_live_slots_and_removes_the_rest(network: PodNetwork) -> None:
+    net = network
+    for slot in (2, 3, 4):
+        await net.setup(slot, NetworkPolicy())
+    # A restarted runtime knows slot 3 still has a live pod; 2 and 4 are leftovers.
+    fresh = await PodNetwork(net._data_dir).open()
+    await fresh.sweep({3: NetworkPolicy(allow_internet=False)})
+    prefix = net.names.link_prefix
+    assert sorted(n for n in leftovers(net._data_dir) if n.startswith(prefix)) == [
+        net.names.link(3)
+    ]
+    listing = sh("nft", "list", "table", "inet", net.names.table)
+    assert nftables.chains_of(listing).count(net.names.chain(3)) == 1
+    assert net.names.chain(2) not in listing and "0.0.0.0/0" in listing
+    await fresh.teardown(3)
+
+
+def test_names_are_validated() -> None:
+    n = InstanceNames.for_data_dir(Path("/tmp/x"))
+    assert n.slot_of_link(n.link(0x12)) == 0x12
+    assert n.slot_of_link(n.link(0x12) + "x") is None
+    assert n.slot_of_link("tp" + secrets.token_hex(3) + "0012") in {None, 0x12}
+    assert n.slot_of_netns(f"torpor-{n.instance}-../x") is None
+    with pytest.raises(ValueError, match="slot"):
+        n.link(0x10000)
+    assert len(n.link(0xFFFF)) <= 15
+
+
+_PROBE_HOST = (
+    "import socket,sys\n"
+    "s=socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)\n"
+    "print('ok', s.recv(16).decode())\n"
+)
+_PROBE_FROM = (
+    "import socket,sys\n"
+    "s=socket.socket(); s.settimeout(2)\n"
+    "s.setsockopt(socket.SOL_IP, 15, 1)  # IP_FREEBIND\n"
+    "s.bind((sys.argv[1], 0))\n"
+    "try:\n"
+    "    s.connect((sys.argv[2], int(sys.argv[3]))); print('ok', s.recv(16))\n"
+    "except OSError as e:\n"
+    "    print(type(e).__name__)\n"
+)
