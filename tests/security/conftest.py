@@ -9,6 +9,9 @@ import pytest
 
 from tests.conftest import skip_or_fail
 from tests.e2e.stack import Stack, need_bwrap, running_stack
+from tests.security.network_support import outside_host
+
+__all__ = ["outside_host"]  # the pod network tests' fixture
 
 
 @pytest.fixture(scope="session")
