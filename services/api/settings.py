@@ -9,7 +9,7 @@ from shared.settings import BusSettings, FeatureFlags, LoggingSettings, _Base
 # The envd protocol version the in-sandbox daemon implements; must equal
 # ``services/envd/version.py: ENVD_VERSION`` (a test checks it). Copied, not imported: the API
 # must not depend on the daemon's package.
-ENVD_VERSION = "0.5.7"
+ENVD_VERSION = "0.6.4"
 
 
 class ApiSettings(_Base):

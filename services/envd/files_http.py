@@ -6,18 +6,25 @@ path when no ``path`` parameter is given; buffered up to ``MAX_MULTIPART_BYTES``
 written in place like envd does (never renamed over: the target may be a device). Errors are
 JSON ``{"code": <status>, "message": ...}``: 400 bad path or request, 404 missing file, 413 too
 large, 507 out of space.
+
+After opening the target the daemon chowns it to its current owner, as envd does (it chowns to
+the requesting user): a watcher sees E2B's sequence for a new file, *create*, *chmod*, *write*.
+``X-Metadata-*`` headers become ``user.e2b.*`` extended attributes (``services.envd.metadata``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import stat
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
+from services.envd import metadata as file_metadata
 from services.envd.paths import BadPath, resolve
 
 Scope = dict[str, Any]
@@ -126,8 +133,12 @@ class FilesApi:
             tail = compressor.flush() if compressor is not None else b""
             await send({"type": "http.response.body", "body": tail})
 
-    async def _upload(self, scope: Scope, receive: Receive) -> list[dict[str, str]]:
+    async def _upload(self, scope: Scope, receive: Receive) -> list[dict[str, Any]]:
         params = query(scope)
+        try:  # before anything is written: a rejected upload creates no file
+            meta = file_metadata.from_headers(scope["headers"])
+        except file_metadata.MetadataError as exc:
+            raise HttpError(400, str(exc)) from exc
         content_type = header(scope, b"content-type")
         if content_type.startswith("multipart/form-data"):
             body = await _read_body(receive, MAX_MULTIPART_BYTES)
@@ -139,28 +150,30 @@ class FilesApi:
                 raw = params.get("path") if len(parts) == 1 and params.get("path") else filename
                 if not raw:
                     raise HttpError(400, "no path given for an uploaded file")
-                written.append(self._write(raw, [data]))
+                written.append(self._write(raw, [data], meta))
             return written
         raw = params.get("path", "")
         if not raw:
             raise HttpError(400, "the path parameter is required")
         gzip_body = "gzip" in header(scope, b"content-encoding").lower()
-        return [await self._write_stream(raw, receive, gzip_body)]
+        return [await self._write_stream(raw, receive, gzip_body, meta)]
 
-    def _write(self, raw: str, chunks: list[bytes]) -> dict[str, str]:
+    def _write(self, raw: str, chunks: list[bytes], meta: dict[str, str]) -> dict[str, Any]:
         path = self._resolve(raw)
-        fd = self._open_target(raw, path)
+        fd = self._open_target(raw, path, meta)
         try:
             with os.fdopen(fd, "wb") as fh:
                 for chunk in chunks:
                     fh.write(chunk)
         except OSError as exc:
             raise _os_error(exc, raw) from exc
-        return {"name": os.path.basename(path), "type": "file", "path": path}
+        return _written(path, meta)
 
-    async def _write_stream(self, raw: str, receive: Receive, gzip_body: bool) -> dict[str, str]:
+    async def _write_stream(
+        self, raw: str, receive: Receive, gzip_body: bool, meta: dict[str, str]
+    ) -> dict[str, Any]:
         path = self._resolve(raw)
-        fd = self._open_target(raw, path)
+        fd = self._open_target(raw, path, meta)
         inflater = zlib.decompressobj(31) if gzip_body else None
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -181,18 +194,38 @@ class FilesApi:
             raise HttpError(400, f"invalid gzip body: {exc}") from exc
         except OSError as exc:
             raise _os_error(exc, raw) from exc
-        return {"name": os.path.basename(path), "type": "file", "path": path}
+        return _written(path, meta)
 
-    def _open_target(self, raw: str, path: str) -> int:
+    def _open_target(self, raw: str, path: str, meta: dict[str, str]) -> int:
         """Open for writing in place (O_TRUNC), as envd does: mode, owner and hard links of an
-        existing file are kept, and a device or FIFO is written to, never replaced."""
+        existing file are kept, and a device or FIFO is written to, never replaced. Then the
+        chown (envd's *chmod* event) and the metadata, before any data."""
         if os.path.isdir(path):
             raise HttpError(400, f"path {raw!r} is a directory")
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
         except OSError as exc:
             raise _os_error(exc, raw) from exc
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                with contextlib.suppress(OSError):
+                    os.fchown(fd, st.st_uid, st.st_gid)
+                file_metadata.replace(fd, meta)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise HttpError(400, f"the filesystem of {raw!r} keeps no metadata") from exc
+            raise _os_error(exc, raw) from exc
+        return fd
+
+
+def _written(path: str, meta: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": os.path.basename(path), "type": "file", "path": path}
+    if meta:
+        out["metadata"] = meta
+    return out
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:

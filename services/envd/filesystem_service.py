@@ -1,4 +1,9 @@
-"""``filesystem.Filesystem`` over Connect: stat, list, mkdir, move, remove and watching."""
+"""``filesystem.Filesystem`` over Connect: stat, list, mkdir, move, remove and watching.
+
+envd 0.6.x behaviour: entries carry their ``user.e2b.*`` metadata (0.6.2); watch events carry
+the entry when asked (0.6.3); watching a directory on a network filesystem needs
+``allow_network_mounts`` (0.6.4); removing a path that does not exist succeeds.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +24,10 @@ from connectrpc.request import RequestContext
 from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
+from services.envd import metadata as file_metadata
 from services.envd.gen.filesystem import filesystem_pb as pb
 from services.envd.gen.filesystem.filesystem_connect import Filesystem as FilesystemProtocol
-from services.envd.inotify import Watcher
+from services.envd.inotify import Watcher, is_network_filesystem
 from services.envd.paths import BadPath, resolve
 from services.envd.process_service import keepalive_interval
 
@@ -96,6 +102,8 @@ def entry_info(path: str) -> pb.EntryInfo:
     )
     if target is not None:
         info.symlink_target = target
+    if meta := file_metadata.read(path):
+        info.metadata = meta
     return info
 
 
@@ -190,14 +198,21 @@ class FilesystemService(FilesystemProtocol):
     ) -> pb.RemoveResponse:
         with fs_errors(request.path):
             path = self._path(request.path)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
+            # A missing path is already removed: success, as envd (and ``rm -f``) answer.
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
         return pb.RemoveResponse()
 
     def _open_watcher(
-        self, path: str, recursive: bool, on_event: Callable[[str, str, str], None]
+        self,
+        path: str,
+        recursive: bool,
+        on_event: Callable[[str, str, str], None],
+        *,
+        allow_network_mounts: bool,
     ) -> Watcher:
         with fs_errors(path):
             resolved = self._path(path)
@@ -205,6 +220,12 @@ class FilesystemService(FilesystemProtocol):
                 if not os.path.lexists(resolved):
                     raise FileNotFoundError(resolved)
                 raise NotADirectoryError(resolved)
+            if not allow_network_mounts and is_network_filesystem(resolved):
+                # inotify sees only this machine's changes there: say so instead of going quiet.
+                raise ConnectError(
+                    Code.FAILED_PRECONDITION,
+                    f"{path!r} is on a network filesystem; watching it needs allow_network_mounts",
+                )
             return Watcher(resolved, recursive=recursive, on_event=on_event)
 
     async def watch_dir(
@@ -219,7 +240,12 @@ class FilesystemService(FilesystemProtocol):
             with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait(_fs_event(kind, name, full, request.include_entry))
 
-        watcher = self._open_watcher(request.path, request.recursive, on_event)
+        watcher = self._open_watcher(
+            request.path,
+            request.recursive,
+            on_event,
+            allow_network_mounts=request.allow_network_mounts,
+        )
         interval = keepalive_interval(ctx)  # type: ignore[arg-type]
         try:
             # The casts only tell mypy the Oneof field names are Literals.
@@ -251,7 +277,12 @@ class FilesystemService(FilesystemProtocol):
             if len(buffered.events) < MAX_BUFFERED_EVENTS:
                 buffered.events.append(_fs_event(kind, name, full, request.include_entry))
 
-        buffered.watcher = self._open_watcher(request.path, request.recursive, on_event)
+        buffered.watcher = self._open_watcher(
+            request.path,
+            request.recursive,
+            on_event,
+            allow_network_mounts=request.allow_network_mounts,
+        )
         watcher_id = uuid.uuid4().hex
         self._watchers[watcher_id] = buffered
         return pb.CreateWatcherResponse(watcher_id=watcher_id)
@@ -265,6 +296,10 @@ class FilesystemService(FilesystemProtocol):
         buffered = self._watchers.get(request.watcher_id)
         if buffered is None:
             raise ConnectError(Code.NOT_FOUND, f"watcher {request.watcher_id!r} not found")
+        if buffered.watcher is not None:
+            # What the kernel has queued by now counts: a caller that wrote a file and then
+            # asks gets that write's events, not a read-loop tick later.
+            buffered.watcher.drain()
         events, buffered.events = buffered.events, []
         return pb.GetWatcherEventsResponse(events=events)
 

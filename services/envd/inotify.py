@@ -42,6 +42,40 @@ def _lib() -> ctypes.CDLL:
     return _libc
 
 
+# statfs(2) f_type of the filesystems E2B's envd counts as network mounts.
+NETWORK_FS_MAGIC = frozenset(
+    {
+        0x6969,  # NFS
+        0x517B,  # SMB
+        0xFF534D42,  # CIFS
+        0xFE534D42,  # SMB2
+        0x65735546,  # FUSE
+        0x01021997,  # 9P (v9fs)
+        0x564C,  # NCP
+        0x73757245,  # CODA
+        0x47504653,  # GPFS
+        0x5346414F,  # AFS
+        0x6B414653,  # kAFS
+        0x0BD00BD0,  # Lustre
+        0x19830326,  # fhgfs/BeeGFS
+        0x00C36400,  # CephFS
+    }
+)
+
+
+def filesystem_magic(path: str) -> int:
+    """``statfs(path).f_type`` (``f_type`` is the first ``long`` of ``struct statfs``)."""
+    buf = ctypes.create_string_buffer(256)  # sizeof(struct statfs) is 120 on 64-bit Linux
+    if _lib().statfs(os.fsencode(path), buf) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def is_network_filesystem(path: str) -> bool:
+    return filesystem_magic(path) in NETWORK_FS_MAGIC
+
+
 def kind_of(mask: int) -> str | None:
     if mask & (IN_CREATE | IN_MOVED_TO):
         return "create"
@@ -90,14 +124,21 @@ class Watcher:
             raise OSError(err, os.strerror(err), path)
         self._wds[wd] = path
 
-    def _read(self) -> None:
+    def drain(self) -> None:
+        """Deliver every event queued in the kernel now (without waiting for the loop)."""
+        while self._fd >= 0 and self._read():
+            pass
+
+    def _read(self) -> bool:
+        if self._fd < 0:
+            return False
         try:
             buf = os.read(self._fd, 64 * 1024)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             self.close()
-            return
+            return False
         offset = 0
         while offset + _HEADER.size <= len(buf):
             wd, mask, _cookie, length = _HEADER.unpack_from(buf, offset)
@@ -117,6 +158,7 @@ class Watcher:
             kind = kind_of(mask)
             if kind is not None:
                 self._on_event(kind, os.path.relpath(full, self._root), full)
+        return True
 
     def close(self) -> None:
         if self._fd < 0:

@@ -24,6 +24,8 @@ _CODES = {
     "invalid_argument": Code.INVALID_ARGUMENT,
     "failed_precondition": Code.FAILED_PRECONDITION,
     "resource_exhausted": Code.RESOURCE_EXHAUSTED,
+    "deadline_exceeded": Code.DEADLINE_EXCEEDED,
+    "unavailable": Code.UNAVAILABLE,
     "internal": Code.INTERNAL,
 }
 _SIGNALS = {pb.Signal.SIGKILL: 9, pb.Signal.SIGTERM: 15}

@@ -98,15 +98,25 @@ def describe_wait_status(status: int) -> Exit:
     return Exit(exit_code=-1, exited=False, status=f"unknown wait status {status}")
 
 
+@dataclass(frozen=True)
+class Broken:
+    """A stream that must end with an error instead of the process's end: its deadline passed
+    (``deadline_exceeded``, as envd's expired request context) or the daemon is stopping
+    (``unavailable``: the sandbox is going away, so its streams break rather than end)."""
+
+    kind: str
+    message: str
+
+
 class Subscriber:
     """One stream's view of a process: output and the end, in order."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[Output | Exit | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[Output | Exit | Broken | None] = asyncio.Queue()
         self._backlog = 0
         self.dropped = False
 
-    def push(self, item: Output | Exit) -> None:
+    def push(self, item: Output | Exit | Broken) -> None:
         if self.dropped:
             return
         if isinstance(item, Output):
@@ -117,7 +127,7 @@ class Subscriber:
                 return
         self._queue.put_nowait(item)
 
-    async def next(self, timeout: float | None) -> Output | Exit | None:
+    async def next(self, timeout: float | None) -> Output | Exit | Broken | None:
         """The next item; ``None`` means dropped. Raises ``TimeoutError`` after ``timeout``."""
         item = await asyncio.wait_for(self._queue.get(), timeout)
         if isinstance(item, Output):
@@ -138,6 +148,7 @@ class Process:
     wait_status: int | None = None
     ended: bool = False
     deadline: asyncio.TimerHandle | None = None
+    deadline_hit: bool = False
     grace: asyncio.TimerHandle | None = None
 
     def subscribe(self) -> Subscriber:
@@ -161,6 +172,8 @@ class Process:
                     continue
                 if item is None:
                     raise ProcessError("resource_exhausted", "stream fell too far behind")
+                if isinstance(item, Broken):
+                    raise ProcessError(item.kind, item.message)
                 yield item
                 if isinstance(item, Exit):
                     return
@@ -179,6 +192,7 @@ class ProcessTable:
         self._default_cwd = default_cwd
         self._root = root
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.closing = False
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -186,6 +200,15 @@ class ProcessTable:
         self._loop = loop
         loop.add_signal_handler(signal.SIGCHLD, self.reap)
         self.reap()  # children that exited before the handler existed
+
+    def begin_shutdown(self) -> None:
+        """The daemon was told to stop (its sandbox is being stopped): from now on no stream
+        reports a process's end; every open stream breaks now."""
+        self.closing = True
+        broken = Broken("unavailable", "envd is stopping: the sandbox is being stopped")
+        for proc in list(self._procs.values()):
+            for sub in list(proc.subscribers):
+                sub.push(broken)
 
     def shutdown(self) -> None:
         """Kill everything still running (the daemon is going away; leave no orphans)."""
@@ -281,9 +304,13 @@ class ProcessTable:
             os.set_blocking(fd, False)
             loop.add_reader(fd, self._on_readable, proc, fd)
         if timeout is not None and timeout > 0:
-            proc.deadline = loop.call_later(timeout, _killpg, proc.pid, signal.SIGKILL)
+            proc.deadline = loop.call_later(timeout, self._deadline, proc)
         log.info("started pid=%s cmd=%s", proc.pid, spec.cmd)
         return proc, sub
+
+    def _deadline(self, proc: Process) -> None:
+        proc.deadline_hit = True
+        _killpg(proc.pid, signal.SIGKILL)
 
     def _resolve_cwd(self, cwd: str | None) -> str:
         if not cwd:
@@ -386,8 +413,13 @@ class ProcessTable:
         if proc.stdin_fd is not None:
             self.close_stdin(proc)
         end = describe_wait_status(proc.wait_status)
+        item: Exit | Broken = end
+        if self.closing:
+            item = Broken("unavailable", "envd is stopping: the sandbox is being stopped")
+        elif proc.deadline_hit:
+            item = Broken("deadline_exceeded", "the command's deadline was exceeded")
         for sub in list(proc.subscribers):
-            sub.push(end)
+            sub.push(item)
         self._procs.pop(proc.pid, None)
         log.info("ended pid=%s %s", proc.pid, end.status)
 

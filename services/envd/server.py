@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import importlib.util
 import logging
@@ -14,6 +15,8 @@ from services.envd.app import EnvdApp
 from services.envd.version import ENVD_VERSION
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from uvicorn.server import Server
 
 
@@ -36,6 +39,15 @@ def _server(app: EnvdApp, log_level: str) -> Server:
     from uvicorn.config import Config
     from uvicorn.server import Server
 
+    class _Server(Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # Runs in the signal handler, before the loop sees the SIGCHLDs of the processes
+            # the pod's stop also signalled: their streams must break, not report an end.
+            app.table.closing = True
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().call_soon_threadsafe(app.table.begin_shutdown)
+            super().handle_exit(sig, frame)
+
     # What uvicorn's own modules import from the package (``uvicorn.lifespan.off``: Config).
     uvicorn.Config = Config  # type: ignore[misc]
     uvicorn.Server = Server  # type: ignore[misc]
@@ -53,7 +65,7 @@ def _server(app: EnvdApp, log_level: str) -> Server:
         timeout_graceful_shutdown=1,
         timeout_keep_alive=75,
     )
-    return Server(config)
+    return _Server(config)
 
 
 def serve(sock: socket.socket, *, root: str, access_token: str | None, log_level: str) -> int:
