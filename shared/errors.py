@@ -2,6 +2,7 @@
 
 TorporError
 ├── ConfigError                  bad configuration (one readable line, no traceback)
+├── InvalidInput                 a request value is refused (the message names the field)
 ├── NotFound                     the thing does not exist (or is not yours)
 ├── Conflict                     optimistic-concurrency loss or an illegal state transition
 │   └── IllegalTransition
@@ -22,6 +23,10 @@ class TorporError(Exception):
 
 class ConfigError(TorporError):
     """Configuration is invalid; the message is one line meant for an operator."""
+
+
+class InvalidInput(TorporError):
+    """A user value is refused; the message starts with the field it names (HTTP 400)."""
 
 
 class NotFound(TorporError):

@@ -42,6 +42,8 @@ async def bus_wiring(settings: ApiSettings, bus: BusSettings) -> AsyncIterator[W
     from shared.bus.records import KvSandboxStore
     from shared.bus.topology import KV_API_KEYS, KV_SANDBOXES, KV_USERS
     from shared.lifecycle.service import SandboxLifecycle
+    from shared.runtime.catalog import FileTemplateCatalog
+    from shared.settings import RuntimeSettings, load
 
     broker = make_broker(bus, service="api")
     await prepare(broker, bus)
@@ -50,7 +52,8 @@ async def bus_wiring(settings: ApiSettings, bus: BusSettings) -> AsyncIterator[W
         users = KvUsers(NatsBucket(await key_value(broker, KV_USERS)))
         keys = KvApiKeys(NatsBucket(await key_value(broker, KV_API_KEYS)), users)
         lifecycle = SandboxLifecycle(store, BrokerPublisher(broker))
-        yield Wiring(settings=settings, lifecycle=lifecycle, keys=keys)
+        templates = FileTemplateCatalog.from_settings(load(RuntimeSettings))
+        yield Wiring(settings=settings, lifecycle=lifecycle, keys=keys, templates=templates)
     finally:
         await broker.stop()
 

@@ -14,6 +14,7 @@ from services.api.errors import ApiError
 from services.api.settings import ApiSettings
 from shared.auth.models import User
 from shared.lifecycle.ports import Lifecycle
+from shared.runtime.catalog import TemplateCatalog
 
 
 class Authenticator(Protocol):
@@ -29,6 +30,7 @@ class Wiring:
     settings: ApiSettings
     lifecycle: Lifecycle
     keys: Authenticator
+    templates: TemplateCatalog | None = None  # None: templates are not checked before a create
 
 
 _api_key = APIKeyHeader(name="X-API-KEY", auto_error=False, description="An API key (E2B SDK)")
@@ -69,6 +71,12 @@ async def caller(
         raise ApiError(401, "invalid API key")
     structlog.contextvars.bind_contextvars(user=user.name)
     return Caller(user)
+
+
+def require_template(w: Wiring, name: str, *, field: str) -> None:
+    """An unknown template is the caller's mistake: 400 before any record exists."""
+    if w.templates is not None and not w.templates.exists(name):
+        raise ApiError(400, f"{field}: template {name!r} does not exist")
 
 
 WiringDep = Annotated[Wiring, Depends(wiring)]

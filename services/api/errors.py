@@ -22,6 +22,7 @@ from shared.errors import (
     EnvdError,
     EnvdUnavailable,
     IllegalTransition,
+    InvalidInput,
     NotFound,
     PodNotReady,
     RuntimeFailure,
@@ -57,6 +58,7 @@ def error_response(
 def status_for(error: TorporError) -> int:
     """HTTP status of a torpor error (most specific class first)."""
     table: list[tuple[type[TorporError], int]] = [
+        (InvalidInput, 400),
         (NotFound, 404),
         (IllegalTransition, 409),
         (SnapshotTooLarge, 409),

@@ -1,19 +1,53 @@
 """Wire shapes. E2B models spell their JSON keys exactly as the SDK's generated client does
 (``templateID``, ``sandboxID``, ``envdAccessToken``, ``allow_internet_access``…); native models
-use camelCase. Requests ignore unknown keys so newer SDKs keep working."""
+use camelCase.
+
+Requests refuse unknown keys, and keys torpor does not enforce (``mcp``, ``iam``,
+``volumeMounts``, memory snapshots, egress proxies…), with a 400 naming the field: a request is
+never half-applied in silence. User values that reach a pod (env, metadata, template names,
+network CIDRs) are checked by the shared rules in ``shared.models.user_input`` and
+``shared.models.network``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from shared.ids import SANDBOX_ID_PATTERN
+from shared.models.network import MAX_RULES, Cidr, NetworkPolicy
+from shared.models.user_input import EnvVars, Metadata, TemplateName
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def _refused(reason: str) -> Callable[[Any], Any]:
+    """A field torpor accepts only when it asks for nothing (absent, null, empty)."""
+
+    def check(value: Any) -> Any:
+        if value is None or value in ([], {}):
+            return value
+        raise ValueError(f"not supported by torpor: {reason}")
+
+    return check
+
+
+def _refuse_true(reason: str) -> Callable[[bool | None], bool | None]:
+    def check(value: bool | None) -> bool | None:
+        if value is True:
+            raise ValueError(f"not supported by torpor: {reason}")
+        return value
+
+    return check
+
+
+_NO_MEMORY = "memory snapshots are not built (pause keeps the process list; use false or omit)"
+Unsupported = Any
+NoMemory = Annotated[bool | None, AfterValidator(_refuse_true(_NO_MEMORY))]
 
 
 class _Out(BaseModel):
@@ -39,17 +73,87 @@ class LifecycleIn(_In):
     auto_resume: bool | None = Field(default=None, alias="autoResume")
 
 
+def _secure_only(value: bool | None) -> bool | None:
+    if value is False:
+        msg = "not supported by torpor: envd access is always secured (send true or omit)"
+        raise ValueError(msg)
+    return value
+
+
+class NetworkIn(_In):
+    """``network`` on create: egress CIDRs and public traffic. Domain names, per-host rules,
+    egress proxies and the other E2B network features are refused: nothing would enforce them."""
+
+    allow_out: tuple[Cidr, ...] | None = Field(default=None, alias="allowOut", max_length=MAX_RULES)
+    deny_out: tuple[Cidr, ...] | None = Field(default=None, alias="denyOut", max_length=MAX_RULES)
+    allow_public_traffic: bool | None = Field(default=None, alias="allowPublicTraffic")
+    rules: Annotated[Unsupported, AfterValidator(_refused("per-host egress rules"))] = None
+    egress_proxy: Annotated[Unsupported, AfterValidator(_refused("egress proxies"))] = Field(
+        default=None, alias="egressProxy"
+    )
+    dns_servers: Annotated[
+        Unsupported, AfterValidator(_refused("DNS servers (domains in allowOut are refused)"))
+    ] = Field(default=None, alias="dnsServers")
+    mask_request_host: Annotated[Unsupported, AfterValidator(_refused("request host masking"))] = (
+        Field(default=None, alias="maskRequestHost")
+    )
+    https_ports: Annotated[Unsupported, AfterValidator(_refused("HTTPS ports"))] = Field(
+        default=None, alias="httpsPorts"
+    )
+
+
+class NetworkUpdate(_In):
+    """``PUT /sandboxes/{id}/network`` (SDK ``update_network``): replaces the egress rules; an
+    omitted field is cleared (E2B). ``allowPublicTraffic`` is not part of it and is kept."""
+
+    allow_out: tuple[Cidr, ...] | None = Field(default=None, alias="allowOut", max_length=MAX_RULES)
+    deny_out: tuple[Cidr, ...] | None = Field(default=None, alias="denyOut", max_length=MAX_RULES)
+    allow_internet_access: bool | None = None
+    rules: Annotated[Unsupported, AfterValidator(_refused("per-host egress rules"))] = None
+    egress_proxy: Annotated[Unsupported, AfterValidator(_refused("egress proxies"))] = Field(
+        default=None, alias="egressProxy"
+    )
+    dns_servers: Annotated[
+        Unsupported, AfterValidator(_refused("DNS servers (domains in allowOut are refused)"))
+    ] = Field(default=None, alias="dnsServers")
+
+    def policy(self, *, allow_public_traffic: bool) -> NetworkPolicy:
+        return NetworkPolicy(
+            allow_internet=self.allow_internet_access is not False,
+            allow_out=self.allow_out or (),
+            deny_out=self.deny_out or (),
+            allow_public_traffic=allow_public_traffic,
+        )
+
+
 class NewSandbox(_In):
-    template_id: str = Field(default="base", alias="templateID", min_length=1, max_length=253)
+    template_id: TemplateName = Field(default="base", alias="templateID")
     timeout: int | None = Field(default=None, ge=1, le=2**31 - 1)
     auto_pause: bool | None = Field(default=None, alias="autoPause")
-    auto_pause_memory: bool | None = Field(default=None, alias="autoPauseMemory")
+    auto_pause_memory: NoMemory = Field(default=None, alias="autoPauseMemory")
     auto_resume: AutoResumeConfig | bool | None = Field(default=None, alias="autoResume")
     lifecycle: LifecycleIn | None = None
-    secure: bool | None = None
+    secure: Annotated[bool | None, AfterValidator(_secure_only)] = None
     allow_internet_access: bool | None = None
-    metadata: dict[str, str] | None = None
-    env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
+    network: NetworkIn | None = None
+    metadata: Metadata | None = None
+    env_vars: EnvVars | None = Field(default=None, alias="envVars")
+    mcp: Annotated[Unsupported, AfterValidator(_refused("MCP gateways"))] = None
+    iam: Annotated[Unsupported, AfterValidator(_refused("workload identity tokens"))] = None
+    volume_mounts: Annotated[
+        Unsupported, AfterValidator(_refused("volume mounts (volumes come from the template)"))
+    ] = Field(default=None, alias="volumeMounts")
+
+    def network_policy(self) -> NetworkPolicy:
+        net = self.network or NetworkIn()
+        return NetworkPolicy(
+            allow_internet=self.allow_internet_access is not False,
+            allow_out=net.allow_out or (),
+            deny_out=net.deny_out or (),
+            allow_public_traffic=(
+                True if net.allow_public_traffic is None else net.allow_public_traffic
+            ),
+        )
 
     def wants_auto_pause(self) -> bool:
         if self.auto_pause is not None:
@@ -66,17 +170,17 @@ class NewSandbox(_In):
 
 class ConnectSandbox(_In):
     timeout: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    memory: bool | None = None
+    memory: NoMemory = None
 
 
 class ResumedSandbox(_In):
     timeout: int | None = Field(default=None, ge=0, le=2**31 - 1)
     auto_pause: bool | None = Field(default=None, alias="autoPause")
-    memory: bool | None = None
+    memory: NoMemory = None
 
 
 class PauseRequest(_In):
-    memory: bool | None = None
+    memory: NoMemory = None
     require_healthy_guest: bool | None = Field(default=None, alias="requireHealthyGuest")
 
 
@@ -124,10 +228,17 @@ class ListedSandboxOut(_Out):
     envd_version: str = Field(alias="envdVersion")
 
 
+class NetworkOut(_Out):
+    allow_out: list[str] = Field(alias="allowOut")
+    deny_out: list[str] = Field(alias="denyOut")
+    allow_public_traffic: bool = Field(alias="allowPublicTraffic")
+
+
 class SandboxDetailOut(ListedSandboxOut):
     envd_access_token: str | None = Field(default=None, alias="envdAccessToken")
     domain: str | None = None
     allow_internet_access: bool | None = Field(default=None, alias="allowInternetAccess")
+    network: NetworkOut | None = None
     lifecycle: LifecycleOut
 
 
@@ -157,12 +268,12 @@ class NativeCreate(_In):
         pattern=SANDBOX_ID_PATTERN,
         description="The sandbox name (lowercase DNS label); generated when omitted",
     )
-    template: str = Field(default="sandbox-base", min_length=1, max_length=253)
+    template: TemplateName = "sandbox-base"
     timeout: int = Field(default=300, ge=1, le=2**31 - 1, description="Inactivity timeout, s")
     auto_pause: bool = Field(default=False, alias="autoPause")
     auto_resume: bool = Field(default=False, alias="autoResume")
-    metadata: dict[str, str] = Field(default_factory=dict)
-    envs: dict[str, str] = Field(default_factory=dict)
+    metadata: Metadata = Field(default_factory=dict)
+    envs: EnvVars = Field(default_factory=dict)
 
 
 class SnapshotOut(_Out):

@@ -8,11 +8,13 @@ from services.api.schemas import (
     LifecycleOut,
     ListedSandboxOut,
     NativeSandbox,
+    NetworkOut,
     SandboxDetailOut,
     SandboxOut,
     SnapshotOut,
 )
 from services.api.settings import ENVD_VERSION, ApiSettings
+from shared.auth.traffic import traffic_token
 from shared.models.sandboxes import SandboxRecord, SandboxState
 
 # Hidden from every view: the sandbox is gone or going (E2B kill answers 404 from here on).
@@ -46,7 +48,23 @@ def sandbox_out(record: SandboxRecord, settings: ApiSettings) -> SandboxOut:
         client_id=settings.client_id,
         envd_version=ENVD_VERSION,
         envd_access_token=record.envd_access_token,
+        traffic_access_token=traffic_token_of(record),
         domain=settings.sandbox_domain,
+    )
+
+
+def traffic_token_of(record: SandboxRecord) -> str | None:
+    """Only sandboxes whose user ports are not public need one (E2B returns null otherwise)."""
+    if record.network.allow_public_traffic:
+        return None
+    return traffic_token(record.sandbox_id, record.envd_access_token)
+
+
+def network_out(record: SandboxRecord) -> NetworkOut:
+    return NetworkOut(
+        allow_out=list(record.network.allow_out),
+        deny_out=list(record.network.deny_out),
+        allow_public_traffic=record.network.allow_public_traffic,
     )
 
 
@@ -72,6 +90,8 @@ def detail_out(record: SandboxRecord, settings: ApiSettings) -> SandboxDetailOut
         **listed.model_dump(),
         envd_access_token=record.envd_access_token,
         domain=settings.sandbox_domain,
+        allow_internet_access=record.network.allow_internet,
+        network=network_out(record),
         lifecycle=LifecycleOut(
             auto_resume=record.auto_resume,
             on_timeout="pause" if record.auto_pause else "kill",

@@ -43,6 +43,7 @@ from services.proxy.settings import ProxySettings
 from services.proxy.upstream import UpstreamPool
 from services.proxy.waking import NotRunningError, Resumer, Waker
 from shared.auth.models import User
+from shared.auth.traffic import TRAFFIC_TOKEN_HEADER, traffic_token_matches
 from shared.models.sandboxes import SandboxRecord, SandboxState
 
 log = structlog.get_logger()
@@ -63,6 +64,7 @@ class ProxyWiring:
     keys: Authenticator | None
 
 
+TRAFFIC_HEADER = TRAFFIC_TOKEN_HEADER.encode()
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -238,8 +240,13 @@ class ProxyApp:
             record = await wiring.records.get(target.sandbox_id)
             if record is None or record.state in (SandboxState.KILLING, SandboxState.KILLED):
                 raise RefusedError(502, f"The sandbox {target.sandbox_id} was not found")
-            await self._authorise(scope, target, record, wiring)
+            known = await self._authorise(scope, target, record, wiring)
             if self.waker.needs_waking(record):
+                if not known and not self.settings.anonymous_wake:
+                    raise NotRunningError(
+                        f"The sandbox {target.sandbox_id} was not found: it is "
+                        f"{record.state.value} (anonymous requests do not resume sandboxes)"
+                    )
                 record = await self.waker.running(record)
                 wiring.records.remember(record)
         except RefusedError as e:
@@ -324,23 +331,37 @@ class ProxyApp:
 
     async def _authorise(
         self, scope: Scope, target: Target, record: SandboxRecord, wiring: ProxyWiring
-    ) -> None:
+    ) -> bool:
         """Another user's API key sees 404; the daemon port needs the sandbox's access token
-        (or the owner's API key). Bearer headers are left alone: they may be the app's own."""
+        (or the owner's API key); with ``allowPublicTraffic=false`` the user ports need the
+        traffic access token (or the envd token, or the owner's API key). Bearer headers are
+        left alone: they may be the app's own. Returns whether the request carried a valid
+        credential (False: anonymous)."""
         api_key = _header(scope, b"x-api-key")
-        owner_key = False
         if api_key and wiring.keys is not None:
             user = await wiring.keys.authenticate(api_key.strip())
             if user is None:
                 raise RefusedError(401, "invalid API key")
             if not user.admin and user.name != record.owner:
                 raise RefusedError(404, f"sandbox {target.sandbox_id} not found")
-            owner_key = True
-        needs_token = target.is_daemon or not self.settings.public_ports
-        if needs_token and record.envd_access_token and not owner_key:
-            token = _header(scope, b"x-access-token") or ""
-            if not hmac.compare_digest(token.encode(), record.envd_access_token.encode()):
+            return True
+        envd_token = record.envd_access_token
+        given = _header(scope, b"x-access-token") or ""
+        if envd_token and hmac.compare_digest(given.encode(), envd_token.encode()):
+            return True
+        if target.is_daemon or not self.settings.public_ports:
+            if envd_token:
                 raise RefusedError(401, "invalid or missing X-Access-Token for this sandbox")
+            return False
+        traffic = _header(scope, TRAFFIC_HEADER)
+        if traffic is not None and traffic_token_matches(record.sandbox_id, envd_token, traffic):
+            return True
+        if not record.network.allow_public_traffic:
+            raise RefusedError(
+                403,
+                "this sandbox's ports are not public: send its e2b-traffic-access-token",
+            )
+        return False
 
 
 async def _plain(send: Send, status: int, body: bytes, content_type: str = "text/plain") -> None:

@@ -31,7 +31,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Never forwarded into a sandbox: torpor's own credentials and routing.
-PRIVATE = frozenset({b"x-api-key", b"e2b-sandbox-id", b"e2b-sandbox-port"})
+PRIVATE = frozenset(
+    {b"x-api-key", b"e2b-sandbox-id", b"e2b-sandbox-port", b"e2b-traffic-access-token"}
+)
 
 
 class UpstreamUnreachableError(Exception):

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from services.proxy.settings import ENVD_PORT
 from shared.ids import is_valid_sandbox_id
 
-_HOST_LABEL = re.compile(r"^(\d{1,5})-([a-z0-9][a-z0-9-]*)$")
+_HOST_LABEL = re.compile(r"^([0-9]{1,5})-([a-z0-9][a-z0-9-]*)$")
+# ASCII digits only: str.isdigit() also accepts "²" or "٣", which int() then refuses.
+_PORT = re.compile(r"^[0-9]{1,5}$")
 
 
 @dataclass(frozen=True)
@@ -34,8 +36,8 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
 
 
 def _port(raw: str) -> int:
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        msg = f"invalid sandbox port {raw!r}"
+    if not _PORT.match(raw) or not 0 < int(raw) < 65536:
+        msg = f"invalid E2b-Sandbox-Port {raw[:16]!r}: a port number 1-65535"
         raise BadTargetError(msg)
     return int(raw)
 

@@ -35,6 +35,11 @@ class ProxySettings(_Base):
     # E2B's default: ports other than the daemon's are reachable without a token. Set to false
     # to require the sandbox's X-Access-Token on every port.
     public_ports: bool = True
+    # TORPOR_PROXY_ANONYMOUS_WAKE: whether a request without any credential (no owner API key,
+    # envd token or traffic token) may auto-resume a paused sandbox through a public port.
+    # E2B's behaviour is yes. A sandbox with allowPublicTraffic=false never serves anonymous
+    # requests, so they can neither wake nor extend it.
+    anonymous_wake: bool = True
     # TORPOR_PROXY_MAX_CONNECTIONS: concurrent upstream HTTP exchanges per sandbox port; more
     # requests queue here instead of overflowing a small accept backlog in the sandbox (Python's
     # http.server listens with a backlog of 5; overflowed handshakes stall for minutes).

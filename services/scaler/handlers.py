@@ -1,8 +1,8 @@
 """The scaler's subscribers.
 
-- ``scaler-lifecycle`` (SANDBOX_CMD): ``sandbox.cmd.create.*``, ``sandbox.cmd.resume.*`` and
-  ``sandbox.cmd.kill.*`` on one durable (work-queue filters must not overlap), dispatched by the
-  subject's verb.
+- ``scaler-lifecycle`` (SANDBOX_CMD): ``sandbox.cmd.create.*``, ``sandbox.cmd.resume.*``,
+  ``sandbox.cmd.kill.*`` and ``sandbox.cmd.network.*`` on one durable (work-queue filters must
+  not overlap), dispatched by the subject's verb.
 - ``scaler-on-snapshotted`` (SANDBOX_EVT): ``sandbox.evt.snapshotted.*`` → scale to 0.
 """
 
@@ -31,8 +31,11 @@ from shared.models.messages import (
     SandboxPaused,
     SandboxResumed,
     SandboxSnapshotted,
+    SetSandboxNetwork,
     msg_id,
 )
+
+log = structlog.get_logger()
 
 HEARTBEAT_EVERY = SCALER_LIFECYCLE.backoff[0] / 3
 _EVENTS: tuple[tuple[str, type[BaseModel], str], ...] = (
@@ -78,11 +81,12 @@ def build_router(
 
     @router.subscriber(  # type: ignore[untyped-decorator]
         **subscriber_args(SCALER_LIFECYCLE, max_workers=max_workers),
-        title="sandbox.cmd.{create,resume,kill}",
+        title="sandbox.cmd.{create,resume,kill,network}",
         description=(
             "Commands owned by the scaler, on one durable: sandbox.cmd.create.<sid> "
             "(CreateSandbox), sandbox.cmd.resume.<sid> (ResumeSandbox), sandbox.cmd.kill.<sid> "
-            "(KillSandbox). The verb is the subject's third token."
+            "(KillSandbox), sandbox.cmd.network.<sid> (SetSandboxNetwork: apply the record's "
+            "network policy). The verb is the subject's third token."
         ),
     )
     async def on_command(body: dict[str, Any], msg: NatsMessage) -> None:
@@ -137,6 +141,23 @@ def build_router(
                 sid,
                 lambda: scaler.kill(kill, cmd_id),
                 fail_kill,
+                give_up_after=give_up_after,
+                every=heartbeat_every,
+            )
+        elif verb == "network":
+            network = SetSandboxNetwork.model_validate(body)
+            sid = _sandbox_id_checked(msg, network.sandbox_id)
+
+            async def fail_network(reason: str) -> None:
+                # The sandbox keeps running with its previous policy: say so loudly.
+                log.error("network_apply_gave_up", sandbox_id=sid, reason=reason)
+
+            await _run(
+                scaler,
+                msg,
+                sid,
+                lambda: scaler.apply_network(network),
+                fail_network,
                 give_up_after=give_up_after,
                 every=heartbeat_every,
             )

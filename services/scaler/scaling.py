@@ -49,6 +49,7 @@ from shared.models.messages import (
     SandboxPaused,
     SandboxResumed,
     SandboxSnapshotted,
+    SetSandboxNetwork,
     msg_id,
 )
 from shared.models.sandboxes import SandboxRecord, SandboxState
@@ -349,6 +350,32 @@ class Scaler:
             subjects.of(subjects.EVT_RESUMED, sid),
             msg_id=msg_id("resumed", sid, record.generation),
         )
+
+    # ---- network ------------------------------------------------------------------------
+
+    async def apply_network(self, cmd: SetSandboxNetwork) -> Outcome:
+        """Make the workload's policy the record's (the record is the truth: the last update
+        written wins, whatever order the commands run in). Kept by the runtime across scale
+        0/1; a workload created later gets it from ``workload_spec``."""
+        sid = cmd.sandbox_id
+        record = await self._store.get(sid)
+        if record is None or record.state in (SandboxState.KILLING, SandboxState.KILLED):
+            return "skipped"
+        try:
+            await self._runtime.set_network(sid, record.network)
+        except NotFound:
+            if record.state in (SandboxState.CREATING, SandboxState.RESUMING):
+                # Another replica may be creating the workload from an older record.
+                raise Retry("the workload is being created; apply after it", delay=1.0) from None
+            return "skipped"
+        log.info(
+            "network_applied",
+            allow_internet=record.network.allow_internet,
+            allow_out=len(record.network.allow_out),
+            deny_out=len(record.network.deny_out),
+            allow_public_traffic=record.network.allow_public_traffic,
+        )
+        return "done"
 
     # ---- kill ---------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ CMD_CREATE = "sandbox.cmd.create"
 CMD_PAUSE = "sandbox.cmd.pause"
 CMD_RESUME = "sandbox.cmd.resume"
 CMD_KILL = "sandbox.cmd.kill"
+CMD_NETWORK = "sandbox.cmd.network"
 
 # Events (fan-out, past tense).
 EVT_PREFIX = "sandbox.evt"

@@ -115,7 +115,12 @@ SNAPSHOTTER_PAUSE = Durable(STREAM_CMD, "snapshotter-pause", (s.all_of(s.CMD_PAU
 SCALER_LIFECYCLE = Durable(
     STREAM_CMD,
     "scaler-lifecycle",
-    (s.all_of(s.CMD_CREATE), s.all_of(s.CMD_RESUME), s.all_of(s.CMD_KILL)),
+    (
+        s.all_of(s.CMD_CREATE),
+        s.all_of(s.CMD_RESUME),
+        s.all_of(s.CMD_KILL),
+        s.all_of(s.CMD_NETWORK),
+    ),
 )
 SCALER_ON_SNAPSHOTTED = Durable(STREAM_EVT, "scaler-on-snapshotted", (s.all_of(s.EVT_SNAPSHOTTED),))
 SCHEDULER_LIFECYCLE = Durable(

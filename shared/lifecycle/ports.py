@@ -15,6 +15,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.models.network import OPEN, NetworkPolicy
 from shared.models.sandboxes import SandboxRecord
 
 
@@ -29,6 +30,7 @@ class CreateRequest(BaseModel):
     auto_resume: bool = False
     metadata: dict[str, str] = Field(default_factory=dict)
     envs: dict[str, str] = Field(default_factory=dict)
+    network: NetworkPolicy = OPEN
 
 
 class ResumeResult(BaseModel):
@@ -80,6 +82,13 @@ class Lifecycle(Protocol):
         self, sandbox_id: str, *, owner: str | None, timeout: int
     ) -> SandboxRecord:
         """E2B connect semantics: move the deadline only if that makes it later."""
+        ...
+
+    async def set_network(
+        self, sandbox_id: str, *, owner: str | None, policy: NetworkPolicy
+    ) -> SandboxRecord:
+        """Store the new policy on the record and ask the scaler to apply it to the workload
+        (``sandbox.cmd.network``). Returns without waiting for the runtime."""
         ...
 
     async def touch(self, sandbox_id: str) -> None:

@@ -35,8 +35,10 @@ from shared.models.messages import (
     ResumeSandbox,
     SandboxActivity,
     SandboxTimeoutSet,
+    SetSandboxNetwork,
     msg_id,
 )
+from shared.models.network import NetworkPolicy
 from shared.models.sandboxes import SandboxRecord, SandboxState
 
 log = structlog.get_logger()
@@ -101,6 +103,7 @@ class SandboxLifecycle:
             auto_resume=request.auto_resume,
             metadata=dict(request.metadata),
             envs=dict(request.envs),
+            network=request.network,
             envd_access_token=secrets.token_hex(24),  # hex: never starts with "-" (argv-safe)
             created_at=at,
             started_at=at,
@@ -234,6 +237,27 @@ class SandboxLifecycle:
             await self._wait(sandbox_id, lambda r: r.state == SandboxState.KILLED, wait)
         except NotFound:
             return  # the key was removed: as dead as it gets
+
+    # ---- network ------------------------------------------------------------------------------
+
+    async def set_network(
+        self, sandbox_id: str, *, owner: str | None, policy: NetworkPolicy
+    ) -> SandboxRecord:
+        await self.get(sandbox_id, owner=owner)
+
+        def mutate(record: SandboxRecord) -> SandboxRecord:
+            if record.state in _GONE:
+                raise NotFound(f"sandbox {sandbox_id} not found")
+            return record.model_copy(update={"network": policy})
+
+        record = await self._store.update(sandbox_id, mutate)
+        # Unique per write (updated_at): setting A, B, then A again must apply A again.
+        await self._publisher.publish(
+            SetSandboxNetwork(sandbox_id=sandbox_id, generation=record.generation),
+            subjects.of(subjects.CMD_NETWORK, sandbox_id),
+            msg_id=msg_id("network", sandbox_id, record.generation, record.updated_at.isoformat()),
+        )
+        return record
 
     # ---- timeouts and activity -------------------------------------------------------------
 

@@ -47,6 +47,15 @@ class ResumeSandbox(_Message):
     reason: Literal["user", "auto", "platform"] = "user"
 
 
+class SetSandboxNetwork(_Message):
+    """Apply the record's current network policy to the sandbox's workload (live, and kept for
+    later pods). The policy is read from the record, not carried here: of several updates in
+    flight, the last one written wins whichever command runs last."""
+
+    type: Literal["sandbox.cmd.network"] = "sandbox.cmd.network"
+    generation: int
+
+
 class KillSandbox(_Message):
     type: Literal["sandbox.cmd.kill"] = "sandbox.cmd.kill"
     generation: int

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from shared.auth.models import User
 from shared.errors import Conflict, IllegalTransition, NotFound
 from shared.lifecycle.ports import CreateRequest, ResumeResult
+from shared.models.network import NetworkPolicy
 from shared.models.sandboxes import SandboxRecord, SandboxState, SnapshotRef
 
 SNAPSHOT_JSON = {
@@ -75,6 +76,7 @@ class FakeLifecycle:
             auto_resume=request.auto_resume,
             metadata=dict(request.metadata),
             envs=dict(request.envs),
+            network=request.network,
             envd_access_token=secrets.token_urlsafe(16),
             host=self.host,
             created_at=at,
@@ -165,6 +167,12 @@ class FakeLifecycle:
         if record.deadline is not None and deadline <= record.deadline:
             return record
         return self._put(record, deadline=deadline)
+
+    async def set_network(
+        self, sandbox_id: str, *, owner: str | None, policy: NetworkPolicy
+    ) -> SandboxRecord:
+        record = await self.get(sandbox_id, owner=owner)
+        return self._put(record, network=policy)
 
     async def touch(self, sandbox_id: str) -> None:
         self.touches.append(sandbox_id)

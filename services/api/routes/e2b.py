@@ -12,13 +12,14 @@ from urllib.parse import parse_qsl, unquote
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from services.api.deps import CallerDep, WiringDep
+from services.api.deps import CallerDep, WiringDep, require_template
 from services.api.errors import ApiError
 from services.api.schemas import (
     ConnectSandbox,
     ErrorBody,
     ListedSandboxOut,
     MetricOut,
+    NetworkUpdate,
     NewSandbox,
     PauseRequest,
     RefreshRequest,
@@ -88,15 +89,18 @@ async def create_sandbox(
     body: NewSandbox,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> SandboxOut:
+    template = w.settings.resolve_template(body.template_id)
+    require_template(w, template, field="templateID")
     request = CreateRequest(
         owner=caller.name,
         sandbox_id=_idempotent_id(caller.name, idempotency_key) if idempotency_key else None,
-        template=w.settings.resolve_template(body.template_id),
+        template=template,
         timeout=_timeout(w, body.timeout),
         auto_pause=body.wants_auto_pause(),
         auto_resume=body.wants_auto_resume(),
         metadata=body.metadata or {},
         envs=body.env_vars or {},
+        network=body.network_policy(),
     )
     if request.sandbox_id is not None:
         try:
@@ -316,6 +320,22 @@ async def refresh_sandbox(
     record = await _get(w, caller, sandbox_id)
     duration = _timeout(w, body.duration if body else None, default=record.timeout)
     await w.lifecycle.extend_timeout(sandbox_id, owner=caller.scope, timeout=duration)
+    return Response(status_code=204)
+
+
+@router.put(
+    "/sandboxes/{sandbox_id}/network",
+    status_code=204,
+    responses=_ERRORS,
+    summary="Replace the egress rules (SDK update_network); applied live, kept across pauses",
+)
+async def update_network(
+    w: WiringDep, caller: CallerDep, sandbox_id: str, body: NetworkUpdate
+) -> Response:
+    record = await _get(w, caller, sandbox_id)
+    # allowPublicTraffic is not part of an update: it stays what the create said.
+    policy = body.policy(allow_public_traffic=record.network.allow_public_traffic)
+    await w.lifecycle.set_network(sandbox_id, owner=caller.scope, policy=policy)
     return Response(status_code=204)
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
-from services.api.deps import CallerDep, WiringDep
+from services.api.deps import CallerDep, WiringDep, require_template
 from services.api.errors import ApiError
 from services.api.schemas import ErrorBody, NativeCreate, NativeList, NativeSandbox
 from services.api.views import native_out
@@ -32,6 +32,7 @@ async def create(w: WiringDep, caller: CallerDep, body: NativeCreate) -> NativeS
     """Create a sandbox and wait until it runs."""
     if body.timeout > w.settings.max_timeout:
         raise ApiError(422, f"timeout must be at most {w.settings.max_timeout} seconds")
+    require_template(w, body.template, field="template")
     record = await w.lifecycle.create(
         CreateRequest(
             owner=caller.name,

@@ -1,0 +1,112 @@
+"""The rules for user values that reach a command line, a runtime or a pod: environment
+variables, metadata and template names. One place for each rule, used by the E2B and native
+routes (as pydantic types, so a violation is a 400/422 naming the field) and by anything else
+that accepts such values.
+
+Why these rules: env keys and values end up in a pod's environment (bubblewrap ``--setenv``,
+a Kubernetes container's ``env``); an option-looking key (``--ro-bind``), a key holding ``=``
+or a NUL byte anywhere can change how that is parsed. Sizes are bounded because every value is
+stored in the KV record and carried on the bus. Error messages name keys (truncated) but never
+echo values: an env value may be a secret.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator
+
+ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_ENV_KEY_RE = re.compile(ENV_KEY_PATTERN)
+MAX_ENV_VARS = 128
+MAX_ENV_KEY = 256
+MAX_ENV_VALUE = 32 * 1024
+MAX_ENV_TOTAL = 256 * 1024
+
+MAX_METADATA = 64
+MAX_METADATA_KEY = 256
+MAX_METADATA_VALUE = 4096
+MAX_METADATA_TOTAL = 64 * 1024
+
+TEMPLATE_NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
+_TEMPLATE_RE = re.compile(TEMPLATE_NAME_PATTERN)
+# Control characters (C0 and DEL): never meaningful in a metadata key or value.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _shown(key: str) -> str:
+    return repr(key[:40] + ("…" if len(key) > 40 else ""))
+
+
+def check_envs(envs: dict[str, str]) -> dict[str, str]:
+    """Environment variables for a sandbox's processes; ``ValueError`` names the bad key."""
+    if len(envs) > MAX_ENV_VARS:
+        msg = f"at most {MAX_ENV_VARS} variables are allowed"
+        raise ValueError(msg)
+    total = 0
+    for key, value in envs.items():
+        if not key:
+            msg = "a variable name must not be empty"
+            raise ValueError(msg)
+        if len(key) > MAX_ENV_KEY or not _ENV_KEY_RE.match(key):
+            msg = (
+                f"variable name {_shown(key)} is invalid: use letters, digits and '_', "
+                f"not starting with a digit, at most {MAX_ENV_KEY} characters"
+            )
+            raise ValueError(msg)
+        if "\0" in value:
+            msg = f"the value of {_shown(key)} contains a NUL byte"
+            raise ValueError(msg)
+        if len(value) > MAX_ENV_VALUE:
+            msg = f"the value of {_shown(key)} is longer than {MAX_ENV_VALUE} characters"
+            raise ValueError(msg)
+        total += len(key) + len(value)
+    if total > MAX_ENV_TOTAL:
+        msg = f"the variables take more than {MAX_ENV_TOTAL} characters in total"
+        raise ValueError(msg)
+    return envs
+
+
+def check_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    """User metadata (shown back, used as a list filter); ``ValueError`` names the bad key."""
+    if len(metadata) > MAX_METADATA:
+        msg = f"at most {MAX_METADATA} entries are allowed"
+        raise ValueError(msg)
+    total = 0
+    for key, value in metadata.items():
+        if not key:
+            msg = "a metadata key must not be empty"
+            raise ValueError(msg)
+        if len(key) > MAX_METADATA_KEY or _CONTROL.search(key):
+            msg = (
+                f"metadata key {_shown(key)} is invalid: at most {MAX_METADATA_KEY} characters, "
+                "no control characters"
+            )
+            raise ValueError(msg)
+        if len(value) > MAX_METADATA_VALUE or _CONTROL.search(value):
+            msg = (
+                f"the value of {_shown(key)} is invalid: at most {MAX_METADATA_VALUE} "
+                "characters, no control characters"
+            )
+            raise ValueError(msg)
+        total += len(key) + len(value)
+    if total > MAX_METADATA_TOTAL:
+        msg = f"the metadata takes more than {MAX_METADATA_TOTAL} characters in total"
+        raise ValueError(msg)
+    return metadata
+
+
+def check_template_name(name: str) -> str:
+    if not _TEMPLATE_RE.match(name):
+        msg = (
+            f"template {_shown(name)} is invalid: lowercase letters, digits, '.', '_' and '-', "
+            "at most 63 characters"
+        )
+        raise ValueError(msg)
+    return name
+
+
+EnvVars = Annotated[dict[str, str], AfterValidator(check_envs)]
+Metadata = Annotated[dict[str, str], AfterValidator(check_metadata)]
+TemplateName = Annotated[str, AfterValidator(check_template_name)]
