@@ -43,7 +43,7 @@ def render(
         for key, schema in schemas.items():
             if key.startswith(f"{channel_title}:"):
                 schema["oneOf"] = refs
-                schema["description"] = "Chosen by the subject's verb (create/resume/kill)."
+                schema["description"] = "Chosen by the subject's verb (create/resume/kill/network)."
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
@@ -51,16 +51,21 @@ def main() -> None:
     """``python -m shared.lifecycle.spec``: regenerate docs/asyncapi/{snapshotter,scaler}.json."""
     from services.scaler import asyncapi as scaler_doc
     from services.snapshotter import asyncapi as snapshotter_doc
-    from shared.models.messages import CreateSandbox, KillSandbox, ResumeSandbox
+    from shared.models.messages import (
+        CreateSandbox,
+        KillSandbox,
+        ResumeSandbox,
+        SetSandboxNetwork,
+    )
 
     out = Path("docs/asyncapi")
     out.mkdir(parents=True, exist_ok=True)
     (out / "snapshotter.json").write_text(render(snapshotter_doc.app()))
-    title = "sandbox.cmd.{create,resume,kill}"
+    title = "sandbox.cmd.{create,resume,kill,network}"
     (out / "scaler.json").write_text(
         render(
             scaler_doc.app(),
-            commands={title: (CreateSandbox, ResumeSandbox, KillSandbox)},
+            commands={title: (CreateSandbox, ResumeSandbox, KillSandbox, SetSandboxNetwork)},
         )
     )
 
