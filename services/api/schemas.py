@@ -180,7 +180,10 @@ class ResumedSandbox(_In):
 
 
 class PauseRequest(_In):
-    memory: NoMemory = None
+    # Accepted either way: the JS SDK sends ``memory: true`` on every pause by default, so a
+    # refusal would break its plain ``pause()``. A torpor pause is always a process-list
+    # snapshot (documented in docs/api.md).
+    memory: bool | None = None
     require_healthy_guest: bool | None = Field(default=None, alias="requireHealthyGuest")
 
 

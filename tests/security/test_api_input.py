@@ -183,7 +183,6 @@ def test_unenforced_fields_are_refused(
 def test_unenforced_fields_on_other_calls(stack: Stack, api: httpx.Client) -> None:
     # Unknown sandbox: the body is judged first, so these are 400s naming the field, not 404s.
     sid = "inosuchsandbox0000000"
-    _refused(api.post(f"/sandboxes/{sid}/pause", json={"memory": True}), "memory")
     _refused(api.post(f"/v2/sandboxes/{sid}/connect", json={"memory": True}), "memory")
     _refused(api.post(f"/sandboxes/{sid}/resume", json={"memory": True}), "memory")
     _refused(api.post(f"/sandboxes/{sid}/timeout", json={"timeout": 5, "x": 1}), "x")
@@ -193,8 +192,10 @@ def test_unenforced_fields_on_other_calls(stack: Stack, api: httpx.Client) -> No
         api.put(f"/sandboxes/{sid}/network", json={"allowPublicTraffic": False}),
         "allowPublicTraffic",
     )
-    # What the unmodified SDK sends for a filesystem pause / a reboot connect stays accepted.
+    # What the unmodified SDKs send stays accepted: the Python SDK's filesystem pause, the JS
+    # SDK's default pause (memory: true, always), a reboot connect.
     assert api.post(f"/sandboxes/{sid}/pause", json={"memory": False}).status_code == 404
+    assert api.post(f"/sandboxes/{sid}/pause", json={"memory": True}).status_code == 404
     r = api.post(f"/v2/sandboxes/{sid}/connect", json={"timeout": 5, "memory": False})
     assert r.status_code == 404
 
