@@ -6,6 +6,7 @@ as the client's models.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -27,6 +28,9 @@ LABEL_TEMPLATE = "torpor.dev/template"
 # resourceVersion cannot serve: controller status writes bump it all the time, so a version read
 # a moment ago would already be stale. Hidden from ``Workload.annotations``.
 ANNOTATION_REVISION = "torpor.dev/revision"
+# Names of the daemon env entries that come from the sandbox (user envs, token), not the template:
+# what a re-render at resume carries over into the current template.
+ANNOTATION_SANDBOX_ENV = "torpor.dev/sandbox-env"
 ACCESS_TOKEN_ENV = "ENVD_ACCESS_TOKEN"  # noqa: S105 - a variable name, not a secret
 DAEMON_CONTAINER = "envd"
 
@@ -49,23 +53,21 @@ def replica_set_body(spec: WorkloadSpec, pod_template: dict[str, Any]) -> dict[s
         LABEL_MANAGED_BY: MANAGED_BY,
     }
     labels = {**spec.labels, **identity, LABEL_TEMPLATE: spec.template}
-    meta = pod_template.setdefault("metadata", {})
-    meta["labels"] = {**(meta.get("labels") or {}), **labels}
-    containers = pod_template["spec"]["containers"]
-    daemon = next((c for c in containers if c.get("name") == DAEMON_CONTAINER), containers[0])
     extra = dict(spec.envs)
     if spec.access_token:
         extra[ACCESS_TOKEN_ENV] = spec.access_token
-    env = [e for e in daemon.get("env") or [] if e.get("name") not in extra]
-    env += [{"name": k, "value": v} for k, v in sorted(extra.items())]
-    daemon["env"] = env
+    pod_template = sandbox_pod_template(pod_template, labels, extra)
     return {
         "apiVersion": "apps/v1",
         "kind": "ReplicaSet",
         "metadata": {
             "name": spec.name,
             "labels": labels,
-            "annotations": {**spec.annotations, ANNOTATION_REVISION: "1"},
+            "annotations": {
+                **spec.annotations,
+                ANNOTATION_SANDBOX_ENV: json.dumps(sorted(extra)),
+                ANNOTATION_REVISION: "1",
+            },
         },
         "spec": {
             "replicas": spec.replicas,
@@ -74,6 +76,52 @@ def replica_set_body(spec: WorkloadSpec, pod_template: dict[str, Any]) -> dict[s
             "template": pod_template,
         },
     }
+
+
+def _daemon(pod_template: dict[str, Any]) -> dict[str, Any]:
+    containers = pod_template["spec"]["containers"]
+    found: dict[str, Any] = next(
+        (c for c in containers if c.get("name") == DAEMON_CONTAINER), containers[0]
+    )
+    return found
+
+
+def sandbox_pod_template(
+    pod_template: dict[str, Any], labels: Mapping[str, str], extra_env: Mapping[str, str]
+) -> dict[str, Any]:
+    """The template's pod with the sandbox's labels and env (which win over the template's)."""
+    meta = pod_template.setdefault("metadata", {})
+    meta["labels"] = {**(meta.get("labels") or {}), **labels}
+    daemon = _daemon(pod_template)
+    env = [e for e in daemon.get("env") or [] if e.get("name") not in extra_env]
+    env += [{"name": k, "value": v} for k, v in sorted(extra_env.items())]
+    daemon["env"] = env
+    return pod_template
+
+
+def rerendered_pod_template(rs: Any, fresh: dict[str, Any]) -> dict[str, Any] | None:
+    """``fresh`` (the template as it is now) with the sandbox's own labels and env taken from
+    the ReplicaSet ``rs`` (raw JSON); ``None`` for a ReplicaSet made before torpor recorded
+    which env entries are the sandbox's (it keeps its creation-time pod template)."""
+    meta = rs.get("metadata") or {}
+    names = (meta.get("annotations") or {}).get(ANNOTATION_SANDBOX_ENV)
+    if names is None:
+        return None
+    try:
+        wanted = set(json.loads(names))
+    except ValueError:
+        return None
+    current = rs["spec"]["template"]
+    extra = {
+        e["name"]: e.get("value", "")
+        for e in _daemon(current).get("env") or []
+        if e.get("name") in wanted and "valueFrom" not in e
+    }
+    labels = (current.get("metadata") or {}).get("labels") or {}
+    return sandbox_pod_template(fresh, labels, extra)
+
+
+_RUNTIME_ANNOTATIONS = frozenset({ANNOTATION_REVISION, ANNOTATION_SANDBOX_ENV})
 
 
 def revision(rs: V1ReplicaSet) -> str:
@@ -94,8 +142,8 @@ def annotation_patch(
     compare-and-set on torpor's revision, immune to unrelated status updates.
     """
     current = (rs.metadata.annotations if rs.metadata else None) or {}
-    if ANNOTATION_REVISION in changes:
-        msg = f"{ANNOTATION_REVISION} is managed by the runtime"
+    if managed := _RUNTIME_ANNOTATIONS & set(changes):
+        msg = f"{', '.join(sorted(managed))} is managed by the runtime"
         raise ValueError(msg)
     ops: list[dict[str, Any]] = []
     if not current:
@@ -159,7 +207,9 @@ def to_workload(rs: V1ReplicaSet, pods: Iterable[Pod]) -> Workload:
         name=meta.name,
         template=labels.get(LABEL_TEMPLATE, "sandbox-base"),
         labels=labels,
-        annotations={k: v for k, v in (meta.annotations or {}).items() if k != ANNOTATION_REVISION},
+        annotations={
+            k: v for k, v in (meta.annotations or {}).items() if k not in _RUNTIME_ANNOTATIONS
+        },
         replicas=(spec.replicas if spec is not None and spec.replicas is not None else 1),
         ready_replicas=(status.ready_replicas or 0) if status is not None else 0,
         resource_version=revision(rs),

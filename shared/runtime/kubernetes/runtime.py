@@ -23,10 +23,12 @@ from shared.errors import ConfigError, Conflict, NotFound, PodNotReady, RuntimeF
 from shared.models.network import NetworkPolicy
 from shared.runtime.kubernetes.errors import api_errors
 from shared.runtime.kubernetes.objects import (
+    LABEL_TEMPLATE,
     Pod,
     annotation_patch,
     ready_endpoint,
     replica_set_body,
+    rerendered_pod_template,
     revision,
     sandbox_selector,
     selector,
@@ -160,10 +162,13 @@ class KubernetesRuntime:
         if replicas not in (0, 1):
             msg = f"replicas must be 0 or 1, not {replicas}"
             raise ValueError(msg)
-        with api_errors(f"scale ReplicaSet {self._ns}/{name}"):
-            await self._apps.patch_namespaced_replica_set_scale(
-                name, self._ns, {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH
-            )
+        if replicas == 1 and await self._rerender(name):
+            pass  # the same patch set replicas and the current template
+        else:
+            with api_errors(f"scale ReplicaSet {self._ns}/{name}"):
+                await self._apps.patch_namespaced_replica_set_scale(
+                    name, self._ns, {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH
+                )
         workload = await self.get(name)
         if workload is None:
             msg = f"ReplicaSet {self._ns}/{name} vanished while scaling"
@@ -228,6 +233,59 @@ class KubernetesRuntime:
         await self._api.close()  # type: ignore[no-untyped-call]
 
     # ------------------------------------------------------------------ helpers
+
+    async def _rerender(self, name: str) -> bool:
+        """Scale a stopped workload to 1 with its pod template rendered from the template as
+        it is *now* (an upgraded ``sandbox-base`` reaches a paused sandbox when it resumes).
+        False when there is nothing to re-render (already running, or a ReplicaSet that predates
+        the sandbox-env record): the caller then only scales."""
+        what = f"re-render ReplicaSet {self._ns}/{name}"
+        for _ in range(_PATCH_ATTEMPTS):
+            with api_errors(what):
+                resp = await self._apps.read_namespaced_replica_set_without_preload_content(
+                    name, self._ns
+                )
+                try:
+                    rs = await _json_or_raise(resp)
+                finally:
+                    resp.release()
+            if (rs.get("spec") or {}).get("replicas"):
+                return False
+            template = ((rs.get("metadata") or {}).get("labels") or {}).get(LABEL_TEMPLATE)
+            if template is None:
+                return False
+            try:
+                current = self._templates.get(template)
+            except NotFound:
+                # Losing the sandbox would be worse than running it on its old template.
+                log.warning("k8s.template_gone_at_resume", name=name, template=template)
+                return False
+            fresh = rerendered_pod_template(rs, current)
+            if fresh is None:
+                return False
+            ops = [
+                # Compare-and-set on the object as read: a concurrent writer makes this retry.
+                {
+                    "op": "test",
+                    "path": "/metadata/resourceVersion",
+                    "value": rs["metadata"]["resourceVersion"],
+                },
+                {"op": "replace", "path": "/spec/template", "value": fresh},
+                {"op": "replace", "path": "/spec/replicas", "value": 1},
+            ]
+            try:
+                with api_errors(what):
+                    await self._apps.patch_namespaced_replica_set(
+                        name, self._ns, ops, _content_type=JSON_PATCH
+                    )
+            except (Conflict, RuntimeFailure) as e:
+                if _lost_race(e):
+                    continue
+                raise
+            log.info("k8s.pod_template_rerendered", name=name, template=template)
+            return True
+        msg = f"{what}: still contended after {_PATCH_ATTEMPTS} attempts"
+        raise Conflict(msg)
 
     async def _read(self, name: str) -> k8s.V1ReplicaSet | None:
         try:

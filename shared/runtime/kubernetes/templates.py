@@ -2,7 +2,8 @@
 
 A template name maps to ``<dir>/<name>.yaml`` holding a core/v1 ``PodTemplate``, or to a key
 ``<name>.yaml`` of a ``ConfigMap`` YAML file (as mounted or applied in a cluster) whose value is
-such a ``PodTemplate``. Files are read once and cached; every caller gets its own deep copy.
+such a ``PodTemplate``. Files are cached until they change (a mounted ConfigMap is updated in
+place, and a resume renders the template as it is then); every caller gets its own deep copy.
 """
 
 from __future__ import annotations
@@ -27,23 +28,35 @@ class PodTemplates:
     def __init__(self, *sources: Path) -> None:
         """Search ``sources`` (folders or ConfigMap files) in order; the repo's by default."""
         self._sources = sources or (DEFAULT_TEMPLATES,)
-        self._cache: dict[str, dict[str, Any]] = {}
+        # name -> (file it came from, that file's mtime when read, the template)
+        self._cache: dict[str, tuple[Path, int, dict[str, Any]]] = {}
 
     def get(self, name: str) -> dict[str, Any]:
         """The ``template`` part (``metadata`` + ``spec``) of the named PodTemplate."""
         if not _NAME_RE.match(name):
             msg = f"invalid template name {name!r}"
             raise NotFound(msg)
-        if name not in self._cache:
+        cached = self._cache.get(name)
+        if cached is None or _mtime(cached[0]) != cached[1]:
             for source in self._sources:
+                path = source / f"{name}.yaml" if source.is_dir() else source
+                stamp = _mtime(path)
                 if (found := _load(source, name)) is not None:
-                    self._cache[name] = found
+                    cached = self._cache[name] = (path, stamp, found)
                     break
             else:
+                self._cache.pop(name, None)
                 searched = ", ".join(map(str, self._sources))
                 msg = f"template {name!r} not found (searched {searched})"
                 raise NotFound(msg)
-        return copy.deepcopy(self._cache[name])
+        return copy.deepcopy(cached[2])
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return -1
 
 
 def _load(source: Path, name: str) -> dict[str, Any] | None:
