@@ -117,8 +117,8 @@ def rerendered_pod_template(rs: Any, fresh: dict[str, Any]) -> dict[str, Any] | 
         for e in _daemon(current).get("env") or []
         if e.get("name") in wanted and "valueFrom" not in e
     }
-    labels = (current.get("metadata") or {}).get("labels") or {}
-    return sandbox_pod_template(fresh, labels, extra)
+    # The ReplicaSet's own labels are exactly the sandbox's (the pod's also hold the template's).
+    return sandbox_pod_template(fresh, meta.get("labels") or {}, extra)
 
 
 _RUNTIME_ANNOTATIONS = frozenset({ANNOTATION_REVISION, ANNOTATION_SANDBOX_ENV})
