@@ -14,7 +14,7 @@ from services.api import errors
 from services.api.dashboard import dashboard_router
 from services.api.deps import Wiring
 from services.api.observability import HttpMetrics, RequestContext
-from services.api.routes import e2b, native
+from services.api.routes import e2b, native, telemetry
 from services.api.schemas import ErrorBody
 from services.api.settings import ApiSettings
 from shared.settings import BusSettings
@@ -41,6 +41,7 @@ async def bus_wiring(settings: ApiSettings, bus: BusSettings) -> AsyncIterator[W
     from shared.bus.publishing import BrokerPublisher
     from shared.bus.records import KvSandboxStore
     from shared.bus.topology import KV_API_KEYS, KV_SANDBOXES, KV_USERS
+    from shared.envd.client import ConnectEnvdClient
     from shared.lifecycle.service import SandboxLifecycle
     from shared.runtime.catalog import FileTemplateCatalog
     from shared.settings import RuntimeSettings, load
@@ -53,7 +54,17 @@ async def bus_wiring(settings: ApiSettings, bus: BusSettings) -> AsyncIterator[W
         keys = KvApiKeys(NatsBucket(await key_value(broker, KV_API_KEYS)), users)
         lifecycle = SandboxLifecycle(store, BrokerPublisher(broker))
         templates = FileTemplateCatalog.from_settings(load(RuntimeSettings))
-        yield Wiring(settings=settings, lifecycle=lifecycle, keys=keys, templates=templates)
+        envd = ConnectEnvdClient()
+        try:
+            yield Wiring(
+                settings=settings,
+                lifecycle=lifecycle,
+                keys=keys,
+                templates=templates,
+                telemetry=envd,
+            )
+        finally:
+            await envd.close()
     finally:
         await broker.stop()
 
@@ -85,6 +96,7 @@ def create_app(
     )
     app.state.wiring = wiring
     errors.install(app)
+    app.include_router(telemetry.router)  # first: /sandboxes/metrics is not a sandbox id
     app.include_router(e2b.router)
     app.include_router(native.router)
     app.include_router(dashboard_router(bus=bus))

@@ -13,6 +13,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from services.api.errors import ApiError
 from services.api.settings import ApiSettings
 from shared.auth.models import User
+from shared.envd.ports import EnvdTelemetry
 from shared.lifecycle.ports import Lifecycle
 from shared.runtime.catalog import TemplateCatalog
 
@@ -31,6 +32,7 @@ class Wiring:
     lifecycle: Lifecycle
     keys: Authenticator
     templates: TemplateCatalog | None = None  # None: templates are not checked before a create
+    telemetry: EnvdTelemetry | None = None  # sandbox metrics and logs; None: always empty
 
 
 _api_key = APIKeyHeader(name="X-API-KEY", auto_error=False, description="An API key (E2B SDK)")

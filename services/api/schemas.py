@@ -257,9 +257,29 @@ class MetricOut(_Out):
     disk_total: int = Field(alias="diskTotal")
 
 
+class SandboxesWithMetricsOut(_Out):
+    sandboxes: dict[str, MetricOut] = Field(default_factory=dict)
+
+
+class SandboxLogLineOut(_Out):
+    timestamp: datetime
+    line: str
+
+
+class SandboxLogEntryOut(_Out):
+    timestamp: datetime
+    level: Literal["debug", "info", "warn", "error"]
+    message: str
+    fields: dict[str, str] = Field(default_factory=dict)
+
+
 class SandboxLogsOut(_Out):
-    logs: list[dict[str, Any]] = Field(default_factory=list)
-    log_entries: list[dict[str, Any]] = Field(default_factory=list, alias="logEntries")
+    logs: list[SandboxLogLineOut] = Field(default_factory=list)
+    log_entries: list[SandboxLogEntryOut] = Field(default_factory=list, alias="logEntries")
+
+
+class SandboxLogsV2Out(_Out):
+    logs: list[SandboxLogEntryOut] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------- native API

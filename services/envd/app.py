@@ -1,4 +1,5 @@
-"""The daemon's ASGI application: Connect services, ``/files``, ``/health``, ``/init``, ``/envs``.
+"""The daemon's ASGI application: Connect services, ``/files``, ``/health``, ``/init``, ``/envs``,
+``/metrics`` and ``/logs`` (``services.envd.telemetry``).
 
 Why connectrpc's own ASGI applications: they implement the Connect protocol (unary, server and
 client streams, envelopes, error bodies, size limits) exactly as the SDK's connectrpc client
@@ -30,6 +31,7 @@ from services.envd.files_http import (
     send_json,
 )
 from services.envd.processes import ProcessTable
+from services.envd.telemetry import LogBuffer, Metrics
 from services.envd.version import ENVD_VERSION
 
 if TYPE_CHECKING:
@@ -42,6 +44,22 @@ log = logging.getLogger("envd")
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # one Connect message (SendInput data, a ListDir reply)
 MAX_INIT_BYTES = 1024 * 1024
+MAX_UNIX_SECONDS = 2**40  # far past any real timestamp, small enough for every clock type
+MAX_LOG_LIMIT = 1000
+MAX_LOG_SEARCH = 256
+
+
+class BadQuery(ValueError):
+    pass
+
+
+def _int_param(params: dict[str, str], name: str, *, high: int) -> int | None:
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return None
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or int(raw) > high:
+        raise BadQuery(f"{name} must be an integer from 0 to {high}")
+    return int(raw)
 
 
 class _StrictJSONCodec:
@@ -127,6 +145,8 @@ class EnvdApp:
         self._root = root
         self._connect: _ConnectApps | None = None
         self._files = FilesApi(root=root, home=self.state.home)
+        self.metrics = Metrics(root)
+        self.logs = LogBuffer()
 
     @property
     def connect_apps(self) -> _ConnectApps:
@@ -174,6 +194,10 @@ class EnvdApp:
                 await send_json(send, 200, self.state.env_vars)
             elif path == "/version":
                 await send_json(send, 200, {"version": ENVD_VERSION})
+            elif path == "/metrics" and scope["method"] == "GET":
+                await self._metrics(scope, send)
+            elif path == "/logs" and scope["method"] == "GET":
+                await self._logs(scope, send)
             else:
                 await send_error(send, 404, f"no route for {scope['method']} {path}")
         except Exception:
@@ -190,6 +214,42 @@ class EnvdApp:
         if scope["path"] == "/files":
             return _valid_signature(scope, token)
         return False
+
+    async def _metrics(self, scope: Scope, send: Send) -> None:
+        params = query(scope)
+        try:
+            start = _int_param(params, "start", high=MAX_UNIX_SECONDS)
+            end = _int_param(params, "end", high=MAX_UNIX_SECONDS)
+        except BadQuery as exc:
+            await send_error(send, 400, str(exc))
+            return
+        await send_json(send, 200, self.metrics.between(start, end))
+
+    async def _logs(self, scope: Scope, send: Send) -> None:
+        params = query(scope)
+        try:
+            cursor = _int_param(params, "cursor", high=MAX_UNIX_SECONDS * 1000)
+            limit = _int_param(params, "limit", high=MAX_LOG_LIMIT)
+            direction = params.get("direction") or "forward"
+            level = params.get("level") or None
+            search = params.get("search")
+            if direction not in ("forward", "backward"):
+                raise BadQuery("direction must be forward or backward")
+            if level not in (None, "debug", "info", "warn", "error"):
+                raise BadQuery("level must be debug, info, warn or error")
+            if search is not None and len(search) > MAX_LOG_SEARCH:
+                raise BadQuery(f"search must be at most {MAX_LOG_SEARCH} characters")
+        except BadQuery as exc:
+            await send_error(send, 400, str(exc))
+            return
+        entries = self.logs.query(
+            cursor_ms=cursor,
+            limit=MAX_LOG_LIMIT if limit is None else limit,
+            backward=direction == "backward",
+            level=level,
+            search=search,
+        )
+        await send_json(send, 200, entries)
 
     async def _init(self, receive: Receive, send: Send) -> None:
         body = b""

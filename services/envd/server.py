@@ -84,14 +84,21 @@ def serve(sock: socket.socket, *, root: str, access_token: str | None, log_level
     gc.freeze()
     gc.enable()
 
+    # The sandbox's log (GET /logs) keeps the daemon's info records whatever stderr shows.
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(log_level.upper())
+    envd_log = logging.getLogger("envd")
+    envd_log.setLevel(min(logging.INFO, logging.getLevelName(log_level.upper())))
+    envd_log.addHandler(app.logs)
+
     async def run() -> None:
         app.table.install(asyncio.get_running_loop())
-        logging.getLogger("envd").info(
-            "envd %s listening on %s, root %s", ENVD_VERSION, sock.getsockname(), root
-        )
+        envd_log.info("envd %s listening on %s, root %s", ENVD_VERSION, sock.getsockname(), root)
+        sampler = asyncio.create_task(app.metrics.run())
         try:
             await server.serve(sockets=[sock])
         finally:
+            sampler.cancel()
             app.close()
 
     asyncio.run(run())

@@ -19,6 +19,7 @@ import structlog
 
 from shared.errors import EnvdError, EnvdUnavailable
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
+from shared.models.telemetry import LogEntry, MetricSample
 from shared.runtime.models import Endpoint
 
 log = structlog.get_logger()
@@ -77,7 +78,7 @@ def _process_from_json(item: dict[str, Any]) -> SnapshotProcess:
 
 
 class ConnectEnvdClient:
-    """Implements ``shared.envd.ports.Envd``."""
+    """Implements ``shared.envd.ports.Envd`` and ``EnvdTelemetry``."""
 
     def __init__(self, http: httpx.AsyncClient | None = None) -> None:
         self._http = http or httpx.AsyncClient(http2=False, follow_redirects=False)
@@ -147,6 +148,72 @@ class ConnectEnvdClient:
             raise EnvdError(f"expected a start event, got {message!r}", code="internal") from exc
         log.info("envd.process_started", host=endpoint.host, pid=pid, cmd=config.cmd, tag=tag)
         return pid
+
+    async def metrics(
+        self,
+        endpoint: Endpoint,
+        *,
+        access_token: str | None,
+        start: int | None,
+        end: int | None,
+        timeout: float = 5.0,
+    ) -> list[MetricSample]:
+        params = {k: str(v) for k, v in (("start", start), ("end", end)) if v is not None}
+        items = await self._get_list(endpoint, "/metrics", params, access_token, timeout)
+        try:
+            return [MetricSample.model_validate(item) for item in items]
+        except ValueError as exc:
+            raise EnvdError(f"envd sent unreadable metrics: {exc}", code="internal") from exc
+
+    async def logs(
+        self,
+        endpoint: Endpoint,
+        *,
+        access_token: str | None,
+        cursor_ms: int | None,
+        limit: int,
+        backward: bool,
+        level: str | None,
+        search: str | None,
+        timeout: float = 5.0,
+    ) -> list[LogEntry]:
+        params = {"limit": str(limit), "direction": "backward" if backward else "forward"}
+        if cursor_ms is not None:
+            params["cursor"] = str(cursor_ms)
+        if level:
+            params["level"] = level
+        if search is not None:
+            params["search"] = search
+        items = await self._get_list(endpoint, "/logs", params, access_token, timeout)
+        try:
+            return [LogEntry.model_validate(item) for item in items]
+        except ValueError as exc:
+            raise EnvdError(f"envd sent an unreadable log: {exc}", code="internal") from exc
+
+    async def _get_list(
+        self,
+        endpoint: Endpoint,
+        path: str,
+        params: dict[str, str],
+        access_token: str | None,
+        timeout: float,
+    ) -> list[Any]:
+        headers = {"X-Access-Token": access_token} if access_token else {}
+        try:
+            response = await self._http.get(
+                f"{endpoint.base_url}{path}", params=params, headers=headers, timeout=timeout
+            )
+        except httpx.TransportError as exc:
+            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
+        if response.status_code != 200:
+            raise _error_from_body(response.status_code, response.content[:4096])
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise EnvdError(f"envd sent invalid JSON on {path}: {exc}", code="internal") from exc
+        if not isinstance(data, list):
+            raise EnvdError(f"envd sent a non-list on {path}", code="internal")
+        return data
 
     async def health(self, endpoint: Endpoint, *, timeout: float = 2.0) -> bool:
         try:

@@ -1,4 +1,5 @@
-"""The envd port: what the snapshotter (List) and the scaler (Start) need from a sandbox daemon.
+"""The envd port: what the snapshotter (List) and the scaler (Start) need from a sandbox daemon,
+and ``EnvdTelemetry``: what the API needs (its metrics and log).
 
 The adapter is ``shared.envd.client.ConnectEnvdClient``. Errors: ``EnvdUnavailable`` when the
 daemon cannot be reached (connection refused, timeout), ``EnvdError`` for a Connect error reply.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
+from shared.models.telemetry import LogEntry, MetricSample
 from shared.runtime.models import Endpoint
 
 
@@ -37,3 +39,32 @@ class Envd(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class EnvdTelemetry(Protocol):
+    async def metrics(
+        self,
+        endpoint: Endpoint,
+        *,
+        access_token: str | None,
+        start: int | None,
+        end: int | None,
+        timeout: float = 5.0,
+    ) -> list[MetricSample]:
+        """The daemon's samples with ``start <= timestamp_unix <= end`` (unix seconds)."""
+        ...
+
+    async def logs(
+        self,
+        endpoint: Endpoint,
+        *,
+        access_token: str | None,
+        cursor_ms: int | None,
+        limit: int,
+        backward: bool,
+        level: str | None,
+        search: str | None,
+        timeout: float = 5.0,
+    ) -> list[LogEntry]:
+        """The daemon's log entries from ``cursor_ms`` on (or back), at ``level`` or above."""
+        ...

@@ -292,15 +292,17 @@ class SandboxLifecycle:
         self, sandbox_id: str, *, timeout: int | None, only_later: bool, announce: bool = True
     ) -> SandboxRecord:
         """Running: deadline = now + timeout (the new timeout is kept for later activity).
-        Not running: only the timeout is stored; it applies from the next resume."""
+        Not running: only the timeout is stored; it applies from the next resume.
+        ``timeout=0`` (E2B's ``set_timeout(0)``): the deadline is now, so the scheduler expires
+        the sandbox at once by its usual rule; the stored inactivity timeout is kept."""
         changed = False
 
         def mutate(record: SandboxRecord) -> SandboxRecord:
             nonlocal changed
             changed = False
-            effective = timeout or record.timeout
+            effective = record.timeout if timeout is None else timeout
             if record.state != SandboxState.RUNNING or record.deadline is None:
-                if timeout is None or only_later:
+                if timeout is None or only_later or timeout == 0:
                     return record
                 return record.model_copy(update={"timeout": effective})
             deadline = _now() + timedelta(seconds=effective)
@@ -308,7 +310,7 @@ class SandboxLifecycle:
                 return record
             changed = True
             update: dict[str, object] = {"deadline": deadline}
-            if not only_later:
+            if not only_later and effective > 0:
                 update["timeout"] = effective
             return record.model_copy(update=update)
 

@@ -18,14 +18,12 @@ from services.api.schemas import (
     ConnectSandbox,
     ErrorBody,
     ListedSandboxOut,
-    MetricOut,
     NetworkUpdate,
     NewSandbox,
     PauseRequest,
     RefreshRequest,
     ResumedSandbox,
     SandboxDetailOut,
-    SandboxLogsOut,
     SandboxOut,
     TimeoutRequest,
 )
@@ -174,7 +172,7 @@ async def list_sandboxes_v2(  # noqa: PLR0917 - one parameter per query field of
     response: Response,
     metadata: str | None = None,
     state: Annotated[str | None, Query(description="comma-separated: running,paused")] = None,
-    order: Literal["asc", "desc"] = "asc",
+    order: Literal["asc", "desc"] = "desc",  # E2B's default: newest first
     started_after: Annotated[datetime | None, Query(alias="startedAfter")] = None,
     template: str | None = None,
     next_token: Annotated[str | None, Query(alias="nextToken")] = None,
@@ -190,7 +188,7 @@ async def list_sandboxes_v2(  # noqa: PLR0917 - one parameter per query field of
         if (not wanted_states or r.state.e2b in wanted_states)
         and all(r.metadata.get(k) == v for k, v in meta.items())
         and (template is None or r.template == template)
-        and (started_after is None or r.started_at > started_after)
+        and (started_after is None or r.started_at >= started_after)  # E2B: at or after
     ]
 
     def key(r: SandboxRecord) -> tuple[str, str]:
@@ -304,7 +302,9 @@ async def set_sandbox_timeout(
     w: WiringDep, caller: CallerDep, sandbox_id: str, body: TimeoutRequest
 ) -> Response:
     await _get(w, caller, sandbox_id)
-    await w.lifecycle.set_timeout(sandbox_id, owner=caller.scope, timeout=_timeout(w, body.timeout))
+    # 0 is E2B's "expire now" (pause or kill by the usual rule), not "the default".
+    timeout = 0 if body.timeout == 0 else _timeout(w, body.timeout)
+    await w.lifecycle.set_timeout(sandbox_id, owner=caller.scope, timeout=timeout)
     return Response(status_code=204)
 
 
@@ -349,31 +349,3 @@ async def kill_sandbox(w: WiringDep, caller: CallerDep, sandbox_id: str) -> Resp
     await _get(w, caller, sandbox_id)
     await w.lifecycle.kill(sandbox_id, owner=caller.scope, wait=w.settings.transition_wait)
     return Response(status_code=204)
-
-
-@router.get(
-    "/sandboxes/{sandbox_id}/metrics",
-    response_model=list[MetricOut],
-    responses=_ERRORS,
-    summary="Sandbox metrics (not collected: always empty)",
-)
-async def sandbox_metrics(
-    w: WiringDep,
-    caller: CallerDep,
-    sandbox_id: str,
-    start: Annotated[int | None, Query(ge=0)] = None,
-    end: Annotated[int | None, Query(ge=0)] = None,
-) -> list[MetricOut]:
-    await _get(w, caller, sandbox_id)
-    return []
-
-
-@router.get(
-    "/sandboxes/{sandbox_id}/logs",
-    response_model=SandboxLogsOut,
-    responses=_ERRORS,
-    summary="Sandbox logs (not collected: always empty)",
-)
-async def sandbox_logs(w: WiringDep, caller: CallerDep, sandbox_id: str) -> SandboxLogsOut:
-    await _get(w, caller, sandbox_id)
-    return SandboxLogsOut()
