@@ -228,6 +228,8 @@ class ProcessService(ProcessProtocol):
             if sig is None:
                 raise ConnectError(Code.INVALID_ARGUMENT, f"unsupported signal {request.signal}")
             self._table.signal(proc, sig)
+        if sig == 9:
+            await self._table.reaped(proc, within=1.0)
         return pb.SendSignalResponse()
 
     async def close_stdin(

@@ -24,6 +24,7 @@ import signal
 import struct
 import subprocess
 import termios
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import IO
@@ -341,6 +342,15 @@ class ProcessTable:
 
     def signal(self, proc: Process, sig: int) -> None:
         _killpg(proc.pid, sig)
+
+    async def reaped(self, proc: Process, within: float) -> None:
+        """Wait (bounded) until ``proc`` is reaped: after a SIGKILL, the caller's next request
+        must not find it as a zombie that ``kill -0`` still sees (E2B's kill is synchronous)."""
+        deadline = time.monotonic() + within
+        while proc.wait_status is None and time.monotonic() < deadline:
+            self.reap()
+            if proc.wait_status is None:
+                await asyncio.sleep(0.005)
 
     def resize(self, proc: Process, cols: int, rows: int) -> None:
         if proc.pty_fd is None:

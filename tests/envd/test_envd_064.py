@@ -228,3 +228,11 @@ def test_stopping_daemon_breaks_running_streams(tmp_path: Path, control_plane: s
         assert not isinstance(info.value, CommandExitException), info.value
     finally:
         stop_daemon(own)
+
+
+def test_killed_process_is_gone_when_kill_returns(sbx: Sandbox) -> None:
+    for _ in range(5):  # a zombie left for the next request would show up in one of these
+        handle = sbx.commands.run("sleep 30", background=True, timeout=0)
+        assert sbx.commands.kill(handle.pid) is True
+        with pytest.raises(CommandExitException):
+            sbx.commands.run(f"kill -0 {handle.pid}")
