@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 
+from shared.redaction import redact_value
 from shared.settings import LoggingSettings
+
+
+def redact_secrets(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
+    """Mask secrets by key and by shape in every field, the rendered traceback included (runs
+    after ``format_exc_info``): a second line of defence, see ``shared/redaction.py``."""
+    return {k: redact_value(k, v) for k, v in event_dict.items()}
 
 
 def configure(settings: LoggingSettings, *, service: str) -> None:
@@ -22,12 +30,17 @@ def configure(settings: LoggingSettings, *, service: str) -> None:
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if settings.log_format == "json"
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        # Plain tracebacks: the default (rich) one prints every frame's locals, request headers
+        # with API keys and tokens included.
+        else structlog.dev.ConsoleRenderer(
+            colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback
+        )
     )
     structlog.configure(
         processors=[
             *shared_processors,
             structlog.processors.format_exc_info,
+            redact_secrets,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -39,7 +52,12 @@ def configure(settings: LoggingSettings, *, service: str) -> None:
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-            foreign_pre_chain=[*shared_processors, structlog.stdlib.add_logger_name],
+            foreign_pre_chain=[
+                *shared_processors,
+                structlog.stdlib.add_logger_name,
+                structlog.processors.format_exc_info,
+                redact_secrets,
+            ],
         )
     )
     root = logging.getLogger()

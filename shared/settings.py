@@ -9,7 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import ConfigError
@@ -20,7 +27,9 @@ class _Base(BaseSettings):
 
 
 class BusSettings(_Base):
-    """How to reach NATS. ``NATS_URL`` may carry credentials (``nats://user:pass@host:4222``)."""
+    """How to reach NATS, and as whom: ``NATS_USER``/``NATS_PASSWORD``, or a credentials file
+    ``NATS_CREDS`` (JWT + nkey), or credentials in ``NATS_URL`` (``nats://user:pass@host:4222``).
+    Without any, the client is anonymous (and warns if the bus lets it in)."""
 
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",
@@ -28,6 +37,14 @@ class BusSettings(_Base):
     )
     nats_creds: Path | None = Field(
         default=None, validation_alias=AliasChoices("NATS_CREDS", "TORPOR_NATS_CREDS")
+    )
+    nats_user: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("NATS_USER", "TORPOR_NATS_USER"),
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+    )
+    nats_password: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("NATS_PASSWORD", "TORPOR_NATS_PASSWORD")
     )
     # Stream and KV replicas: 1 for the embedded broker, 3 for a production cluster.
     bus_replicas: int = Field(default=1, ge=1, le=5)
@@ -44,6 +61,22 @@ class BusSettings(_Base):
                 msg = f"NATS_URL must look like nats://host:4222, got {url!r}"
                 raise ValueError(msg)
         return value
+
+    @model_validator(mode="after")
+    def _check_credentials(self) -> BusSettings:
+        if (self.nats_user is None) != (self.nats_password is None):
+            msg = "NATS_USER and NATS_PASSWORD go together"
+            raise ValueError(msg)
+        if self.nats_user is not None and self.nats_creds is not None:
+            msg = "set either NATS_CREDS or NATS_USER/NATS_PASSWORD, not both"
+            raise ValueError(msg)
+        return self
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the client presents credentials (settings or user info in the URL)."""
+        in_url = any("@" in u.partition("://")[2].split("/")[0] for u in self.nats_url.split(","))
+        return self.nats_user is not None or self.nats_creds is not None or in_url
 
 
 class LoggingSettings(_Base):

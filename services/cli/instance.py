@@ -109,12 +109,12 @@ def read_admin_key(data_dir: Path) -> str | None:
         return None
 
 
-def env_lines(state: InstanceState, api_key: str | None) -> list[str]:
-    values = {
-        "NATS_URL": state.nats_url,
-        "E2B_API_URL": state.api_url,
-        "E2B_SANDBOX_URL": state.sandbox_url,
-    }
+def env_lines(
+    state: InstanceState, api_key: str | None, bus: dict[str, str] | None = None
+) -> list[str]:
+    """``bus``: ``NATS_USER``/``NATS_PASSWORD`` of the bus user to hand out."""
+    values = {"NATS_URL": state.nats_url, **(bus or {})}
+    values |= {"E2B_API_URL": state.api_url, "E2B_SANDBOX_URL": state.sandbox_url}
     if api_key:
         values["E2B_API_KEY"] = api_key
     return [f"export {k}={shlex.quote(v)}" for k, v in values.items()]

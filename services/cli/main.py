@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated
 
 import click
+import structlog
 import typer
 
 from services.cli import catalog
@@ -140,25 +141,47 @@ def run_service(name: str, argv: list[str]) -> int:
 
 
 @app.command()
-def env(data_dir: DataDirOpt = None) -> None:
+def env(
+    data_dir: DataDirOpt = None,
+    nats_user: Annotated[
+        str,
+        typer.Option(
+            "--nats-user",
+            help="bus credentials to export: 'admin' (the operator: torpor keys, the nats CLI) or "
+            "'platform' (other platform services: commands and events only; no API key then)",
+        ),
+    ] = "admin",
+) -> None:
     """Print export lines for the running embedded instance: eval "$(torpor env)"."""
+    from shared.bus.credentials import OPERATOR, PLATFORM, client_env, read
+
+    if nats_user not in {OPERATOR, PLATFORM}:
+        msg = f"--nats-user must be {OPERATOR!r} or {PLATFORM!r}, got {nats_user!r}"
+        raise ConfigError(msg)
     directory = _data_dir(data_dir)
     state = running_instance(directory)
-    for line in env_lines(state, read_admin_key(directory)):
+    bus = client_env(nats_user, read(directory / "nats"))
+    api_key = read_admin_key(directory) if nats_user == OPERATOR else None
+    for line in env_lines(state, api_key, bus):
         typer.echo(line)
 
 
 def _bus_for_keys(nats_url: str | None, data_dir: Path | None) -> BusSettings:
-    """``--nats-url``, else ``NATS_URL``, else the running embedded instance."""
+    """``--nats-url`` (with ``NATS_USER``/``NATS_PASSWORD``/``NATS_CREDS``), else ``NATS_URL``,
+    else the running embedded instance as its operator."""
     if nats_url:
         return BusSettings(nats_url=nats_url)
     if os.environ.get("NATS_URL") or os.environ.get("TORPOR_NATS_URL"):
         return load(BusSettings)
-    state = read_state(_data_dir(data_dir))
+    directory = _data_dir(data_dir)
+    state = read_state(directory)
     if state is None:
         msg = "no NATS to talk to: set NATS_URL, pass --nats-url, or start 'torpor up'"
         raise ConfigError(msg)
-    return BusSettings(nats_url=state.nats_url)
+    from services.cli.upping import operator_bus
+    from shared.bus.credentials import read
+
+    return operator_bus(state.nats_url, read(directory / "nats"))
 
 
 NatsUrlOpt = Annotated[
@@ -247,6 +270,9 @@ def _envd(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
+    # Log lines (e.g. an open-bus warning) go to stderr: stdout carries secrets and exports that
+    # callers capture. `torpor run` configures its service's logging itself.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     try:
         if args[:1] == ["envd"]:
             return _envd(args[1:])

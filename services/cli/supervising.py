@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from services.cli.catalog import ServiceSpec
 from services.cli.probing import http_status
@@ -39,6 +40,7 @@ class Child:
     spec: ServiceSpec
     health_port: int
     port: int | None = None  # the public port, for api/proxy
+    env: dict[str, str] = field(default_factory=dict, repr=False)  # its own (bus credentials)
     pid: int | None = None
     state: str = "pending"
     restarts: int = 0
@@ -84,11 +86,17 @@ class Supervisor:
         return [self.python, "-m", "services.cli", "run", child.name]
 
     async def _spawn(self, child: Child) -> None:
-        env = {**self.env, "TORPOR_HEALTH_PORT": str(child.health_port), "PYTHONUNBUFFERED": "1"}
+        env = {
+            **self.env,
+            **child.env,
+            "TORPOR_HEALTH_PORT": str(child.health_port),
+            "PYTHONUNBUFFERED": "1",
+        }
         if child.port is not None:
             env |= {"TORPOR_HOST": "127.0.0.1", "TORPOR_PORT": str(child.port)}
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        with (self.log_dir / f"{child.name}.log").open("ab") as log:
+        os.chmod(self.log_dir, 0o700)
+        with _open_log(self.log_dir / f"{child.name}.log") as log:
             child.process = await asyncio.create_subprocess_exec(
                 *self.command(child),
                 stdin=asyncio.subprocess.DEVNULL,
@@ -183,3 +191,10 @@ def _kill_group(pid: int | None, sig: signal.Signals) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+def _open_log(path: Path) -> IO[bytes]:
+    """Append-only, owner-only: a log line must never hand a token to another local user."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.chmod(path, 0o600)
+    return os.fdopen(fd, "ab")

@@ -17,6 +17,7 @@ from services.cli.accounts import ensure_admin_key, open_accounts
 from services.cli.instance import InstanceState, remove_state, write_state
 from services.cli.status_view import StatusView
 from services.cli.supervising import Child, Supervisor
+from shared.bus.credentials import OPERATOR, client_env, load_or_create
 from shared.bus.server import EmbeddedNats, free_port
 from shared.runtime.local import procfs
 from shared.settings import BusSettings
@@ -51,20 +52,56 @@ def child_env(plan: Plan, nats_url: str) -> dict[str, str]:
             "TORPOR_HEALTH_HOST": plan.host,
         }
     )
-    # NATS_URL above wins (never point at another broker); ports are set per service.
-    for name in ("TORPOR_NATS_URL", "TORPOR_PORT", "TORPOR_API_PORT", "TORPOR_PROXY_PORT"):
+    # NATS_URL above wins (never point at another broker); ports and bus credentials are set
+    # per service (an operator's exported NATS_USER/NATS_PASSWORD must not leak into them).
+    for name in (
+        "TORPOR_NATS_URL",
+        "TORPOR_PORT",
+        "TORPOR_API_PORT",
+        "TORPOR_PROXY_PORT",
+        *BUS_CREDENTIAL_VARS,
+    ):
         env.pop(name, None)
     return env
 
 
+BUS_CREDENTIAL_VARS = (
+    "NATS_USER",
+    "NATS_PASSWORD",
+    "NATS_CREDS",
+    "TORPOR_NATS_USER",
+    "TORPOR_NATS_PASSWORD",
+    "TORPOR_NATS_CREDS",
+)
+
+
+def service_env(name: str, passwords: dict[str, str]) -> dict[str, str]:
+    """A service connects as its own least-privilege user, which may not create streams:
+    ``torpor up`` provisions them first, as the operator."""
+    return {**client_env(name, passwords), "TORPOR_BUS_PROVISION": "false"}
+
+
+def operator_bus(nats_url: str, passwords: dict[str, str]) -> BusSettings:
+    return BusSettings.model_validate(
+        {"nats_url": nats_url, **{k.lower(): v for k, v in client_env(OPERATOR, passwords).items()}}
+    )
+
+
 def run_up(plan: Plan) -> int:
     """Blocks until Ctrl-C/SIGTERM. NATS starts first and stops last."""
+    # The data dir holds keys, bus credentials and logs: its owner's only.
+    os.chmod(plan.data_dir, 0o700)
+    passwords = load_or_create(plan.data_dir / "nats")
     nats = EmbeddedNats(
-        data_dir=plan.data_dir / "nats", host=plan.host, port=plan.nats_port, die_with_parent=True
+        data_dir=plan.data_dir / "nats",
+        host=plan.host,
+        port=plan.nats_port,
+        die_with_parent=True,
+        passwords=passwords,
     )
     nats.start()
     try:
-        return asyncio.run(_supervise(plan, nats))
+        return asyncio.run(_supervise(plan, nats, passwords))
     finally:
         remove_state(plan.data_dir)
         # Sandboxes stop with the instance (no orphans); their records keep replicas=1, so the
@@ -74,7 +111,7 @@ def run_up(plan: Plan) -> int:
         nats.stop()
 
 
-async def _supervise(plan: Plan, nats: EmbeddedNats) -> int:
+async def _supervise(plan: Plan, nats: EmbeddedNats, passwords: dict[str, str]) -> int:
     stop = asyncio.Event()
     public = {"api": plan.api_port, "proxy": plan.proxy_port}
     children = [
@@ -82,6 +119,7 @@ async def _supervise(plan: Plan, nats: EmbeddedNats) -> int:
             spec=spec,
             health_port=free_port(plan.host),
             port=public.get(spec.public_port) if spec.public_port else None,
+            env=service_env(spec.name, passwords),
         )
         for spec in catalog.SERVICES
     ]
@@ -104,7 +142,7 @@ async def _supervise(plan: Plan, nats: EmbeddedNats) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal)
 
-    async with open_accounts(BusSettings(nats_url=nats.url)) as (keys, _):
+    async with open_accounts(operator_bus(nats.url, passwords), local_runtime=True) as (keys, _):
         await ensure_admin_key(keys, plan.data_dir)
     if stop.is_set():
         return 0

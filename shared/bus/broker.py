@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import structlog
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats.security import NatsUserPassword
+from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from shared.bus.middleware import LogContextMiddleware, RetryDlqMiddleware
 from shared.bus.topology import Durable, ensure_topology
 from shared.settings import BusSettings
+
+log = structlog.get_logger()
+
+
+def connect_options(settings: BusSettings) -> dict[str, Any]:
+    """Credentials for ``nats.connect`` (every raw connection: events feed, local runtime,
+    provisioning)."""
+    if settings.nats_creds is not None:
+        return {"user_credentials": str(settings.nats_creds)}
+    if settings.nats_user is not None and settings.nats_password is not None:
+        return {"user": settings.nats_user, "password": settings.nats_password.get_secret_value()}
+    return {}
+
+
+def redact_url(url: str) -> str:
+    """``nats://api:secret@host:4222`` -> ``nats://***@host:4222`` (for logs and errors)."""
+    return re.sub(r"//[^@/]*@", "//***@", url)
 
 
 def make_broker(settings: BusSettings, *, service: str, **kwargs: Any) -> NatsBroker:
@@ -19,6 +40,10 @@ def make_broker(settings: BusSettings, *, service: str, **kwargs: Any) -> NatsBr
     extra: dict[str, Any] = {}
     if settings.nats_creds is not None:
         extra["user_credentials"] = str(settings.nats_creds)
+    elif settings.nats_user is not None and settings.nats_password is not None:
+        extra["security"] = NatsUserPassword(
+            settings.nats_user, settings.nats_password.get_secret_value()
+        )
     return NatsBroker(
         settings.nats_url.split(","),
         name=f"torpor-{service}",
@@ -57,9 +82,29 @@ def subscriber_args(durable: Durable, *, max_workers: int = 8) -> dict[str, Any]
 async def prepare(broker: NatsBroker, settings: BusSettings) -> None:
     """Connect and converge the topology (idempotent; every replica of every service does it)."""
     await broker.connect()
+    warn_if_anonymous(broker.config.connection_state.connection, settings)
     if settings.bus_provision:
         await ensure_topology(broker.config.connection_state.stream, replicas=settings.bus_replicas)
 
 
 async def key_value(broker: NatsBroker, bucket: str) -> KeyValue:
     return await broker.key_value(bucket, declare=False)  # type: ignore[no-any-return]
+
+
+def accepts_anonymous(nc: Client, settings: BusSettings) -> bool:
+    """Whether the bus this client reached lets clients in without credentials: we got in
+    without any, or the server says it requires none."""
+    info = getattr(nc, "_server_info", None) or {}
+    return not settings.authenticated or not info.get("auth_required", False)
+
+
+def warn_if_anonymous(nc: Client, settings: BusSettings) -> None:
+    """One line at start (no secret in it): any local process can be a superuser of such a
+    bus. ``torpor up`` and ``deploy/nats`` always authenticate; test stacks may not."""
+    if accepts_anonymous(nc, settings):
+        log.warning(
+            "bus.anonymous_access",
+            detail="the NATS server accepts clients without credentials: any process that can "
+            "reach it can read and forge every command, event and record",
+            nats_url=redact_url(settings.nats_url),
+        )

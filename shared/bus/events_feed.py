@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.auth.keys import KvUsers
 from shared.auth.models import User
 from shared.bus import subjects as s
+from shared.bus.broker import connect_options
 from shared.bus.kv import NatsBucket
 from shared.bus.records import KvSandboxStore
 from shared.bus.topology import KV_SANDBOXES, KV_USERS, STREAM_EVT
@@ -121,9 +122,7 @@ class EventsFeed:
     async def open(
         cls, bus: BusSettings, *, service: str = "api", connect_within: float = 10.0
     ) -> AsyncIterator[EventsFeed]:
-        extra: dict[str, Any] = {}
-        if bus.nats_creds is not None:
-            extra["user_credentials"] = str(bus.nats_creds)
+        extra: dict[str, Any] = connect_options(bus)
         try:
             nc = await asyncio.wait_for(
                 nats.connect(

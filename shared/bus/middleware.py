@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from shared.bus import subjects
 from shared.bus.topology import STREAM_DLQ
 from shared.errors import IllegalTransition
+from shared.redaction import redact_json_bytes, redact_text, redact_value
 
 log = structlog.get_logger()
 
@@ -93,11 +94,13 @@ class RetryDlqMiddleware(BaseMiddleware):  # type: ignore[type-arg]
         except Exception as e:
             n = _num_delivered(msg)
             if n >= self.max_attempts:
-                log.error("giving_up", error=repr(e), deliveries=n)
+                log.error("giving_up", error=redact_text(repr(e)), deliveries=n)
                 await dead_letter(msg, e)
                 raise RejectMessage from e
             delay = min(self.max_delay, 2.0**n) * random.uniform(0.8, 1.2)
-            log.warning("handler_failed_will_retry", error=repr(e), deliveries=n, delay=delay)
+            log.warning(
+                "handler_failed_will_retry", error=redact_text(repr(e)), deliveries=n, delay=delay
+            )
             raise NackMessage(delay=delay) from e
 
 
@@ -110,9 +113,11 @@ async def dead_letter(msg: Any, exc: BaseException) -> None:
     seq = getattr(getattr(md, "sequence", None), "stream", 0)
     stream = getattr(md, "stream", None) or "core"
     sid = subjects.sandbox_id_of(raw.subject) or "unknown"
+    # Masked copies (shared/redaction.py): a malformed message may quote a secret, and the error
+    # (a pydantic ValidationError) quotes the input.
     headers = {
-        **(raw.headers or {}),
-        "x-error": repr(exc).replace("\n", " ")[:1024],
+        **{k: redact_value(k, v) for k, v in (raw.headers or {}).items()},
+        "x-error": redact_text(repr(exc).replace("\n", " "))[:1024],
         "x-src-subject": raw.subject,
         "x-src-stream": str(stream),
         "x-src-seq": str(seq),
@@ -121,6 +126,9 @@ async def dead_letter(msg: Any, exc: BaseException) -> None:
     }
     js = raw._client.jetstream()
     await js.publish(
-        f"{subjects.DLQ_PREFIX}.{consumer}.{sid}", raw.data, stream=STREAM_DLQ, headers=headers
+        f"{subjects.DLQ_PREFIX}.{consumer}.{sid}",
+        redact_json_bytes(raw.data),
+        stream=STREAM_DLQ,
+        headers=headers,
     )
     log.error("dead_lettered", error=headers["x-error"], src_subject=raw.subject)

@@ -3,11 +3,17 @@
 Exactly one owner starts it (``torpor up``, or a test fixture); every service only takes
 ``NATS_URL``. JetStream with ``sync_interval: always`` (fsync before ack; see the Jepsen notes in
 the design) on loopback.
+
+With ``passwords`` (what ``torpor up`` does) the broker enforces the permission model of
+``shared/bus/permissions.py`` — the same ``auth.conf`` as ``deploy/nats`` — and has no monitoring
+port (nats-server cannot authenticate it). Without, it is anonymous: test stacks only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import os
 import shutil
 import signal
@@ -16,10 +22,14 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.bus.permissions import render, users
 from shared.errors import ConfigError
+
+ADMIN = "admin"  # the provisioning user: readiness is checked as this one
 
 
 def _die_with_parent() -> None:
@@ -67,28 +77,47 @@ class EmbeddedNats:
     monitor_port: int = 0
     max_file_store: str = "8G"
     die_with_parent: bool = False
+    passwords: Mapping[str, str] | None = None  # user -> password: enforce auth.conf
     process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
+    @property
+    def authenticated(self) -> bool:
+        return self.passwords is not None
+
     def _write_config(self) -> Path:
         store = self.data_dir / "jetstream-store"
         store.mkdir(parents=True, exist_ok=True)
+        if self.authenticated:
+            _write_owner_only(self.data_dir / "auth.conf", render(users()))
+            access = "include ./auth.conf\n"
+        else:
+            access = f"http: {self.host}:{self.monitor_port}\n"
         conf = self.data_dir / "nats-server.conf"
-        conf.write_text(
+        _write_owner_only(
+            conf,
             f"listen: {self.host}:{self.port}\n"
-            f"http: {self.host}:{self.monitor_port}\n"
-            "jetstream {\n"
+            + access
+            + "jetstream {\n"
             f'  store_dir: "{store}"\n'
             "  sync_interval: always\n"
             "  max_memory_store: 256M\n"
             f"  max_file_store: {self.max_file_store}\n"
             "}\n"
-            "max_payload: 1MB\n"
+            "max_payload: 1MB\n",
         )
         return conf
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.passwords is not None:
+            from shared.bus.credentials import server_env
+
+            env.update(server_env(self.passwords))
+        return env
 
     def start(self, *, timeout: float = 10.0) -> EmbeddedNats:
         try:
@@ -104,12 +133,13 @@ class EmbeddedNats:
         elif port_in_use(self.host, self.port):
             msg = f"NATS port {self.host}:{self.port} is already in use"
             raise ConfigError(msg)
-        if self.monitor_port == 0:
+        if self.monitor_port == 0 and not self.authenticated:
             self.monitor_port = free_port(self.host)
         conf = self._write_config()
-        log = (self.data_dir / "nats-server.log").open("ab")
+        log = _open_owner_only(self.data_dir / "nats-server.log")
         self.process = subprocess.Popen(
             [find_nats_server(), "-c", str(conf)],
+            env=self._environment(),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -120,22 +150,25 @@ class EmbeddedNats:
         self._wait_ready(timeout)
         return self
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _ready(self) -> bool:
+        if self.passwords is not None:
+            return jetstream_answers(self.host, self.port, ADMIN, self.passwords[ADMIN])
         import urllib.request
 
-        deadline = time.monotonic() + timeout
         url = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=0.5) as r:
+            return bool(r.status == 200)
+        return False
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 code = self.process.returncode
                 msg = f"nats-server exited with {code}; see {self.data_dir}/nats-server.log"
                 raise ConfigError(msg)
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(url, timeout=0.5) as r,
-            ):
-                if r.status == 200:
-                    return
+            if self._ready():
+                return
             time.sleep(0.02)
         msg = f"nats-server did not become ready within {timeout}s"
         raise ConfigError(msg)
@@ -161,3 +194,53 @@ class EmbeddedNats:
         """Restart on the same port and store (keeps the URL)."""
         self.stop()
         self.start(timeout=timeout)
+
+
+def _write_owner_only(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+
+
+def _open_owner_only(path: Path) -> io.BufferedWriter:
+    """Append to a log only its owner can read (tokens must never be world-readable)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.chmod(path, 0o600)
+    return os.fdopen(fd, "ab")
+
+
+def jetstream_answers(host: str, port: int, user: str, password: str) -> bool:
+    """Whether the server takes ``user`` and answers a JetStream API call: the readiness check
+    when there is no monitoring port. Plain protocol, so it works outside an event loop."""
+    connect = {
+        "verbose": False,
+        "pedantic": False,
+        "user": user,
+        "pass": password,
+        "headers": True,
+        "no_responders": True,
+        "protocol": 1,
+        "name": "torpor-readiness",
+    }
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            stream = sock.makefile("rb")
+            if not stream.readline().startswith(b"INFO"):
+                return False
+            sock.sendall(
+                f"CONNECT {json.dumps(connect)}\r\n".encode()
+                + b"SUB _INBOX.torpor-ready 1\r\nPUB $JS.API.INFO _INBOX.torpor-ready 0\r\n\r\n"
+            )
+            while line := stream.readline():
+                if line.startswith(b"PING"):
+                    sock.sendall(b"PONG\r\n")
+                elif line.startswith(b"-ERR"):
+                    return False
+                elif line.startswith((b"MSG", b"HMSG")):
+                    payload = stream.read(int(line.split()[-1]) + 2)
+                    # HMSG without a body: "503 no responders", JetStream not up yet.
+                    return line.startswith(b"MSG") and b'"error"' not in payload
+    except (OSError, ValueError):
+        return False
+    return False

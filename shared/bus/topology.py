@@ -31,6 +31,8 @@ STREAM_DLQ = "SANDBOX_DLQ"
 KV_SANDBOXES = "sandboxes"
 KV_USERS = "torpor_users"
 KV_API_KEYS = "torpor_api_keys"
+# The local runtime's workload records (shared/runtime/local): only on one machine (`torpor up`).
+KV_WORKLOADS = "torpor_workloads"
 
 DAY = 86400
 
@@ -173,7 +175,21 @@ def kv_buckets(replicas: int) -> list[KeyValueConfig]:
     ]
 
 
+def workloads_bucket(replicas: int = 1) -> KeyValueConfig:
+    """The local runtime's bucket; created by whoever provisions a local-runtime bus (its
+    services' NATS users may not create buckets)."""
+    return KeyValueConfig(bucket=KV_WORKLOADS, history=5, replicas=replicas)
+
+
 _STREAM_EXISTS_DIFFERENT = 10058
+
+
+async def ensure_workloads_bucket(js: JetStreamContext) -> None:
+    try:
+        await js.create_key_value(workloads_bucket())
+    except BadRequestError as e:
+        if e.err_code != _STREAM_EXISTS_DIFFERENT:
+            raise
 
 
 async def ensure_topology(js: JetStreamContext, *, replicas: int = 1) -> None:

@@ -53,12 +53,15 @@ async def _serve(  # noqa: PLR0917 - private, called once
     make_host: HostFactory,
     supervise_runtime: bool,
 ) -> int:
+    from shared.bus.broker import connect_options
     from shared.envd.client import ConnectEnvdClient  # type: ignore[import-untyped]
 
     nats_url = bus.nats_url.split(",")[0]
     runtime = await open_runtime(
         runtime_settings,
         nats_url=nats_url,
+        # Its replies under the service's own inbox prefix (the only one its NATS user may read).
+        nats_options={**connect_options(bus), "inbox_prefix": f"_INBOX_{service}"},
         supervise=supervise_runtime,
         local=load(LocalRuntimeSettings),
     )

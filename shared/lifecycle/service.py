@@ -118,7 +118,6 @@ class SandboxLifecycle:
             auto_pause=request.auto_pause,
             auto_resume=request.auto_resume,
             metadata=dict(request.metadata),
-            envs=dict(request.envs),
         )
         try:
             await self._publisher.publish(

@@ -17,6 +17,7 @@ from typing import Literal
 from shared.bus.ports import Mutation
 from shared.errors import IllegalTransition
 from shared.models.sandboxes import Pending, SandboxRecord, SandboxState, SnapshotRef
+from shared.redaction import redact_text
 from shared.runtime.models import Endpoint
 
 Op = Literal["create", "pause", "resume", "kill"]
@@ -222,7 +223,7 @@ def failed(
                 "state": SandboxState.FAILED,
                 "generation": record.generation + 1,
                 "pending": None,
-                "failure": f"{op}: {reason}"[:1000],
+                "failure": redact_text(f"{op}: {reason}")[:1000],
             }
         )
 

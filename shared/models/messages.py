@@ -10,7 +10,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from shared.redaction import redact_text
 
 
 class _Message(BaseModel):
@@ -24,6 +26,9 @@ class _Message(BaseModel):
 
 
 class CreateSandbox(_Message):
+    """No env values here (they are often secrets): the scaler reads them from the record, which
+    the ``platform`` user cannot read. An ``envs`` field sent by an older publisher is ignored."""
+
     type: Literal["sandbox.cmd.create"] = "sandbox.cmd.create"
     owner: str
     template: str = "sandbox-base"
@@ -31,7 +36,6 @@ class CreateSandbox(_Message):
     auto_pause: bool = False
     auto_resume: bool = False
     metadata: dict[str, str] = Field(default_factory=dict)
-    envs: dict[str, str] = Field(default_factory=dict)
 
 
 class PauseSandbox(_Message):
@@ -109,6 +113,12 @@ class SandboxFailed(_Event):
     type: Literal["sandbox.evt.failed"] = "sandbox.evt.failed"
     op: str
     reason: str
+
+    @field_validator("reason")
+    @classmethod
+    def _no_secrets(cls, value: str) -> str:
+        # Reasons quote errors (daemon answers, pod log lines) and this event is public.
+        return redact_text(value)
 
 
 class SandboxExpired(_Event):

@@ -3,6 +3,9 @@ a service on one runtime never imports the other's dependencies."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pydantic import Field
 
 from shared.runtime.ports import Runtime
@@ -21,6 +24,7 @@ async def open_runtime(
     *,
     nats_url: str,
     supervise: bool,
+    nats_options: Mapping[str, Any] | None = None,
     local: LocalRuntimeSettings | None = None,
 ) -> Runtime:
     """A started runtime; the caller ``close()``s it.
@@ -46,6 +50,7 @@ async def open_runtime(
 
     runtime = LocalRuntime(
         nats_url=nats_url,
+        nats_options=nats_options,
         data_dir=settings.data_dir,
         templates_dir=settings.templates_dir,
         supervise=supervise,

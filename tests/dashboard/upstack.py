@@ -122,7 +122,8 @@ def _kill_pods(root: Path) -> None:
 
 
 @contextlib.contextmanager
-def torpor_up(root: Path, *, timeout: float = 120) -> Iterator[Up]:
+def torpor_up(root: Path, *, timeout: float = 120, **env: str) -> Iterator[Up]:
+    """``env``: extra settings for the instance (e.g. ``TORPOR_LOG_FORMAT="console"``)."""
     data_dir = root / "data"
     api_port, proxy_port = free_port(), free_port()
     (root / "logs").mkdir(parents=True, exist_ok=True)
@@ -144,7 +145,7 @@ def torpor_up(root: Path, *, timeout: float = 120) -> Iterator[Up]:
         env=clean_env(
             PAUSE_RESUME=PAUSE_RESUME,
             TORPOR_STOP_GRACE="10",
-            TORPOR_LOG_FORMAT="json",
+            **{"TORPOR_LOG_FORMAT": "json", **env},
         ),
         stdout=out,
         stderr=subprocess.STDOUT,

@@ -70,6 +70,7 @@ JOBS: dict[str, Job] = {
             s.CMD_PAUSE,
             s.CMD_RESUME,
             s.CMD_KILL,
+            s.CMD_NETWORK,
             s.EVT_TIMEOUT_SET,
             s.EVT_ACTIVITY,
         ),

@@ -15,7 +15,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("TORPOR_", "E2B_")) and k not in {"NATS_URL"}
+        if not k.startswith(("TORPOR_", "E2B_", "NATS_"))
     }
     env.update(extra)
     return env

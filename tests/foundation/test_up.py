@@ -97,8 +97,11 @@ async def test_up_env_restart_and_clean_sigterm(up: Up) -> None:
     exports = _exports(env.stdout)
     assert exports["E2B_API_URL"] == f"http://127.0.0.1:{up.api_port}"
     assert exports["E2B_SANDBOX_URL"] == f"http://127.0.0.1:{up.proxy_port}"
-    # The exported NATS works and the exported key is a real admin key.
-    nc = await nats.connect(exports["NATS_URL"])
+    # The exported NATS works (as the operator) and the exported key is a real admin key.
+    assert exports["NATS_USER"] == "admin"
+    nc = await nats.connect(
+        exports["NATS_URL"], user=exports["NATS_USER"], password=exports["NATS_PASSWORD"]
+    )
     try:
         js = nc.jetstream()
         users = KvUsers(NatsBucket(await js.key_value(KV_USERS)))

@@ -23,6 +23,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 
 from shared.auth.keys import KvUsers, hash_secret
 from shared.auth.models import ApiKeyRecord
+from shared.bus.broker import connect_options
 from shared.bus.kv import NatsBucket
 from shared.bus.topology import KV_API_KEYS, KV_USERS, ensure_topology
 from shared.settings import BusSettings, load
@@ -30,9 +31,11 @@ from shared.settings import BusSettings, load
 
 async def provision() -> None:
     bus = load(BusSettings)
-    options: dict[str, object] = {"name": "torpor-provision", "max_reconnect_attempts": 30}
-    if bus.nats_creds is not None:
-        options["user_credentials"] = str(bus.nats_creds)
+    options: dict[str, object] = {
+        "name": "torpor-provision",
+        "max_reconnect_attempts": 30,
+        **connect_options(bus),
+    }
     nc = await nats.connect(bus.nats_url.split(","), **options)
     try:
         js = nc.jetstream()

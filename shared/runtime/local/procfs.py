@@ -25,7 +25,9 @@ log = structlog.get_logger()
 async def spawn(
     argv: Sequence[str], log_path: Path, *, pass_fds: Sequence[int] = ()
 ) -> asyncio.subprocess.Process:
-    with log_path.open("ab") as out:
+    # Owner-only: a pod's output is its user's business (and may print their secrets).
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "ab") as out:
         return await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,

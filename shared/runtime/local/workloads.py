@@ -27,19 +27,22 @@ import contextlib
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 import nats
 import structlog
 from nats.aio.client import Client
-from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
+from shared.bus.topology import KV_WORKLOADS, workloads_bucket
 from shared.errors import Conflict, NotFound, PodNotReady, RuntimeFailure, Unavailable
 from shared.models.network import NetworkPolicy
+from shared.redaction import redact_text
 from shared.runtime.local import bwrap, bytecode, limits
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import PodLauncher
@@ -59,7 +62,7 @@ from shared.runtime.templates import load_template, template_dirs
 
 log = structlog.get_logger()
 
-DEFAULT_BUCKET = "torpor_workloads"
+DEFAULT_BUCKET = KV_WORKLOADS
 # Kubernetes' limit for all annotations of one object; the local runtime enforces the same.
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 
@@ -72,6 +75,7 @@ class LocalRuntime:
         *,
         nats_url: str,
         data_dir: Path,
+        nats_options: Mapping[str, Any] | None = None,
         templates_dir: Path | None = None,
         bucket: str = DEFAULT_BUCKET,
         bwrap: str = "bwrap",
@@ -83,6 +87,7 @@ class LocalRuntime:
         poll_interval: float = 1.0,
     ) -> None:
         self._nats_url = nats_url
+        self._nats_options = dict(nats_options or {})  # credentials, inbox prefix
         self._data_dir = data_dir.resolve()
         self._template_dirs = template_dirs(templates_dir)
         self._bucket = bucket
@@ -119,9 +124,11 @@ class LocalRuntime:
             cgroup_parent=cgroup_parent,
         )
         try:
-            self._nc = await nats.connect(self._nats_url, max_reconnect_attempts=-1)
+            self._nc = await nats.connect(
+                self._nats_url, max_reconnect_attempts=-1, **self._nats_options
+            )
         except Exception as e:  # nats-py raises several unrelated types on connect failure
-            msg = f"cannot connect to NATS at {self._nats_url}: {e}"
+            msg = f"cannot connect to NATS at {redact_text(self._nats_url)}: {e}"
             raise Unavailable(msg) from e
         kv = await self._bucket_kv()
         self._store_ = WorkloadStore(kv)
@@ -170,7 +177,7 @@ class LocalRuntime:
         try:
             return await js.key_value(self._bucket)
         except BucketNotFoundError:
-            return await js.create_key_value(KeyValueConfig(bucket=self._bucket, history=5))
+            return await js.create_key_value(replace(workloads_bucket(), bucket=self._bucket))
 
     @property
     def _store(self) -> WorkloadStore:

@@ -1,0 +1,137 @@
+"""``torpor up`` on free loopback ports with a temp data dir, as seen by a bus client: the port of
+its embedded NATS and the passwords it generated (``<data dir>/nats/credentials.json``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.cli import catalog
+from shared.bus.server import free_port
+from tests.dashboard.upstack import REPO, TORPOR, clean_env
+
+
+@dataclass
+class EmbeddedBus:
+    """Duck-types ``tests.deploy.nats_auth.AuthNats`` (``url(user)``), so the deploy tests'
+    checks run unchanged against ``torpor up``'s bus."""
+
+    data_dir: Path
+    port: int
+    passwords: dict[str, str]
+
+    def url(self, user: str) -> str:
+        return f"nats://{user}:{self.passwords[user]}@127.0.0.1:{self.port}"
+
+    @property
+    def anonymous_url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @classmethod
+    def of(cls, data_dir: Path) -> EmbeddedBus:
+        state = json.loads((data_dir / "torpor.json").read_text())
+        passwords = json.loads((data_dir / "nats" / "credentials.json").read_text())
+        return cls(data_dir, int(state["nats_url"].rsplit(":", 1)[1]), passwords)
+
+
+@contextlib.contextmanager
+def placeholder_up(root: Path, *, timeout: float = 90) -> Iterator[EmbeddedBus]:
+    """``torpor up`` with every service an idle placeholder: each connects as its own user but
+    binds no durable, so a test can use the service users itself without competing."""
+    data_dir = root / "data"
+    root.mkdir(parents=True, exist_ok=True)
+    out = (root / "up.log").open("wb")
+    ports = ["--nats-port", "0", "--api-port", str(free_port()), "--proxy-port", str(free_port())]
+    proc = subprocess.Popen(
+        [*TORPOR, "up", "--data-dir", str(data_dir), *ports],
+        cwd=REPO,
+        env=clean_env(TORPOR_PLACEHOLDERS=",".join(catalog.NAMES), TORPOR_STOP_GRACE="5"),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError((root / "up.log").read_text(errors="replace")[-3000:])
+            logs = [data_dir / "logs" / f"{n}.log" for n in catalog.NAMES]
+            if (data_dir / "torpor.json").exists() and all(
+                p.exists() and "placeholder_ready" in p.read_text(errors="replace") for p in logs
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("placeholder torpor up was not ready in time")
+            time.sleep(0.3)
+        yield EmbeddedBus.of(data_dir)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        out.close()
+
+
+def service_pids(data_dir: Path) -> dict[str, int]:
+    """The supervised service processes of one instance (``... -m services.cli run <name>``)."""
+    found: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if f"TORPOR_DATA_DIR={data_dir}".encode() not in environ.split(b"\0"):
+            continue
+        if b"run" in argv and argv.index(b"run") + 1 < len(argv):
+            name = argv[argv.index(b"run") + 1].decode()
+            if name in catalog.NAMES:
+                found[name] = int(entry.name)
+    return found
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports a process listens on: its socket inodes matched against /proc/net/tcp{,6}."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A = LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def nats_server_pid(data_dir: Path) -> int:
+    needle = str(data_dir / "nats" / "nats-server.conf").encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+    raise AssertionError("the embedded nats-server is not running")
