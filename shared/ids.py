@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import NewType
 
@@ -23,3 +24,15 @@ def is_valid_sandbox_id(value: str) -> bool:
 
 def is_valid_user_name(value: str) -> bool:
     return bool(_USER_NAME_RE.match(value))
+
+
+def owned_sandbox_id(owner: str, name: str) -> str:
+    """The sandbox id behind a native sandbox name: names are unique per owner, not globally.
+
+    Deterministic, so every API replica maps (owner, name) to the same id with no index to keep
+    consistent, and two users' sandboxes of the same name are different sandboxes with different
+    ids, events and history: a create never learns whether someone else holds a name. The ``n``
+    prefix keeps these apart from generated (``i``…) ids.
+    """
+    digest = hashlib.sha256(f"{owner}\0{name}".encode()).hexdigest()
+    return f"n{digest[:24]}"

@@ -89,6 +89,9 @@ class RuntimeSettings(_Base):
 
     runtime: Literal["local", "kubernetes"] = "local"
     namespace: str = "torpor-sandboxes"  # kubernetes: where sandbox ReplicaSets live
+    # kubernetes: the namespace of the proxy/scaler/snapshotter when it is not ``namespace``
+    # (sandbox pods accept connections only from their pods; see the per-sandbox NetworkPolicy).
+    control_plane_namespace: str | None = None
     kubeconfig: Path | None = None  # kubernetes: None = in-cluster config
     templates_dir: Path | None = None  # None = the packaged templates
     data_dir: Path = Path.home() / ".local" / "share" / "torpor"  # local runtime: pod dirs, volumes

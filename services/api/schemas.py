@@ -289,7 +289,10 @@ class NativeCreate(_In):
     name: str | None = Field(
         default=None,
         pattern=SANDBOX_ID_PATTERN,
-        description="The sandbox name (lowercase DNS label); generated when omitted",
+        description=(
+            "The sandbox name (lowercase DNS label), unique among your sandboxes; the "
+            "sandbox id is derived from it (sandboxId). When omitted, the id is generated"
+        ),
     )
     template: TemplateName = "sandbox-base"
     timeout: int = Field(default=300, ge=1, le=2**31 - 1, description="Inactivity timeout, s")
@@ -306,7 +309,10 @@ class SnapshotOut(_Out):
 
 
 class NativeSandbox(_Out):
-    name: str
+    name: str = Field(description="The name given at create (unique per user), else the id")
+    sandbox_id: str = Field(
+        alias="sandboxId", description="The id for the E2B API, the SDK and the proxy"
+    )
     owner: str
     template: str
     state: str = Field(description="The real state, including transitional ones")

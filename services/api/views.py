@@ -102,7 +102,8 @@ def detail_out(record: SandboxRecord, settings: ApiSettings) -> SandboxDetailOut
 def native_out(record: SandboxRecord) -> NativeSandbox:
     snap = record.snapshot
     return NativeSandbox(
-        name=record.sandbox_id,
+        name=record.name or record.sandbox_id,
+        sandbox_id=record.sandbox_id,
         owner=record.owner,
         template=record.template,
         state=record.state.value,

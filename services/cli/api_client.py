@@ -34,6 +34,7 @@ class RemoteSnapshot(_In):
 
 class RemoteSandbox(_In):
     name: str
+    sandbox_id: str | None = Field(default=None, alias="sandboxId")  # for the SDK and the proxy
     owner: str
     template: str
     state: str

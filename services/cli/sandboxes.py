@@ -207,6 +207,7 @@ def _detail(sandbox: RemoteSandbox) -> None:
     table.add_column(overflow="fold")
     rows: list[tuple[str, str]] = [
         ("name", sandbox.name),
+        ("sandbox id", sandbox.sandbox_id or sandbox.name),
         ("owner", sandbox.owner),
         ("state", _state(sandbox.state)),
         ("template", sandbox.template),

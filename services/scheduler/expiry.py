@@ -27,7 +27,9 @@ Rules
   (``decision="kill"``, id ``expired:<sid>:g<gen>:kill``).
 - Retention: a paused sandbox gets ``retain_until = paused_at + retention`` (written into the
   record, which the APIs show) and a ``retention`` timer; when it fires and the sandbox is still
-  paused, it is killed with ``reason="retention"``.
+  paused, it is killed with ``reason="retention"``. A sandbox whose *create* failed (it never
+  ran; e.g. a template that vanished) is retained the same way from its failure, so such records
+  do not stay forever.
 - Several replicas: every output has a deterministic message id and every decision re-reads the
   record, so duplicate fires (redelivery, a replica crash) publish nothing new.
 """
@@ -207,8 +209,15 @@ def _give_up(record: SandboxRecord, now: datetime, outcome: str) -> Plan:
     )
 
 
+def is_retained(record: SandboxRecord) -> bool:
+    """Kept only until ``retain_until``: paused, or failed before it ever ran."""
+    return record.state == SandboxState.PAUSED or (
+        record.state == SandboxState.FAILED and (record.failure or "").startswith("create")
+    )
+
+
 def _on_retention(record: SandboxRecord, *, now: datetime) -> Plan:
-    if record.state != SandboxState.PAUSED or record.retain_until is None:
+    if not is_retained(record) or record.retain_until is None:
         return Plan("stale")
     if record.retain_until > now:
         return Plan("moved", arm=(retention_timer(record, record.retain_until),))
@@ -283,8 +292,9 @@ def sync(
         if record.deadline <= now and pending is not None and pending.kind == "pause_check":
             return Plan("expiry_in_progress", cancel=cancel, mutate=clear)
         return Plan("armed", arm=(timeout_timer(record),), cancel=cancel, mutate=clear)
-    if record.state == SandboxState.PAUSED:
-        retain_until = record.retain_until or (record.paused_at or now) + policy.retention
+    if is_retained(record):
+        since = record.paused_at if record.state == SandboxState.PAUSED else record.updated_at
+        retain_until = record.retain_until or (since or now) + policy.retention
         mutate = None if record.retain_until is not None else set_retention(retain_until)
         return Plan(
             "retained",
@@ -292,7 +302,8 @@ def sync(
             cancel=("timeout",),
             mutate=mutate,
         )
-    return Plan("transitional")  # creating, pausing, resuming, failed: the next event settles it
+    # creating, pausing, resuming, failed (but not a failed create): the next event settles it
+    return Plan("transitional")
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -364,7 +375,7 @@ def extend_deadline(wanted: datetime) -> Mutation:
 
 def set_retention(retain_until: datetime) -> Mutation:
     def mutate(record: SandboxRecord) -> SandboxRecord:
-        if record.state != SandboxState.PAUSED or record.retain_until is not None:
+        if not is_retained(record) or record.retain_until is not None:
             return record
         return record.model_copy(update={"retain_until": retain_until})
 
@@ -372,6 +383,6 @@ def set_retention(retain_until: datetime) -> Mutation:
 
 
 def _clear_retention(record: SandboxRecord) -> SandboxRecord:
-    if record.state == SandboxState.PAUSED:
+    if is_retained(record):
         return record
     return record.model_copy(update={"retain_until": None})

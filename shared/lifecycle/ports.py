@@ -24,6 +24,7 @@ class CreateRequest(BaseModel):
 
     owner: str
     sandbox_id: str | None = None  # None: generate one
+    name: str | None = None  # native name (see shared.ids.owned_sandbox_id)
     template: str = "sandbox-base"
     timeout: int = Field(default=300, ge=1)
     auto_pause: bool = False

@@ -95,6 +95,7 @@ class SandboxLifecycle:
         record = SandboxRecord(
             sandbox_id=sandbox_id,
             owner=request.owner,
+            name=request.name,
             template=request.template,
             state=SandboxState.CREATING,
             generation=0,
@@ -146,7 +147,8 @@ class SandboxLifecycle:
                 raise
 
         def replace(current: SandboxRecord) -> SandboxRecord:
-            if current.state != SandboxState.KILLED:
+            # Another owner's tombstone is never reused: its history is not the new owner's.
+            if current.state != SandboxState.KILLED or current.owner != record.owner:
                 raise Conflict(f"sandbox {record.sandbox_id} already exists")
             return record.model_copy(update={"generation": current.generation + 1})
 

@@ -81,6 +81,7 @@ class SandboxRecord(BaseModel):
     schema_version: int = SCHEMA_VERSION
     sandbox_id: str
     owner: str
+    name: str | None = None  # the native API's name (unique per owner); None: the id is shown
     template: str = "sandbox-base"
     state: SandboxState = SandboxState.RUNNING
     generation: int = 0

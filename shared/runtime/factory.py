@@ -44,7 +44,10 @@ async def open_runtime(
             else None
         )
         return await KubernetesRuntime.from_kubeconfig(
-            settings.kubeconfig, namespace=settings.namespace, templates=templates
+            settings.kubeconfig,
+            namespace=settings.namespace,
+            templates=templates,
+            control_plane_namespace=settings.control_plane_namespace,
         )
     from shared.runtime.local import LocalRuntime
 

@@ -69,6 +69,7 @@ class FakeLifecycle:
         record = SandboxRecord(
             sandbox_id=sandbox_id,
             owner=request.owner,
+            name=request.name,
             template=request.template,
             state=SandboxState.RUNNING,
             timeout=request.timeout,

@@ -78,11 +78,23 @@ async def test_invalid_names_are_422_unknown_are_404(client: httpx.AsyncClient) 
     assert r.status_code == 422
 
 
-async def test_duplicate_name_is_409(client: httpx.AsyncClient) -> None:
-    await client.post("/api/v1/sandbox", json={"name": "dup"}, headers=bearer())
+async def test_names_are_per_user(client: httpx.AsyncClient) -> None:
+    mine = (await client.post("/api/v1/sandbox", json={"name": "dup"}, headers=bearer())).json()
+    # Bob may use the same name: another sandbox, and nothing says Alice has one.
     r = await client.post("/api/v1/sandbox", json={"name": "dup"}, headers=bearer(BOB))
+    assert r.status_code == 201
+    assert r.json()["name"] == "dup"
+    assert r.json()["sandboxId"] != mine["sandboxId"]
+    # Twice the same name for one user is a conflict, about the caller's own sandbox.
+    r = await client.post("/api/v1/sandbox", json={"name": "dup"}, headers=bearer())
     assert r.status_code == 409
     assert r.json()["code"] == 409
+    # Each sees their own under that name; the id works too, only for its owner.
+    got = (await client.get("/api/v1/sandbox/dup", headers=bearer())).json()
+    assert got["sandboxId"] == mine["sandboxId"]
+    assert got["owner"] == "alice"
+    r = await client.get(f"/api/v1/sandbox/{mine['sandboxId']}", headers=bearer(BOB))
+    assert r.status_code == 404
 
 
 async def test_openapi_describes_both_apis(client: httpx.AsyncClient) -> None:

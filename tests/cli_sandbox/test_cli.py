@@ -89,7 +89,9 @@ def test_full_lifecycle_through_the_cli(up: Up, monkeypatch: pytest.MonkeyPatch)
 
     for key, value in up.sdk_env("alice").items():
         monkeypatch.setenv(key, value)
-    sleeper = Sandbox.connect(name).commands.run("sleep 1000", background=True, cwd="/tmp")
+    # Names are per user; the E2B side (SDK, proxy) takes the sandbox id behind the name.
+    sandbox_id = json.loads(ok(run("get", name, "--json", env=env)))["sandboxId"]
+    sleeper = Sandbox.connect(sandbox_id).commands.run("sleep 1000", background=True, cwd="/tmp")
 
     listed = ok(run("list", env=env))
     row = next(line for line in listed.splitlines() if line.startswith(name))

@@ -157,7 +157,7 @@ def test_pause_shows_the_decoded_snapshot_and_writes_need_the_dashboard_header(u
 
 def test_native_events_endpoint_for_the_cli(up: Up) -> None:
     name = _name("logs")
-    _create(up, "bob", name)
+    sandbox_id = _create(up, "bob", name)["sandboxId"]
     _kill(up, "bob", name)
     with up.client("bob") as bob:
         r = bob.get(f"/api/v1/sandbox/{name}/events")
@@ -169,15 +169,17 @@ def test_native_events_endpoint_for_the_cli(up: Up) -> None:
         assert facts[-1] == "killed"
         seqs = [e["seq"] for e in events]
         assert seqs == sorted(seqs)
-        assert all(e["sandboxId"] == name for e in events)
+        assert all(e["sandboxId"] == sandbox_id for e in events)
         assert bob.get(f"/api/v1/sandbox/{name}/events?limit=1").json()["events"][0]["fact"] == (
             "killed"
         )
         assert bob.get("/api/v1/sandbox/nope-nope/events").status_code == 404
     with up.client("alice") as alice:
         assert alice.get(f"/api/v1/sandbox/{name}/events").status_code == 404
-    with up.client("root") as root:
-        assert root.get(f"/api/v1/sandbox/{name}/events").status_code == 200
+    with up.client("alice") as alice:
+        assert alice.get(f"/api/v1/sandbox/{sandbox_id}/events").status_code == 404
+    with up.client("root") as root:  # names are per user: an admin reads others' by id
+        assert root.get(f"/api/v1/sandbox/{sandbox_id}/events").status_code == 200
     wrong = httpx.get(
         f"{up.api_url}/api/v1/sandbox/{name}/events", headers={"X-API-KEY": "torpor_nope"}
     )
@@ -247,20 +249,23 @@ def test_live_events_reach_only_the_owner_and_admins(up: Up) -> None:
         _sse(_login(up, "bob")) as bob_events,
         _sse(_login(up, "root")) as root_events,
     ):
-        _create(up, "alice", hers)
-        _create(up, "bob", his)  # bob's own event marks how far bob's stream got
+        # Events carry the sandbox id (names are per user).
+        her_id = _create(up, "alice", hers)["sandboxId"]
+        his_id = _create(up, "bob", his)["sandboxId"]  # bob's own event: how far his stream got
         try:
-            got = _until(alice_events, lambda e: e["sandboxId"] == hers and e["fact"] == "created")
+            got = _until(
+                alice_events, lambda e: e["sandboxId"] == her_id and e["fact"] == "created"
+            )
             assert got[-1]["owner"] == "alice"
-            seen_by_bob = _until(bob_events, lambda e: e["sandboxId"] == his)
+            seen_by_bob = _until(bob_events, lambda e: e["sandboxId"] == his_id)
             assert all(e["owner"] == "bob" for e in seen_by_bob)
-            assert hers not in {e["sandboxId"] for e in seen_by_bob}
-            seen_by_root = _until(root_events, lambda e: e["sandboxId"] == his)
-            assert hers in {e["sandboxId"] for e in seen_by_root}
+            assert her_id not in {e["sandboxId"] for e in seen_by_bob}
+            seen_by_root = _until(root_events, lambda e: e["sandboxId"] == his_id)
+            assert her_id in {e["sandboxId"] for e in seen_by_root}
         finally:
             _kill(up, "alice", hers)
             _kill(up, "bob", his)
-        killed = _until(alice_events, lambda e: e["sandboxId"] == hers and e["fact"] == "killed")
+        killed = _until(alice_events, lambda e: e["sandboxId"] == her_id and e["fact"] == "killed")
         assert killed[-1]["data"]["type"] == "sandbox.evt.killed"
 
 

@@ -19,6 +19,7 @@ from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
 from shared.errors import RuntimeFailure
+from shared.models.network import NetworkPolicy
 from shared.runtime.kubernetes import KubernetesRuntime
 from shared.runtime.models import ANNOTATION_SNAPSHOT, WorkloadSpec
 from tests.k8s.plugin import create_namespace, sandbox_templates
@@ -127,6 +128,8 @@ async def test_adapter_works_with_exactly_the_shipped_role(
         await runtime.patch_annotations(
             "sbx-rbac", {ANNOTATION_SNAPSHOT: "e30="}, resource_version=current.resource_version
         )
+        # The per-sandbox NetworkPolicy: applied on create, re-applied live, deleted with it.
+        await runtime.set_network("sbx-rbac", NetworkPolicy(allow_internet=False))
         await runtime.scale("sbx-rbac", 0)
         await runtime.wait_stopped("sbx-rbac", timeout=60)
         await runtime.scale("sbx-rbac", 1)
@@ -137,6 +140,10 @@ async def test_adapter_works_with_exactly_the_shipped_role(
         assert listed[0].annotations[ANNOTATION_SNAPSHOT] == "e30="
         await runtime.delete("sbx-rbac")
         assert await runtime.get("sbx-rbac") is None
+        with pytest.raises(ApiException) as gone:
+            await k8s.NetworkingV1Api(admin_api).read_namespaced_network_policy("sbx-rbac", ns)
+        assert gone.value.status == 404
+        assert not await can_i(api, ns, "list", "networkpolicies", "networking.k8s.io")
 
         # Outside the Role: 403 from the API server.
         core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)

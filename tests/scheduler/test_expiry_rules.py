@@ -209,6 +209,30 @@ def test_sync_of_a_paused_record_sets_retain_until_and_swaps_holders() -> None:
     assert expiry.sync(kept, now=T0, policy=POLICY).mutate is None  # the scaler's value wins
 
 
+def test_a_failed_create_is_retained_then_killed_other_failures_are_not() -> None:
+    failed = rec(state=SandboxState.FAILED, deadline=None, failure="create: template 'x' not found")
+    plan = expiry.sync(failed, now=T0, policy=POLICY)
+    assert [(t.kind, t.due) for t in plan.arm] == [("retention", T0 + timedelta(days=30))]
+    assert plan.mutate is not None
+    held = plan.mutate(failed)
+    assert held.retain_until == T0 + timedelta(days=30)
+    later = T0 + timedelta(days=31)
+    plan = expiry.on_fired(fired("retention"), held, flags=ON, policy=POLICY, now=later)
+    assert plan.outcome == "retention_expired"
+    (kill,) = plan.publish
+    assert isinstance(kill.message, KillSandbox)
+    assert kill.message.reason == "retention"
+    # A failed pause or resume keeps its pod or snapshot: not swept by retention.
+    for failure in ("pause: envd unreachable", "resume: pod not ready"):
+        other = rec(state=SandboxState.FAILED, deadline=None, failure=failure)
+        assert expiry.sync(other, now=T0, policy=POLICY).outcome == "transitional"
+        stale = other.model_copy(update={"retain_until": T0})
+        assert (
+            expiry.on_fired(fired("retention"), stale, flags=ON, policy=POLICY, now=later).outcome
+            == "stale"
+        )
+
+
 def test_sync_of_a_running_record_arms_its_deadline_and_clears_retention() -> None:
     running = rec(retain_until=T0)
     plan = expiry.sync(running, now=T0, policy=POLICY)

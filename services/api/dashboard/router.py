@@ -39,8 +39,9 @@ from services.api.dashboard.views import (
 )
 from services.api.deps import Caller, CallerDep, Wiring, WiringDep
 from services.api.errors import ApiError
+from services.api.names import named, resolve
 from shared.errors import NotFound, TorporError, Unavailable
-from shared.ids import SANDBOX_ID_PATTERN
+from shared.ids import SANDBOX_ID_PATTERN, owned_sandbox_id
 from shared.models.sandboxes import SandboxRecord, SandboxState
 from shared.settings import BusSettings, FeatureFlags, load
 
@@ -196,7 +197,7 @@ def dashboard_router(
 
     @router.get("/dashboard/api/sandboxes/{name}", response_model=SandboxView, tags=["dashboard"])
     async def sandbox(caller: ReaderDep, w: WiringDep, request: Request, name: Name) -> SandboxView:
-        record = await w.lifecycle.get(name, owner=caller.scope)
+        record = await resolve(w, caller, name)
         return (await _views([record], _feed(request)))[0]
 
     @router.post(
@@ -210,14 +211,17 @@ def dashboard_router(
         action: Literal["pause", "resume", "kill"],
     ) -> SandboxView:
         """Pause, resume or kill; answers when the transition is done (504 if still going)."""
-        record = await _act(w, caller, name, action)
+        found = await resolve(w, caller, name)
+        with named(found, name):
+            record = await _act(w, caller, found.sandbox_id, action)
         return (await _views([record], _feed(request)))[0]
 
     @router.get(
         "/dashboard/api/sandboxes/{name}/events", response_model=list[EventView], tags=["dashboard"]
     )
     async def dashboard_events(caller: ReaderDep, request: Request, name: Name) -> list[EventView]:
-        return await _history(_need_feed(request), caller, name)
+        feed = _need_feed(request)
+        return await _history(feed, caller, await _event_key(feed, caller, name))
 
     @router.get("/dashboard/api/users", response_model=list[UserView], tags=["dashboard"])
     async def users(caller: ReaderDep, w: WiringDep, request: Request) -> list[UserView]:
@@ -261,7 +265,9 @@ def dashboard_router(
         name: Name,
         limit: Annotated[int, Query(ge=1, le=1000)] = 200,
     ) -> dict[str, list[EventView]]:
-        return {"events": await _history(_need_feed(request), caller, name, limit=limit)}
+        feed = _need_feed(request)
+        sid = await _event_key(feed, caller, name)
+        return {"events": await _history(feed, caller, sid, limit=limit)}
 
     return router
 
@@ -278,6 +284,13 @@ async def _act(w: Wiring, caller: Caller, name: str, action: str) -> SandboxReco
     current = await w.lifecycle.get(name, owner=caller.scope)
     await w.lifecycle.kill(name, owner=caller.scope, wait=wait)
     return current.model_copy(update={"state": SandboxState.KILLED, "deadline": None})
+
+
+async def _event_key(feed: EventSource, caller: Caller, name: str) -> str:
+    """The sandbox id whose events ``name`` means: the caller's sandbox of that name (killed ones
+    too, while their record lasts), else ``name`` taken as an id."""
+    own = owned_sandbox_id(caller.name, name)
+    return own if await feed.owner_of(own) == caller.name else name
 
 
 async def _history(

@@ -33,7 +33,8 @@ class SnapshotView(_Out):
 
 
 class SandboxView(_Out):
-    name: str
+    name: str  # the native name (per user), else the id
+    sandbox_id: str  # what the dashboard addresses a sandbox by
     owner: str
     template: str
     state: str
@@ -97,7 +98,8 @@ def snapshot_view(record: SandboxRecord) -> SnapshotView | None:
 
 def sandbox_view(record: SandboxRecord, *, last_activity: datetime | None) -> SandboxView:
     return SandboxView(
-        name=record.sandbox_id,
+        name=record.name or record.sandbox_id,
+        sandbox_id=record.sandbox_id,
         owner=record.owner,
         template=record.template,
         state=record.state.value,

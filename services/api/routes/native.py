@@ -10,9 +10,11 @@ from fastapi import APIRouter, Path, Response
 
 from services.api.deps import CallerDep, WiringDep, require_template
 from services.api.errors import ApiError
+from services.api.names import named, resolve
 from services.api.schemas import ErrorBody, NativeCreate, NativeList, NativeSandbox
 from services.api.views import native_out
-from shared.ids import SANDBOX_ID_PATTERN
+from shared.errors import Conflict
+from shared.ids import SANDBOX_ID_PATTERN, owned_sandbox_id
 from shared.lifecycle.ports import CreateRequest
 from shared.models.sandboxes import SandboxState
 
@@ -20,7 +22,11 @@ router = APIRouter(prefix="/api/v1/sandbox", tags=["native"])
 
 Name = Annotated[
     str,
-    Path(pattern=SANDBOX_ID_PATTERN, max_length=63, description="The sandbox name (its id)"),
+    Path(
+        pattern=SANDBOX_ID_PATTERN,
+        max_length=63,
+        description="The sandbox name (yours; names are per user), or its sandbox id",
+    ),
 ]
 _ERRORS: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 409, 422, 503, 504)
@@ -33,19 +39,24 @@ async def create(w: WiringDep, caller: CallerDep, body: NativeCreate) -> NativeS
     if body.timeout > w.settings.max_timeout:
         raise ApiError(422, f"timeout must be at most {w.settings.max_timeout} seconds")
     require_template(w, body.template, field="template")
-    record = await w.lifecycle.create(
-        CreateRequest(
-            owner=caller.name,
-            sandbox_id=body.name,
-            template=body.template,
-            timeout=body.timeout,
-            auto_pause=body.auto_pause,
-            auto_resume=body.auto_resume,
-            metadata=body.metadata,
-            envs=body.envs,
-        ),
-        wait=w.settings.create_wait,
-    )
+    try:
+        record = await w.lifecycle.create(
+            CreateRequest(
+                owner=caller.name,
+                sandbox_id=owned_sandbox_id(caller.name, body.name) if body.name else None,
+                name=body.name,
+                template=body.template,
+                timeout=body.timeout,
+                auto_pause=body.auto_pause,
+                auto_resume=body.auto_resume,
+                metadata=body.metadata,
+                envs=body.envs,
+            ),
+            wait=w.settings.create_wait,
+        )
+    except Conflict:
+        # Only the caller's own sandbox can hold this id: nobody else's name is revealed.
+        raise ApiError(409, f"you already have a sandbox named {body.name}") from None
     return native_out(record)
 
 
@@ -62,7 +73,7 @@ async def list_sandboxes(w: WiringDep, caller: CallerDep) -> NativeList:
 @router.get("/{name}", response_model=NativeSandbox, responses=_ERRORS)
 async def get(w: WiringDep, caller: CallerDep, name: Name) -> NativeSandbox:
     """State, last snapshot (base64, as annotated on the ReplicaSet) and retention time."""
-    record = await w.lifecycle.get(name, owner=caller.scope)
+    record = await resolve(w, caller, name)
     if record.state == SandboxState.KILLED:
         raise ApiError(404, f"sandbox {name} not found")
     return native_out(record)
@@ -71,23 +82,34 @@ async def get(w: WiringDep, caller: CallerDep, name: Name) -> NativeSandbox:
 @router.delete("/{name}", status_code=204, responses=_ERRORS)
 async def delete(w: WiringDep, caller: CallerDep, name: Name) -> Response:
     """Kill the sandbox and delete its workload."""
-    await w.lifecycle.kill(name, owner=caller.scope, wait=w.settings.transition_wait)
+    record = await resolve(w, caller, name)
+    with named(record, name):
+        await w.lifecycle.kill(
+            record.sandbox_id, owner=caller.scope, wait=w.settings.transition_wait
+        )
     return Response(status_code=204)
 
 
 @router.post("/pause/{name}", response_model=NativeSandbox, responses=_ERRORS)
 async def pause(w: WiringDep, caller: CallerDep, name: Name) -> NativeSandbox:
     """Snapshot the processes, then scale to zero. 409 when already paused."""
-    return native_out(
-        await w.lifecycle.pause(name, owner=caller.scope, wait=w.settings.transition_wait)
-    )
+    record = await resolve(w, caller, name)
+    with named(record, name):
+        return native_out(
+            await w.lifecycle.pause(
+                record.sandbox_id, owner=caller.scope, wait=w.settings.transition_wait
+            )
+        )
 
 
 @router.post("/resume/{name}", response_model=NativeSandbox, responses=_ERRORS)
 async def resume(w: WiringDep, caller: CallerDep, name: Name) -> NativeSandbox:
     """Scale to one, wait for the pod, replay the snapshot. 409 when already running."""
-    record = await w.lifecycle.get(name, owner=caller.scope)
+    record = await resolve(w, caller, name)
     if record.state in (SandboxState.RUNNING, SandboxState.CREATING):
         raise ApiError(409, f"sandbox {name} is already running")
-    result = await w.lifecycle.resume(name, owner=caller.scope, wait=w.settings.transition_wait)
+    with named(record, name):
+        result = await w.lifecycle.resume(
+            record.sandbox_id, owner=caller.scope, wait=w.settings.transition_wait
+        )
     return native_out(result.record)

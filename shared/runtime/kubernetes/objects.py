@@ -6,12 +6,14 @@ as the client's models.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kubernetes.aio.client import V1ReplicaSet
 
+from shared.models.network import NetworkPolicy
 from shared.runtime.models import (
     ENVD_PORT,
     LABEL_MANAGED_BY,
@@ -216,3 +218,63 @@ def to_workload(rs: V1ReplicaSet, pods: Iterable[Pod]) -> Workload:
         pod_uid=pod["metadata"]["uid"] if pod else None,
         pod_ip=(pod.get("status") or {}).get("podIP") if pod else None,
     )
+
+
+# ---- network policy -------------------------------------------------------------------------
+
+# Control-plane pods that talk to sandboxes (proxy, scaler, snapshotter) carry this label; a
+# sandbox pod accepts connections from them only (deploy/kustomize/base sets it).
+LABEL_SANDBOX_ACCESS = "torpor.dev/sandbox-access"
+_ALL = {4: "0.0.0.0/0", 6: "::/0"}
+
+
+def egress_rules(policy: NetworkPolicy) -> list[dict[str, Any]]:
+    """E2B's rule (``NetworkPolicy.permits``) as NetworkPolicy egress rules, which only allow:
+    the ``allow_out`` blocks, plus everything except the effective deny list. ``except`` must be
+    strictly inside its ``cidr``, so a family whose deny list holds ``/0`` gets no block."""
+    rules: list[dict[str, Any]] = []
+    if policy.allow_out:
+        rules.append({"to": [{"ipBlock": {"cidr": c}} for c in policy.allow_out]})
+    deny = [ipaddress.ip_network(c) for c in policy.effective_deny]
+    if not deny:
+        rules.append({})  # no ``to``: every destination
+        return rules
+    peers: list[dict[str, Any]] = []
+    for family, everything in _ALL.items():
+        nets = [n for n in deny if n.version == family]
+        if any(n.prefixlen == 0 for n in nets):
+            continue
+        block: dict[str, Any] = {"cidr": everything}
+        if nets:
+            block["except"] = [str(n) for n in nets]
+        peers.append({"ipBlock": block})
+    if peers:
+        rules.append({"to": peers})
+    return rules
+
+
+def network_policy_body(
+    name: str, policy: NetworkPolicy, *, control_plane_namespace: str | None = None
+) -> dict[str, Any]:
+    """The per-sandbox NetworkPolicy (server-side applied): egress from the sandbox's policy;
+    ingress only from torpor's control-plane pods (the daemon port and user ports alike: user
+    traffic arrives through the proxy)."""
+    peer: dict[str, Any] = {"podSelector": {"matchLabels": {LABEL_SANDBOX_ACCESS: "true"}}}
+    if control_plane_namespace:
+        peer["namespaceSelector"] = {
+            "matchLabels": {"kubernetes.io/metadata.name": control_plane_namespace}
+        }
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": name,
+            "labels": {LABEL_SANDBOX_ID: name, LABEL_MANAGED_BY: MANAGED_BY},
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_SANDBOX_ID: name}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [peer]}],
+            "egress": egress_rules(policy),
+        },
+    }

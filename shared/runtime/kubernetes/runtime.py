@@ -26,6 +26,7 @@ from shared.runtime.kubernetes.objects import (
     LABEL_TEMPLATE,
     Pod,
     annotation_patch,
+    network_policy_body,
     ready_endpoint,
     replica_set_body,
     rerendered_pod_template,
@@ -47,6 +48,8 @@ from shared.runtime.models import (
 
 log = structlog.get_logger()
 MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+FIELD_MANAGER = "torpor"
 JSON_PATCH = "application/json-patch+json"
 _PATCH_ATTEMPTS = 8
 T = TypeVar("T")
@@ -62,10 +65,14 @@ class KubernetesRuntime:
         namespace: str,
         templates: PodTemplates | None = None,
         watch_window: int = 60,
+        control_plane_namespace: str | None = None,
     ) -> None:
         self._api = api
         self._apps = k8s.AppsV1Api(api)
         self._core = k8s.CoreV1Api(api)
+        self._net = k8s.NetworkingV1Api(api)
+        # Where the proxy/scaler/snapshotter run, when not in the sandboxes' namespace.
+        self._control_plane_ns = control_plane_namespace
         self._ns = namespace
         self._templates = templates or PodTemplates()
         self._watch_window = watch_window  # seconds one watch request stays open
@@ -78,6 +85,7 @@ class KubernetesRuntime:
         namespace: str,
         context: str | None = None,
         templates: PodTemplates | None = None,
+        control_plane_namespace: str | None = None,
     ) -> KubernetesRuntime:
         """From a kubeconfig file, or the in-cluster ServiceAccount when ``path`` is None."""
         try:
@@ -92,7 +100,12 @@ class KubernetesRuntime:
             where = "in-cluster ServiceAccount" if path is None else f"kubeconfig {path}"
             msg = f"cannot load kubernetes credentials from {where}: {e}"
             raise ConfigError(msg) from e
-        return cls(api, namespace=namespace, templates=templates)
+        return cls(
+            api,
+            namespace=namespace,
+            templates=templates,
+            control_plane_namespace=control_plane_namespace,
+        )
 
     @property
     def namespace(self) -> str:
@@ -102,6 +115,8 @@ class KubernetesRuntime:
 
     async def create(self, spec: WorkloadSpec) -> Workload:
         body = replica_set_body(spec, self._templates.get(spec.template))
+        # The policy exists before the first pod can start: no unfiltered window.
+        await self._apply_network_policy(spec.name, spec.network)
         what = f"create ReplicaSet {self._ns}/{spec.name}"
         try:
             with api_errors(what):
@@ -177,8 +192,23 @@ class KubernetesRuntime:
         return workload
 
     async def set_network(self, name: str, policy: NetworkPolicy) -> None:
-        # Recorded on the ReplicaSet so it is kept across scale 0/1.
+        # Recorded on the ReplicaSet too (NotFound for a missing workload), then enforced by the
+        # sandbox's NetworkPolicy, which selects its pods by label: kept across scale 0/1.
         await self.patch_annotations(name, {ANNOTATION_NETWORK: policy.model_dump_json()})
+        await self._apply_network_policy(name, policy)
+
+    async def _apply_network_policy(self, name: str, policy: NetworkPolicy) -> None:
+        body = network_policy_body(name, policy, control_plane_namespace=self._control_plane_ns)
+        with api_errors(f"apply NetworkPolicy {self._ns}/{name}"):
+            await self._net.patch_namespaced_network_policy(
+                name,
+                self._ns,
+                body,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY_PATCH,
+            )
+        log.info("k8s.network_policy_applied", name=name, egress_rules=len(body["spec"]["egress"]))
 
     async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
         rs = await self._read(name)
@@ -214,6 +244,11 @@ class KubernetesRuntime:
         else:
             log.info("k8s.workload_deleted", name=name, namespace=self._ns)
         await self.wait_stopped(name, timeout=pods_gone_timeout)
+        try:
+            with api_errors(f"delete NetworkPolicy {self._ns}/{name}"):
+                await self._net.delete_namespaced_network_policy(name, self._ns)
+        except NotFound:
+            pass
 
     async def list(self, *, labels: Mapping[str, str] | None = None) -> list[Workload]:
         wanted = selector({**(labels or {}), LABEL_MANAGED_BY: MANAGED_BY})

@@ -173,9 +173,10 @@ function render() {
 
 function row(s) {
   const tr = el("tr");
+  tr.dataset.id = s.sandboxId;
   tr.dataset.name = s.name;
   tr.dataset.state = s.state;
-  if (s.name === state.selected) tr.classList.add("selected");
+  if (s.sandboxId === state.selected) tr.classList.add("selected");
   const stateCell = el("td");
   stateCell.append(el("span", s.state, "state " + s.state));
   const owner = el("td", s.owner, "admin-only");
@@ -194,7 +195,7 @@ function row(s) {
   );
   tr.addEventListener("click", (ev) => {
     if (ev.target.tagName === "BUTTON") return;
-    select(s.name);
+    select(s.sandboxId);
   });
   return tr;
 }
@@ -204,13 +205,13 @@ function button(label, action, s, disabled, cls) {
   b.type = "button";
   b.dataset.action = action;
   b.disabled = disabled;
-  b.addEventListener("click", () => act(s.name, action, b));
+  b.addEventListener("click", () => act(s.sandboxId, s.name, action, b));
   return b;
 }
 
 function tick() {
   for (const tr of document.querySelectorAll("#sandboxes tbody tr")) {
-    const s = state.sandboxes.find((x) => x.name === tr.dataset.name);
+    const s = state.sandboxes.find((x) => x.sandboxId === tr.dataset.id);
     if (!s) continue;
     tr.querySelector(".age").textContent = span(Date.now() - Date.parse(s.createdAt));
     tr.querySelector(".deadline").textContent = s.deadline ? until(s.deadline) : "—";
@@ -218,17 +219,17 @@ function tick() {
   }
 }
 
-function select(name) {
-  state.selected = name;
+function select(id) {
+  state.selected = id;
   for (const tr of document.querySelectorAll("#sandboxes tbody tr")) {
-    tr.classList.toggle("selected", tr.dataset.name === name);
+    tr.classList.toggle("selected", tr.dataset.id === id);
   }
   renderDetail();
   loadEvents();
 }
 
 function renderDetail() {
-  const s = state.sandboxes.find((x) => x.name === state.selected);
+  const s = state.sandboxes.find((x) => x.sandboxId === state.selected);
   $("#detail").hidden = !s;
   if (!s) return;
   $("#detail-name").textContent = s.name;
@@ -261,16 +262,16 @@ function renderDetail() {
 }
 
 async function loadEvents() {
-  const name = state.selected;
-  if (!name) return;
+  const id = state.selected;
+  if (!id) return;
   let events = [];
   try {
-    events = await api("/dashboard/api/sandboxes/" + encodeURIComponent(name) + "/events");
+    events = await api("/dashboard/api/sandboxes/" + encodeURIComponent(id) + "/events");
   } catch (e) {
     events = [];
     if (e.status !== 404) say("history: " + e.message, true);
   }
-  if (name !== state.selected) return;
+  if (id !== state.selected) return;
   const body = $("#events tbody");
   body.replaceChildren();
   for (const ev of events) {
@@ -293,19 +294,20 @@ function details(ev) {
 
 const VERB = { pause: "Pausing", resume: "Resuming", kill: "Killing" };
 
-async function act(name, action, btn) {
+// Sandboxes are addressed by id (names are per user: an admin sees several of one name).
+async function act(id, name, action, btn) {
   if (action === "kill" && !confirm("Kill sandbox " + name + "?")) return;
   btn.disabled = true;
   say(VERB[action] + " " + name + "…");
   try {
-    await api("/dashboard/api/sandboxes/" + encodeURIComponent(name) + "/" + action,
+    await api("/dashboard/api/sandboxes/" + encodeURIComponent(id) + "/" + action,
               { method: "POST" });
     say("");
   } catch (e) {
     say(action + " " + name + ": " + e.message, true);
   }
   await refresh();
-  if (state.selected === name) loadEvents();
+  if (state.selected === id) loadEvents();
 }
 
 // ---- live updates --------------------------------------------------------------------------
@@ -321,7 +323,7 @@ function startLive() {
   source.addEventListener("sandbox", (msg) => {
     const ev = JSON.parse(msg.data);
     if (ev.fact === "activity") {
-      const s = state.sandboxes.find((x) => x.name === ev.sandboxId);
+      const s = state.sandboxes.find((x) => x.sandboxId === ev.sandboxId);
       if (s) { s.lastActivity = ev.at; tick(); }
       return;
     }
