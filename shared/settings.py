@@ -7,7 +7,7 @@ singletons: call ``load(SomeSettings)`` in the entrypoint and hand the object do
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import (
     AliasChoices,
@@ -117,10 +117,11 @@ class FeatureFlags(_Base):
 S = TypeVar("S", bound=BaseSettings)
 
 
-def load(cls: type[S]) -> S:
-    """Read settings from the environment; bad values become one readable ``ConfigError`` line."""
+def load(cls: type[S], **overrides: Any) -> S:
+    """Read settings from the environment (``overrides`` win, e.g. a command-line flag); bad
+    values become one readable ``ConfigError`` line."""
     try:
-        return cls()
+        return cls(**overrides)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or cls.__name__

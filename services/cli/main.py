@@ -170,7 +170,7 @@ def _bus_for_keys(nats_url: str | None, data_dir: Path | None) -> BusSettings:
     """``--nats-url`` (with ``NATS_USER``/``NATS_PASSWORD``/``NATS_CREDS``), else ``NATS_URL``,
     else the running embedded instance as its operator."""
     if nats_url:
-        return BusSettings(nats_url=nats_url)
+        return load(BusSettings, nats_url=nats_url)
     if os.environ.get("NATS_URL") or os.environ.get("TORPOR_NATS_URL"):
         return load(BusSettings)
     directory = _data_dir(data_dir)
