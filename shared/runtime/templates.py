@@ -45,10 +45,15 @@ class Limits(_Frozen):
     cpu: str | None = None  # e.g. "1", "500m"
     pids: int | None = None
     nofile: int | None = None
+    disk: str | None = None  # the size of /workspace (local runtime), e.g. "2Gi"
 
     @property
     def memory_bytes(self) -> int | None:
         return None if self.memory is None else parse_bytes(self.memory)
+
+    @property
+    def disk_bytes(self) -> int | None:
+        return None if self.disk is None else parse_bytes(self.disk)
 
     @property
     def cpu_millis(self) -> int | None:

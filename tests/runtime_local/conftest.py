@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shared.runtime.local import LocalRuntime, procfs
+from shared.runtime.local import LocalRuntime, disk, procfs
 from tests.conftest import skip_or_fail
 from tests.runtime_local.support import LocalRuntimeFactory, runtime_kwargs
 
@@ -48,3 +48,5 @@ async def local_runtime(
         # Safety net for failed tests (e.g. a killed owner's pods); tests assert on their own.
         for pod in procfs.scan_pods(data_dir):
             await procfs.stop_pod(pod.uid, runtime_root=data_dir, grace=0.5)
+        for pod_dir in data_dir.glob("pods/*"):
+            await disk.unmount_workspace(pod_dir)

@@ -88,7 +88,9 @@ async def test_workspace_is_discarded_but_volume_survives(
     assert await read_file(second, "/mnt/shared/kept.txt") == b"network storage"
 
 
-async def test_resource_limits_apply_to_the_daemon(local_runtime: LocalRuntimeFactory) -> None:
+async def test_resource_limits_apply_to_the_daemon(
+    local_runtime: LocalRuntimeFactory, data_dir: Path
+) -> None:
     rt = await local_runtime()
     name = new_name()
     await rt.create(WorkloadSpec(name=name, owner="alice"))
@@ -97,11 +99,27 @@ async def test_resource_limits_apply_to_the_daemon(local_runtime: LocalRuntimeFa
     open_files = next(line for line in limits.splitlines() if line.startswith("Max open files"))
     nofile = str(local_limits.capped_rlimit(resource.RLIMIT_NOFILE, 65536))  # from sandbox-base
     assert open_files.split()[3:5] == [nofile, nofile]
-    if local_limits.cgroup_parent() is None:  # no cgroup v2: memory is an address-space rlimit
+    cgroups = local_limits.Cgroups.detect(local_limits.instance_name(data_dir))
+    if cgroups is None:  # no usable cgroups: memory is an address-space rlimit
         address_space = next(
             line for line in limits.splitlines() if line.startswith("Max address space")
         )
         assert address_space.split()[3] == str(2 * 2**30)
+        return
+    # The daemon is in the pod's cgroups, which carry sandbox-base's limits.
+    folders = cgroups.folders(ep.pod_uid)
+    assert all(folder.is_dir() for folder in folders)
+    procs = cgroups.procs(ep.pod_uid)
+    assert procs, "the pod's processes are not in its cgroups"
+    if cgroups.v2:
+        assert (folders[0] / "memory.max").read_text().strip() == str(2 * 2**30)
+        assert (folders[0] / "pids.max").read_text().strip() == "1024"
+    else:
+        memory = cgroups.parents["memory"] / ep.pod_uid / "memory.limit_in_bytes"
+        assert memory.read_text().strip() == str(2 * 2**30)
+        assert (cgroups.parents["pids"] / ep.pod_uid / "pids.max").read_text().strip() == "1024"
+        quota = cgroups.parents["cpu"] / ep.pod_uid / "cpu.cfs_quota_us"
+        assert quota.read_text().strip() == "100000"
 
 
 async def test_crashed_pod_is_restarted_with_a_new_uid(

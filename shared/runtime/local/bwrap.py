@@ -12,16 +12,19 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.errors import ConfigError
+from shared.errors import ConfigError, RuntimeFailure
+from shared.runtime.local import etc
 
 ENV_POD_UID = "TORPOR_POD_UID"
 ENV_WORKLOAD = "TORPOR_WORKLOAD"
 ENV_RUNTIME_ROOT = "TORPOR_RUNTIME_ROOT"
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 INSTALL_HINT = "install it with `apt-get install -y bubblewrap`"
 # Host directories every pod sees read-only: the OS, plus the interpreter and code of the daemon.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
@@ -29,6 +32,7 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "
 
 async def check_bwrap(bwrap: str) -> None:
     """Fail with one clear line when bubblewrap is missing or cannot create a PID namespace."""
+    setpriv_path()  # pods start through it (see .userns)
     try:
         proc = await asyncio.create_subprocess_exec(
             bwrap,
@@ -80,15 +84,65 @@ class PodLaunch:
     code_dirs: Sequence[Path]  # interpreter + venv + repo, bound read-only
     hostname: str
     pycache: Path | None = None  # the daemon's bytecode cache, bound read-only (see .bytecode)
+    # The workload's host id range (see .userns); None: no user namespace (test rigs only).
+    id_base: int | None = None
+    etc_dir: Path | None = None  # the pod's generated /etc (see .etc); None: the host's /etc
+    tmp_size: int | None = None  # bytes for the pod's /tmp and /run tmpfs
 
 
-def bwrap_argv(launch: PodLaunch, *, env_fd: int | None = None) -> list[str]:
+@dataclass(frozen=True)
+class UsernsFds:
+    """bwrap waits on ``block`` until the runtime has mapped ids; it writes its child's pid to
+    ``info`` (``--userns-block-fd``, ``--info-fd``)."""
+
+    block: int
+    info: int
+
+
+def bwrap_argv(
+    launch: PodLaunch,
+    *,
+    env_fd: int | None = None,
+    userns: UsernsFds | None = None,
+    staged: Mapping[Path, str] | None = None,
+) -> list[str]:
     """The pod's bwrap command line. With ``env_fd``, the pod's environment (access token, user
     envs) is read by bwrap from that descriptor (``--args``, see :func:`env_args`) instead of
     the command line, which every local user can read in ``ps``; only the ``TORPOR_*`` marks
-    that identify the pod stay in argv."""
-    argv = [
-        launch.bwrap,
+    that identify the pod stay in argv. With ``launch.id_base`` the pod gets a user namespace
+    whose ids the runtime maps (see :mod:`.userns`): pass ``userns``, and in ``staged`` where
+    :func:`stage_prefix` makes each host path bound into the pod visible to bwrap, which then
+    runs as an unprivileged host uid that may not traverse the folders above them.
+
+    Hostile values cannot become options: every value follows its option as its own argv
+    element, and the environment goes through ``--args`` only after :func:`check_env`."""
+    check_env(launch.env)
+    staged = staged or {}
+
+    def bind(source: Path, dest: str, *, read_only: bool) -> list[str]:
+        return ["--ro-bind" if read_only else "--bind", staged.get(source, str(source)), dest]
+
+    prefix: list[str] = []
+    argv = [launch.bwrap]
+    if launch.id_base is not None:
+        if userns is None:
+            msg = "a pod with a user namespace needs the userns descriptors"
+            raise ValueError(msg)
+        base = str(launch.id_base)
+        # bwrap creates the namespace as the range's host uid (root outside would be unmapped).
+        prefix = [setpriv_path(), f"--reuid={base}", f"--regid={base}", "--clear-groups", "--"]
+        argv += [
+            "--unshare-user",
+            "--userns-block-fd",
+            str(userns.block),
+            "--info-fd",
+            str(userns.info),
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+        ]
+    argv += [
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
@@ -104,34 +158,44 @@ def bwrap_argv(launch: PodLaunch, *, env_fd: int | None = None) -> list[str]:
         "--tmpfs",
         "/",
     ]
-    for folder in SYSTEM_DIRS:
+    system_dirs = [d for d in SYSTEM_DIRS if launch.etc_dir is None or d != "/etc"]
+    for folder in system_dirs:
         if os.path.islink(folder):
             argv += ["--symlink", os.readlink(folder), folder]
         elif os.path.isdir(folder):
             argv += ["--ro-bind", folder, folder]
+    if launch.etc_dir is not None:
+        argv += etc.bwrap_args(launch.etc_dir, bind)
+    size = [] if launch.tmp_size is None else ["--size", str(launch.tmp_size)]
     argv += [
         "--proc",
         "/proc",
         "--dev",
         "/dev",
+        *size,
         "--tmpfs",
         "/tmp",  # noqa: S108 - the pod's own /tmp, a fresh tmpfs
+        *size,
         "--tmpfs",
         "/run",
     ]
+    # Kernel knobs stay read-only (as Docker does) even for a root that a bug gave capabilities.
+    for knob in PROC_READ_ONLY:
+        if os.path.exists(knob):
+            argv += ["--ro-bind", knob, knob]
     # After the /tmp and /run tmpfs: a checkout or venv that lives under /tmp must stay visible.
     for code_dir in launch.code_dirs:
-        argv += ["--ro-bind", str(code_dir), str(code_dir)]
-    for folder in [*SYSTEM_DIRS, *map(str, launch.code_dirs)]:
+        argv += bind(code_dir, str(code_dir), read_only=True)
+    for folder in [*system_dirs, *map(str, launch.code_dirs)]:
         # Hide the data dir if one of the read-only binds contains it.
         if is_within(launch.runtime_root, Path(folder)):
             argv += ["--tmpfs", str(launch.runtime_root)]
             break
     if launch.pycache is not None:  # after the data dir's mask: the cache may live in it
-        argv += ["--ro-bind", str(launch.pycache), str(launch.pycache)]
-    argv += ["--bind", str(launch.workspace), "/workspace"]
+        argv += bind(launch.pycache, str(launch.pycache), read_only=True)
+    argv += bind(launch.workspace, "/workspace", read_only=False)
     for mount in launch.mounts:
-        argv += ["--ro-bind" if mount.read_only else "--bind", str(mount.source), mount.target]
+        argv += bind(mount.source, mount.target, read_only=mount.read_only)
     argv += ["--chdir", launch.workdir]
     marks = {
         ENV_POD_UID: launch.uid,
@@ -145,11 +209,83 @@ def bwrap_argv(launch: PodLaunch, *, env_fd: int | None = None) -> list[str]:
         argv += ["--args", str(env_fd)]
     for key, value in marks.items():
         argv += ["--setenv", key, value]
-    return [*argv, "--", *launch.command]
+    return [*prefix, *argv, "--", *launch.command]
+
+
+def bind_sources(launch: PodLaunch) -> list[Path]:
+    """The host paths :func:`bwrap_argv` binds by descriptor when it is given them."""
+    paths = [*launch.code_dirs, launch.workspace, *(m.source for m in launch.mounts)]
+    if launch.pycache is not None:
+        paths.append(launch.pycache)
+    if launch.etc_dir is not None:
+        paths += [launch.etc_dir / name for name in sorted(os.listdir(launch.etc_dir))]
+    return paths
+
+
+# Run as root in a private mount namespace (``unshare --mount``): a small tmpfs on the stage
+# folder, each source bind-mounted onto ``<stage>/<n>``, then the rest of argv (setpriv + bwrap).
+_STAGE_SCRIPT = """set -e
+stage=$1; shift
+mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev torpor-stage "$stage"
+i=0
+while [ "$1" != "--" ]; do
+  if [ -d "$1" ]; then mkdir "$stage/$i"; else : > "$stage/$i"; fi
+  mount --bind "$1" "$stage/$i"
+  i=$((i + 1)); shift
+done
+shift
+exec "$@"
+"""
+
+
+def stage_prefix(stage: Path, sources: Sequence[Path]) -> tuple[list[str], dict[Path, str]]:
+    """Argv prefix that makes ``sources`` reachable for an unprivileged bwrap, and where.
+
+    The host folders above a data dir or an interpreter may be closed to other users (``/root``
+    is 0700), and bwrap resolves every bind source as the uid it runs as. The prefix binds each
+    source onto a world-traversable stage inside a mount namespace of the pod's own (so nothing
+    appears on the host and everything goes with the pod), then execs the rest."""
+    unique = list(dict.fromkeys(sources))
+    staged = {source: str(stage / str(i)) for i, source in enumerate(unique)}
+    prefix = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        _STAGE_SCRIPT,
+        "torpor-stage",
+        str(stage),
+        *map(str, unique),
+        "--",
+    ]
+    return prefix, staged
+
+
+def check_env(env: Mapping[str, str]) -> None:
+    """Refuse environment entries that could become something else on the way into the pod: a
+    NUL ends a token of ``--args`` (the rest would be read as bwrap options), ``=`` in a name
+    splits it differently, an empty name is no variable. The API refuses them too; this holds
+    for every caller of the runtime."""
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            msg = f"invalid environment variable {key[:64]!r}: empty name, '=' in name or NUL"
+            raise RuntimeFailure(msg)
+
+
+def setpriv_path() -> str:
+    path = shutil.which("setpriv")
+    if path is None:
+        msg = "setpriv (util-linux) is not installed: apt-get install -y util-linux"
+        raise ConfigError(msg)
+    return path
 
 
 def env_args(env: Mapping[str, str]) -> bytes:
     """``--setenv`` options for bwrap's ``--args FD``: NUL-separated, never on a command line."""
+    check_env(env)
     parts = []
     for key, value in env.items():
         parts += ["--setenv", key, value]

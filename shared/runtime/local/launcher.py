@@ -1,11 +1,20 @@
-"""Starting one pod of a workload and discarding one: folders, limits, environment, command."""
+"""Starting one pod of a workload and discarding one: folders, ids, limits, environment, command.
+
+Only what the runtime itself created is ever acted on: pod folders are ``<data dir>/pods/<uuid>``
+computed from a validated uuid (never a path read back from a record, which lives in a bucket
+that is reachable over the network), volumes must resolve inside the data dir, and a pod's
+processes are those in its cgroup plus the bwraps :mod:`.procfs` recognises by their place in the
+PID namespace tree (not by a command line sandbox code could fake).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
+import stat
 import sys
 import time
 from pathlib import Path
@@ -13,7 +22,7 @@ from pathlib import Path
 import structlog
 
 from shared.errors import RuntimeFailure
-from shared.runtime.local import bwrap, limits, procfs
+from shared.runtime.local import bwrap, disk, etc, limits, procfs, userns
 from shared.runtime.local.records import PodRecord, WorkloadRecord
 from shared.runtime.models import ENVD_PORT
 from shared.runtime.templates import Template, load_template
@@ -21,6 +30,9 @@ from shared.runtime.templates import Template, load_template
 log = structlog.get_logger()
 
 ENV_ACCESS_TOKEN = "ENVD_ACCESS_TOKEN"  # noqa: S105 - a variable name, read by the daemon
+_HANDSHAKE_TIMEOUT = 30.0
+# Where each pod's private mount namespace stages its bind sources (see bwrap.stage_prefix).
+STAGE_DIR = Path("/run/torpor-stage")
 
 
 class PodLauncher:
@@ -33,7 +45,7 @@ class PodLauncher:
         python: str,
         stop_grace: float,
         pycache: Path,
-        cgroup_parent: Path | None,
+        cgroups: limits.Cgroups | None,
     ) -> None:
         self._data_dir = data_dir
         self._template_dirs = template_dirs
@@ -41,95 +53,215 @@ class PodLauncher:
         self._python = python
         self._stop_grace = stop_grace
         self._pycache = pycache
-        self._cgroup_parent = cgroup_parent
+        self._cgroups = cgroups
 
     @property
     def pods_dir(self) -> Path:
         return self._data_dir / "pods"
+
+    def pod_dir(self, uid: str) -> Path | None:
+        """``<data dir>/pods/<uid>`` for a valid pod uid, else ``None``."""
+        if not procfs.valid_pod_uid(uid):
+            return None
+        return self.pods_dir / uid
 
     async def start(
         self, record: WorkloadRecord, uid: str
     ) -> tuple[PodRecord, asyncio.subprocess.Process]:
         """Spawn pod ``uid`` of ``record`` (not yet recorded anywhere)."""
         template = await asyncio.to_thread(load_template, record.template, self._template_dirs)
-        pod_dir = self.pods_dir / uid
-        workspace = pod_dir / "workspace"
-        await asyncio.to_thread(workspace.mkdir, parents=True)
-        mounts = []
-        for volume in template.volumes:
-            source = volume.resolve(self._data_dir, sandbox_id=record.name, owner=record.owner)
-            await asyncio.to_thread(source.mkdir, parents=True, exist_ok=True)
-            mounts.append(
-                bwrap.Mount(source=source, target=volume.mount_path, read_only=volume.read_only)
-            )
-        launch = bwrap.PodLaunch(
-            bwrap=self._bwrap,
-            uid=uid,
-            workload=record.name,
-            runtime_root=self._data_dir,
-            workspace=workspace,
-            workdir=template.workdir,
-            mounts=mounts,
-            env=self._pod_env(template, record),
-            command=self._command(template, record),
-            code_dirs=await asyncio.to_thread(bwrap.code_dirs),
-            hostname=record.name,
-            pycache=self._pycache,
-        )
+        pod_dir = self.pod_dir(uid)
+        if pod_dir is None or record.id_base is None or not userns.valid_base(record.id_base):
+            msg = f"cannot start a pod for {record.name}: invalid pod uid or id range"
+            raise RuntimeFailure(msg)
+        base = record.id_base
+        env = self._pod_env(template, record)
+        bwrap.check_env(env)
         wanted = template.resources.limits
         pod_limits = limits.Limits(
             memory_bytes=wanted.memory_bytes,
             cpu_millis=wanted.cpu_millis,
             pids=wanted.pids,
             nofile=wanted.nofile,
+            disk_bytes=wanted.disk_bytes,
         )
-        cgroup = None
-        if self._cgroup_parent is not None:
-            cgroup = await asyncio.to_thread(
-                limits.make_cgroup, self._cgroup_parent, uid, pod_limits
-            )
         try:
-            env_fd = await asyncio.to_thread(bwrap.open_env_file, pod_dir / "env.args", launch.env)
-            try:
-                argv = [
-                    *limits.limit_wrapper(pod_limits, cgroup),
-                    *bwrap.bwrap_argv(launch, env_fd=env_fd),
-                ]
-                process = await procfs.spawn(argv, pod_dir / "pod.log", pass_fds=[env_fd])
-            finally:
-                os.close(env_fd)
-        except OSError as e:
-            await asyncio.to_thread(remove_pod_dir, pod_dir)
-            if self._cgroup_parent is not None:
-                await asyncio.to_thread(limits.remove_cgroup, self._cgroup_parent / uid)
+            await asyncio.to_thread(pod_dir.mkdir, 0o700)
+            workspace = pod_dir / "workspace"
+            await asyncio.to_thread(workspace.mkdir, 0o755)
+            if pod_limits.disk_bytes is not None:
+                await disk.mount_workspace(
+                    pod_dir, workspace, size=pod_limits.disk_bytes, owner=base
+                )
+            else:
+                await asyncio.to_thread(os.chown, workspace, base, base)
+            mounts = await asyncio.to_thread(self._volumes, template, record, base)
+            await asyncio.to_thread(
+                etc.write_etc, pod_dir / "etc", hostname=record.name, address=record.address
+            )
+            launch = bwrap.PodLaunch(
+                bwrap=self._bwrap,
+                uid=uid,
+                workload=record.name,
+                runtime_root=self._data_dir,
+                workspace=workspace,
+                workdir=template.workdir,
+                mounts=mounts,
+                env=env,
+                command=self._command(template, record),
+                code_dirs=await asyncio.to_thread(bwrap.code_dirs),
+                hostname=record.name,
+                pycache=self._pycache,
+                id_base=base,
+                etc_dir=pod_dir / "etc",
+                tmp_size=pod_limits.disk_bytes,
+            )
+            if self._cgroups is not None:
+                await asyncio.to_thread(self._cgroups.create, uid, pod_limits)
+            process = await self._spawn(launch, pod_limits, pod_dir)
+        except (OSError, RuntimeFailure) as e:
+            await self._discard(uid, pod_dir)
             msg = f"cannot start a pod for {record.name}: {e}"
             raise RuntimeFailure(msg) from e
-        pod = PodRecord(uid=uid, pid=process.pid, started_at=time.time(), pod_dir=str(pod_dir))
+        pod = PodRecord(
+            uid=uid,
+            pid=process.pid,
+            started_at=time.time(),
+            pod_dir=str(pod_dir),
+            start_ticks=procfs.start_ticks(process.pid),
+        )
         return pod, process
 
-    async def cleanup(self, pod: PodRecord, *, keep_log_as: str | None = None) -> None:
-        """Stop (if needed) and discard a pod: its workspace goes, like a container's disk."""
-        await procfs.stop_pod(pod.uid, runtime_root=self._data_dir, grace=self._stop_grace)
-        pod_dir = Path(pod.pod_dir)
-        if keep_log_as is not None:
+    async def _spawn(
+        self, launch: bwrap.PodLaunch, pod_limits: limits.Limits, pod_dir: Path
+    ) -> asyncio.subprocess.Process:
+        """Start bwrap, then (while it waits) map its ids and put it in its cgroups."""
+        assert launch.id_base is not None
+        stage, staged = bwrap.stage_prefix(STAGE_DIR, bwrap.bind_sources(launch))
+        env_fd = await asyncio.to_thread(bwrap.open_env_file, pod_dir / "env.args", launch.env)
+        block_r, block_w = os.pipe()
+        info_r, info_w = os.pipe()
+        try:
+            argv = [
+                *limits.rlimit_wrapper(pod_limits, cgroups=self._cgroups is not None),
+                *stage,
+                *bwrap.bwrap_argv(
+                    launch,
+                    env_fd=env_fd,
+                    userns=bwrap.UsernsFds(block=block_r, info=info_w),
+                    staged=staged,
+                ),
+            ]
+            process = await procfs.spawn(
+                argv, pod_dir / "pod.log", pass_fds=[env_fd, block_r, info_w]
+            )
+        finally:
+            for fd in (env_fd, block_r, info_w):
+                os.close(fd)
+        child: object = None
+        try:
+            info = await asyncio.wait_for(
+                asyncio.to_thread(_read_info, info_r), timeout=_HANDSHAKE_TIMEOUT
+            )
+            child = info.get("child-pid")
+            if not isinstance(child, int):
+                msg = f"bwrap exited before its sandbox started{_log_tail(pod_dir)}"
+                raise RuntimeFailure(msg)
+            await asyncio.to_thread(userns.write_maps, child, launch.id_base)
+            await userns.forbid_nested(child)
+            if self._cgroups is not None:
+                await asyncio.to_thread(self._cgroups.join, launch.uid, [process.pid, child])
+            os.write(block_w, b"1")  # nothing of the sandbox ran before this
+        except BaseException:
+            for pid in (process.pid, child):
+                if isinstance(pid, int):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, 9)
+            await process.wait()
+            raise
+        finally:
+            os.close(info_r)
+            os.close(block_w)
+        return process
+
+    def _volumes(self, template: Template, record: WorkloadRecord, base: int) -> list[bwrap.Mount]:
+        mounts = []
+        for volume in template.volumes:
+            source = volume.resolve(self._data_dir, sandbox_id=record.name, owner=record.owner)
+            inside = not Path(volume.host_path).is_absolute()
+            if inside and not bwrap.is_within(source, self._data_dir):
+                msg = f"volume {volume.name} of {record.name} resolves outside the data dir"
+                raise RuntimeFailure(msg)
+            source.mkdir(parents=True, exist_ok=True, mode=0o755)
+            if inside:  # an operator's absolute host path keeps its owner
+                userns.chown_tree(source, base)
+            mounts.append(
+                bwrap.Mount(source=source, target=volume.mount_path, read_only=volume.read_only)
+            )
+        return mounts
+
+    async def cleanup(self, pod: PodRecord) -> None:
+        """Stop (if needed) and discard a pod: its workspace goes, like a container's disk.
+
+        Raises ``RuntimeFailure`` when a process of the pod survived, so the caller keeps the
+        pod on its list and tries again instead of forgetting a running pod."""
+        pod_dir = self.pod_dir(pod.uid)
+        if pod_dir is None:
+            log.error("runtime.local.invalid_pod_uid", pod_uid=pod.uid[:80])
+            return
+        await self._stop(pod.uid)
+        await self._discard(pod.uid, pod_dir)
+
+    async def keep_log(self, pod: PodRecord, name: str) -> None:
+        """Keep a dead pod's log as ``logs/<name>.last.log`` (its folder goes with it)."""
+        pod_dir = self.pod_dir(pod.uid)
+        if pod_dir is not None:
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(
                     shutil.copyfile,
                     pod_dir / "pod.log",
-                    self._data_dir / "logs" / f"{keep_log_as}.last.log",
+                    self._data_dir / "logs" / f"{name}.last.log",
                 )
-        await asyncio.to_thread(remove_pod_dir, pod_dir)
-        if self._cgroup_parent is not None:
-            await asyncio.to_thread(limits.remove_cgroup, self._cgroup_parent / pod.uid)
 
-    async def scan(self) -> list[procfs.FoundPod]:
-        """The running pods of this data dir (by any owner)."""
-        return await asyncio.to_thread(procfs.scan_pods, self._data_dir)
+    async def _stop(self, uid: str) -> None:
+        await procfs.stop_pod(uid, runtime_root=self._data_dir, grace=self._stop_grace)
+        if self._cgroups is not None and not await asyncio.to_thread(self._cgroups.kill, uid):
+            msg = f"processes of pod {uid} survived SIGKILL"
+            raise RuntimeFailure(msg)
+
+    async def _discard(self, uid: str, pod_dir: Path) -> None:
+        with contextlib.suppress(RuntimeFailure):
+            await disk.unmount_workspace(pod_dir)
+        await asyncio.to_thread(remove_pod_dir, pod_dir)
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.remove, uid)
+
+    async def close(self) -> None:
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.remove_instance)
+
+    async def scan(self) -> set[str]:
+        """Uids of this data dir's pods that run or left something behind (by any owner)."""
+        found = {p.uid for p in await asyncio.to_thread(procfs.scan_pods, self._data_dir)}
+        if self._cgroups is not None:
+            found |= await asyncio.to_thread(self._cgroups.pod_uids)
+        found |= await asyncio.to_thread(self._pod_dirs)
+        return {uid for uid in found if procfs.valid_pod_uid(uid)}
+
+    def _pod_dirs(self) -> set[str]:
+        try:
+            entries = list(os.scandir(self.pods_dir))
+        except OSError:
+            return set()
+        return {e.name for e in entries if e.is_dir(follow_symlinks=False)}
 
     async def stop_stray(self, uid: str) -> None:
-        """Stop a pod no record knows about and remove its folder."""
-        await procfs.stop_pod(uid, runtime_root=self._data_dir, grace=self._stop_grace)
-        await asyncio.to_thread(remove_pod_dir, self.pods_dir / uid)
+        """Stop a pod no record knows about and remove what it left."""
+        pod_dir = self.pod_dir(uid)
+        if pod_dir is None:
+            return
+        await self._stop(uid)
+        await self._discard(uid, pod_dir)
 
     def _pod_env(self, template: Template, record: WorkloadRecord) -> dict[str, str]:
         system_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -169,5 +301,38 @@ class PodLauncher:
         ]
 
 
+def _read_info(fd: int) -> dict[str, object]:
+    """bwrap's ``--info-fd`` JSON (``{}`` when bwrap exited first)."""
+    data = b""
+    while True:
+        try:
+            return dict(json.loads(data))
+        except ValueError:
+            pass
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return {}
+        data += chunk
+
+
+def _log_tail(pod_dir: Path) -> str:
+    with contextlib.suppress(OSError):
+        lines = (pod_dir / "pod.log").read_text(errors="replace").strip().splitlines()
+        if lines:
+            return f" ({lines[-1][:300]})"
+    return ""
+
+
 def remove_pod_dir(pod_dir: Path) -> None:
+    """Remove a pod folder, never following a symlink (rmtree's fd-based walk does not)."""
+    try:
+        st = os.lstat(pod_dir)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        log.error("runtime.local.pod_dir_not_a_folder", pod_dir=str(pod_dir))
+        return
+    if os.path.ismount(pod_dir / "workspace"):
+        log.error("runtime.local.workspace_still_mounted", pod_dir=str(pod_dir))
+        return
     shutil.rmtree(pod_dir, ignore_errors=True)

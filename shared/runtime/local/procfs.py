@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,11 @@ import structlog
 from shared.runtime.local.bwrap import ENV_POD_UID, ENV_RUNTIME_ROOT, ENV_WORKLOAD
 
 log = structlog.get_logger()
+
+
+# The pod's PID 1 keeps the environment bwrap was started with (``/proc/1/environ`` inside):
+# never the runtime's own, which may hold credentials.
+SPAWN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
 async def spawn(
@@ -34,6 +40,7 @@ async def spawn(
             stdout=out,
             stderr=out,
             pass_fds=tuple(pass_fds),
+            env=SPAWN_ENV,
             start_new_session=True,  # survives the owner; no terminal signals from it
         )
 
@@ -71,12 +78,46 @@ def _setenv_values(argv: list[str]) -> dict[str, str]:
     return values
 
 
-def is_pod_alive(pid: int, uid: str) -> bool:
-    """True while the outer bwrap of pod ``uid`` runs (pid reuse and zombies count as dead)."""
+def start_ticks(pid: int) -> int | None:
+    """When the process started (clock ticks since boot): with the pid, its identity."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(text[text.rfind(")") + 2 :].split()[19])
+
+
+def is_pod_alive(pid: int, uid: str, started: int | None = None) -> bool:
+    """True while the outer bwrap of pod ``uid`` runs (pid reuse and zombies count as dead).
+
+    With ``started`` (recorded at spawn) the process is recognised by pid and start time alone:
+    reading a busy process's command line can fail, and a live pod taken for dead would be
+    forgotten while it keeps running."""
     stat = _stat(pid)
     if stat is None or stat[0] in {"Z", "X"}:
         return False
+    if started is not None:
+        return start_ticks(pid) == started
     return _setenv_values(_cmdline(pid)).get(ENV_POD_UID) == uid
+
+
+def valid_pod_uid(uid: str) -> bool:
+    """Pod uids are the runtime's own uuid4 strings; anything else is not one of our pods."""
+    try:
+        return str(uuid.UUID(uid)) == uid
+    except ValueError:
+        return False
+
+
+def _nspids(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("NSpid:"):
+            return line.split()[1:]
+    return None
 
 
 @dataclass(frozen=True)
@@ -113,9 +154,16 @@ def _pod_processes(runtime_root: Path) -> list[_PodProcess]:
         stat = _stat(pid)
         if stat is None or stat[0] in {"Z", "X"}:
             continue
+        if not valid_pod_uid(marks[ENV_POD_UID]):
+            continue
         try:
             outer = os.readlink(f"/proc/{pid}/ns/pid") == own_ns  # the inner one is PID 1 inside
         except OSError:
+            continue
+        # Sandbox code can fake a bwrap command line with our marks, but not its place: a real
+        # outer bwrap lives in our PID namespace (sandbox processes never do), a real inner one
+        # is PID 1 of a namespace directly below ours (sandbox processes are never PID 1 there).
+        if not outer and _nspids(pid) != [str(pid), "1"]:
             continue
         found.append(_PodProcess(pid, marks[ENV_POD_UID], marks.get(ENV_WORKLOAD, ""), outer))
     return found

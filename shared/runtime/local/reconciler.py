@@ -21,6 +21,7 @@ from shared.runtime.local import procfs
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import PodLauncher
 from shared.runtime.local.records import WorkloadRecord, WorkloadStore
+from shared.runtime.local.userns import IdRangePool
 
 log = structlog.get_logger()
 
@@ -33,11 +34,13 @@ class Reconciler:
         *,
         store: WorkloadStore,
         addresses: AddressPool,
+        id_ranges: IdRangePool,
         launcher: PodLauncher,
         poll_interval: float,
     ) -> None:
         self._store = store
         self._addresses = addresses
+        self._id_ranges = id_ranges
         self._launcher = launcher
         self._poll_interval = poll_interval
         self._locks: dict[str, asyncio.Lock] = {}
@@ -93,6 +96,7 @@ class Reconciler:
         if stray_sweep:
             await self.stop_strays(set(names))
             await self._addresses.release_orphans(set(names))
+            await self._id_ranges.release_orphans(set(names))
 
     async def stop_strays(self, names: set[str]) -> None:
         """Stop this data dir's pods that no record of ``names`` knows."""
@@ -103,10 +107,10 @@ class Reconciler:
                 known.update(p.uid for p in current[0].terminating)
                 if current[0].pod is not None:
                     known.add(current[0].pod.uid)
-        for found in await self._launcher.scan():
-            if found.uid not in known and found.uid not in self._starting:
-                log.info("runtime.local.stray_stopped", workload=found.workload, pod_uid=found.uid)
-                await self._launcher.stop_stray(found.uid)
+        for uid in await self._launcher.scan():
+            if uid not in known and uid not in self._starting:
+                log.info("runtime.local.stray_stopped", pod_uid=uid)
+                await self._launcher.stop_stray(uid)
 
     async def stop_everything(self) -> None:
         """Stop every pod of this data dir; ``replicas`` stay, so the next start restarts them."""
@@ -161,6 +165,8 @@ class Reconciler:
                 with contextlib.suppress(Conflict):
                     await self._store.remove(name, last=revision)
                     await self._addresses.release(record.address)
+                    if record.id_base is not None:
+                        await self._id_ranges.release(record.id_base)
                     log.info("runtime.local.deleted", workload=name)
                     return False
                 return True
@@ -172,7 +178,7 @@ class Reconciler:
                 return True
             return False
         if record.pod is not None:
-            if procfs.is_pod_alive(record.pod.pid, record.pod.uid):
+            if procfs.is_pod_alive(record.pod.pid, record.pod.uid, record.pod.start_ticks):
                 return False
             await self._pod_died(record)
             return True
@@ -194,18 +200,23 @@ class Reconciler:
         def change(r: WorkloadRecord) -> WorkloadRecord | None:
             if r.pod is None or r.pod.uid != dead.uid:
                 return None
+            # Through ``terminating``: should the pod not be dead after all (or leave a
+            # process behind), it is stopped, and retried until it is gone.
             return r.model_copy(
                 update={
                     "pod": None,
+                    "terminating": [*r.terminating, dead],
                     "restarts": r.restarts + 1,
                     "not_before": time.time() + backoff,
                 }
             )
 
+        await self._launcher.keep_log(dead, record.name)
         await self._store.mutate(record.name, change)
-        await self._launcher.cleanup(dead, keep_log_as=record.name)
 
     async def _start_pod(self, record: WorkloadRecord) -> None:
+        if record.id_base is None:  # a record from before id ranges
+            record = await self._give_id_range(record)
         uid = str(uuid.uuid4())
         self._starting.add(uid)
         try:
@@ -225,6 +236,17 @@ class Reconciler:
         log.info("runtime.local.pod_started", workload=record.name, pod_uid=uid, pid=process.pid)
         self._spawn_task(self._watch_exit(record.name, process))
 
+    async def _give_id_range(self, record: WorkloadRecord) -> WorkloadRecord:
+        base = await self._id_ranges.reserve(record.name)
+
+        def change(r: WorkloadRecord) -> WorkloadRecord | None:
+            return None if r.id_base is not None else r.model_copy(update={"id_base": base})
+
+        current, _ = await self._store.mutate(record.name, change)
+        if current.id_base != base:
+            await self._id_ranges.release(base)
+        return current
+
     async def _watch_exit(self, name: str, process: asyncio.subprocess.Process) -> None:
         await process.wait()  # also reaps the child
         self.kick(name)
@@ -237,7 +259,7 @@ def _needs_work(record: WorkloadRecord) -> bool:
         return record.pod is not None
     if record.pod is None:
         return record.not_before <= time.time()  # else a delayed reconcile is already queued
-    return not procfs.is_pod_alive(record.pod.pid, record.pod.uid)
+    return not procfs.is_pod_alive(record.pod.pid, record.pod.uid, record.pod.start_ticks)
 
 
 def _pod_to_terminating(record: WorkloadRecord) -> WorkloadRecord | None:

@@ -37,6 +37,7 @@ class PodRecord(_Frozen):
     started_at: float  # wall clock, for humans and logs
     pod_dir: str  # host dir holding workspace/ and pod.log; removed when the pod stops
     ready: bool = False  # the daemon answered /health once
+    start_ticks: int | None = None  # the outer bwrap's start time: with pid, its identity
 
 
 class WorkloadRecord(_Frozen):
@@ -51,6 +52,7 @@ class WorkloadRecord(_Frozen):
     network: NetworkPolicy = OPEN
     replicas: int
     address: str  # this workload's loopback address, stable for its lifetime
+    id_base: int | None = None  # this workload's host uid/gid range (see .userns)
     pod: PodRecord | None = None  # the current pod (not terminating)
     terminating: list[PodRecord] = Field(default_factory=list)
     restarts: int = 0  # crashes since the last scale to 1 (drives the restart back-off)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -45,9 +46,10 @@ from shared.models.network import NetworkPolicy
 from shared.redaction import redact_text
 from shared.runtime.local import bwrap, bytecode, limits
 from shared.runtime.local.addresses import AddressPool
-from shared.runtime.local.launcher import PodLauncher
+from shared.runtime.local.launcher import STAGE_DIR, PodLauncher
 from shared.runtime.local.reconciler import Reconciler
 from shared.runtime.local.records import WorkloadRecord, WorkloadStore
+from shared.runtime.local.userns import IdRangePool
 from shared.runtime.models import (
     ENVD_PORT,
     LABEL_MANAGED_BY,
@@ -65,6 +67,7 @@ log = structlog.get_logger()
 DEFAULT_BUCKET = KV_WORKLOADS
 # Kubernetes' limit for all annotations of one object; the local runtime enforces the same.
 MAX_ANNOTATIONS_BYTES = 256 * 1024
+_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 class LocalRuntime:
@@ -101,6 +104,7 @@ class LocalRuntime:
         self._nc: Client | None = None
         self._store_: WorkloadStore | None = None
         self._addresses_: AddressPool | None = None
+        self._id_ranges_: IdRangePool | None = None
         self._reconciler_: Reconciler | None = None
         self._launcher: PodLauncher | None = None
         self._closing = False
@@ -111,7 +115,10 @@ class LocalRuntime:
         await bwrap.check_bwrap(self._bwrap)
         (self._data_dir / "pods").mkdir(parents=True, exist_ok=True)
         (self._data_dir / "logs").mkdir(parents=True, exist_ok=True)
-        cgroup_parent = await asyncio.to_thread(limits.cgroup_parent)
+        await asyncio.to_thread(STAGE_DIR.mkdir, mode=0o755, exist_ok=True)
+        cgroups = await asyncio.to_thread(
+            limits.Cgroups.detect, limits.instance_name(self._data_dir)
+        )
         pycache = await asyncio.to_thread(bytecode.cache_dir, self._data_dir)
         await bytecode.ensure(self._python, pycache)
         self._launcher = PodLauncher(
@@ -121,7 +128,7 @@ class LocalRuntime:
             python=self._python,
             stop_grace=self._stop_grace,
             pycache=pycache,
-            cgroup_parent=cgroup_parent,
+            cgroups=cgroups,
         )
         try:
             self._nc = await nats.connect(
@@ -133,16 +140,18 @@ class LocalRuntime:
         kv = await self._bucket_kv()
         self._store_ = WorkloadStore(kv)
         self._addresses_ = AddressPool(kv, first_address=self._first_address)
+        self._id_ranges_ = IdRangePool(kv, instance=str(self._data_dir))
         self._reconciler_ = Reconciler(
             store=self._store_,
             addresses=self._addresses_,
+            id_ranges=self._id_ranges_,
             launcher=self._launcher,
             poll_interval=self._poll_interval,
         )
         if self._supervise:
             await self._reconciler_.reconcile_all(stray_sweep=True)
             self._reconciler_.start_monitor()
-        log.info("runtime.local.started", data_dir=str(self._data_dir), cgroups=bool(cgroup_parent))
+        log.info("runtime.local.started", data_dir=str(self._data_dir), cgroups=bool(cgroups))
         return self
 
     async def __aenter__(self) -> LocalRuntime:
@@ -168,6 +177,8 @@ class LocalRuntime:
         finally:
             if self._stop_pods_on_close:  # even when NATS is gone: never leave orphans
                 await self._reconciler_.stop_strays(set())
+                if self._launcher is not None:
+                    await self._launcher.close()
             if self._nc is not None:
                 await self._nc.close()
 
@@ -215,7 +226,15 @@ class LocalRuntime:
             LABEL_MANAGED_BY: MANAGED_BY,
         }
         _check_annotations(spec.annotations)
+        # Before anything is reserved; the name becomes a hostname, a log file name and a bwrap
+        # argument, so it must be a DNS label (as Kubernetes requires too).
+        if not _NAME_RE.fullmatch(spec.name):
+            msg = f"invalid workload name {spec.name[:80]!r}: must be a DNS label"
+            raise RuntimeFailure(msg)
+        bwrap.check_env(spec.envs)
         address = await self._addresses.reserve(spec.name)
+        assert self._id_ranges_ is not None
+        id_base = await self._id_ranges_.reserve(spec.name)
         record = WorkloadRecord(
             name=spec.name,
             template=spec.template,
@@ -227,10 +246,12 @@ class LocalRuntime:
             network=spec.network,
             replicas=spec.replicas,
             address=address,
+            id_base=id_base,
         )
         revision = await self._store.create(record)
         if revision is None:  # lost a create race: the other one stands
             await self._addresses.release(address)
+            await self._id_ranges_.release(id_base)
             current = await self._store.get(spec.name)
             if current is None:
                 msg = f"workload {spec.name} vanished while being created"

@@ -1,0 +1,153 @@
+"""Sandbox root is not host root: each workload's pods run in a user namespace mapped to its own
+range of unprivileged host ids.
+
+Uid (and gid) 0..65535 inside a pod map to ``base``..``base+65535`` on the host, so root in a
+sandbox is an ordinary host user with no capabilities outside its namespaces, and a later
+``user`` (uid 1000 inside) is ``base+1000`` outside. The range belongs to the workload, not the
+pod, so files in its volumes keep their owners across pauses; two workloads never share one,
+so their processes cannot signal or ptrace each other even across an escape of the PID namespace.
+
+How: bubblewrap creates the user namespace (``--unshare-user``) while running as the range's
+host uid (so the namespace's files can be created), then waits (``--userns-block-fd``) until the
+runtime, as root, has written ``/proc/<child>/uid_map`` and ``gid_map`` with the whole range
+(an unprivileged bwrap could map only its own id, and ``newuidmap`` is not installed everywhere)
+and has put the pod in its cgroups. Nothing inside the sandbox runs before that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from shared.bus.kv import key_names
+from shared.errors import RuntimeFailure
+
+IDS_PER_POD = 65536
+FIRST_BASE = 1 << 30  # far above the ids of real host users and of subuid ranges (100000+)
+RANGES = ((1 << 32) - FIRST_BASE) // IDS_PER_POD - 1  # the last range would reach 2^32-1
+RANGE_PREFIX = "ids."
+
+
+def range_key(base: int) -> str:
+    return f"{RANGE_PREFIX}{base}"
+
+
+class IdRangePool:
+    """Host id ranges reserved in the workloads' KV bucket, one per workload."""
+
+    def __init__(self, kv: KeyValue, *, instance: str) -> None:
+        self._kv = kv
+        # Runtimes with different buckets (separate instances on one host) start their search
+        # at different places, so they rarely probe the same ranges.
+        self._start = int(hashlib.sha256(instance.encode()).hexdigest(), 16) % RANGES
+
+    async def reserve(self, name: str) -> int:
+        taken = set(await self.reserved())
+        for step in range(RANGES):
+            base = FIRST_BASE + ((self._start + step) % RANGES) * IDS_PER_POD
+            if base in taken:
+                continue
+            try:
+                await self._kv.create(range_key(base), json.dumps({"workload": name}).encode())
+            except KeyWrongLastSequenceError:
+                continue
+            return base
+        msg = "no free host id range left for a local pod"
+        raise RuntimeFailure(msg)
+
+    async def release(self, base: int) -> None:
+        with contextlib.suppress(KeyNotFoundError):
+            await self._kv.purge(range_key(base))
+
+    async def holder(self, base: int) -> str | None:
+        try:
+            entry = await self._kv.get(range_key(base))
+        except KeyNotFoundError:
+            return None
+        if entry.value is None:
+            return None
+        holder = json.loads(entry.value).get("workload")
+        return holder if isinstance(holder, str) else None
+
+    async def reserved(self) -> list[int]:
+        keys = await key_names(self._kv)
+        bases = [int(k.removeprefix(RANGE_PREFIX)) for k in keys if k.startswith(RANGE_PREFIX)]
+        return [b for b in sorted(bases) if await self.holder(b) is not None]
+
+    async def release_orphans(self, names: set[str]) -> None:
+        for base in await self.reserved():
+            holder = await self.holder(base)
+            if holder is not None and holder not in names:
+                await self.release(base)
+
+
+def valid_base(base: int) -> bool:
+    return base >= FIRST_BASE and (base - FIRST_BASE) % IDS_PER_POD == 0 and base < 1 << 32
+
+
+def write_maps(child_pid: int, base: int) -> None:
+    """Map ids 0..65535 of the pod's user namespace to ``base``.. on the host (as root)."""
+    if not valid_base(base):
+        msg = f"invalid host id range {base}"
+        raise RuntimeFailure(msg)
+    line = f"0 {base} {IDS_PER_POD}\n"
+    for name in ("uid_map", "gid_map"):
+        with open(f"/proc/{child_pid}/{name}", "w") as f:
+            f.write(line)
+
+
+async def forbid_nested(child_pid: int) -> None:
+    """No user namespaces inside the pod's: each would hand sandbox code every capability again
+    (over its own namespaces), the usual door to kernel bugs. ``user.max_user_namespaces`` is
+    per user namespace, so it is written from inside it (bwrap's ``--disable-userns`` cannot be
+    combined with the externally mapped namespace)."""
+    proc = await asyncio.create_subprocess_exec(
+        "nsenter",
+        f"--user=/proc/{child_pid}/ns/user",
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo 0 > /proc/sys/user/max_user_namespaces",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        msg = f"cannot forbid nested user namespaces: {out.decode(errors='replace').strip()}"
+        raise RuntimeFailure(msg)
+
+
+def chown_tree(root: Path, base: int) -> None:
+    """Give a host folder to the pod's root (host uid ``base``): the folder itself always, its
+    content only when the folder belongs to someone else (a volume of an older id scheme).
+    Never follows symlinks (a pod may have planted some)."""
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        msg = f"{root} is not a directory"
+        raise RuntimeFailure(msg)
+    if st.st_uid == base and st.st_gid == base:
+        return
+    os.chown(root, base, base, follow_symlinks=False)
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for entry in [*dirs, *files]:
+            with contextlib.suppress(OSError):
+                path = os.path.join(folder, entry)
+                st = os.lstat(path)
+                # Shift ids into the range (0 -> base, 1000 -> base+1000); foreign ids -> base.
+                uid = st.st_uid if valid_owner(st.st_uid, base) else base + st.st_uid % IDS_PER_POD
+                gid = st.st_gid if valid_owner(st.st_gid, base) else base + st.st_gid % IDS_PER_POD
+                os.chown(path, uid, gid, follow_symlinks=False)
+
+
+def valid_owner(uid: int, base: int) -> bool:
+    return base <= uid < base + IDS_PER_POD
