@@ -1,10 +1,12 @@
 """The pod's bubblewrap command line, and the check that bubblewrap works on this host.
 
 A pod is an outer ``bwrap`` process (in its own session, so it outlives the runtime that started
-it) whose child, the inner ``bwrap``, is PID 1 of a fresh PID namespace running the in-sandbox
-daemon. There is deliberately no ``--die-with-parent`` (it would kill pods with their owner,
-while a restarted owner must find them running). Pods are recognised in ``/proc`` by the
-``TORPOR_*`` variables on the bwrap command line (see :mod:`.procfs`).
+it) whose child, the inner ``bwrap``, is PID 1 of fresh user, PID, IPC, UTS and mount namespaces
+running the in-sandbox daemon. There is deliberately no ``--die-with-parent`` (it would kill pods
+with their owner, while a restarted owner must find them running). bwrap runs as the workload's
+unprivileged host uid (see :mod:`.userns`); what it binds is staged for it by
+:func:`stage_prefix`. The ``TORPOR_*`` marks on the command line name a pod, but only its place
+in the PID namespace tree makes it one of ours (see :mod:`.procfs`).
 """
 
 from __future__ import annotations
@@ -234,6 +236,7 @@ while [ "$1" != "--" ]; do
   i=$((i + 1)); shift
 done
 shift
+unset PWD OLDPWD  # sh exports them; the pod's PID 1 gets exactly the spawn environment
 exec "$@"
 """
 

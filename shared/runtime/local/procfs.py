@@ -1,7 +1,11 @@
 """Finding, spawning and stopping pod processes through ``/proc``.
 
-A pod is stopped by SIGTERM to its processes and, after a grace period, SIGKILL to both bwraps:
-when PID 1 of a namespace dies the kernel kills every process in it, so nothing survives.
+A pod's bwraps carry ``TORPOR_*`` marks on their command line, which sandbox code can imitate;
+so a process counts only where no sandbox process can be: an outer bwrap in the runtime's own
+PID namespace, or an inner one as PID 1 of a namespace directly below it. A pod is stopped by
+SIGTERM to its processes and, after a grace period, SIGKILL to both bwraps: when PID 1 of a
+namespace dies the kernel kills every process in it (the launcher then also empties the pod's
+cgroups).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from shared.errors import Conflict, NotFound
+from shared.errors import Conflict, NotFound, RuntimeFailure
 from shared.runtime.local import procfs
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import PodLauncher
@@ -83,9 +83,15 @@ class Reconciler:
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             self._pending.discard(name)
-            with contextlib.suppress(NotFound):  # deleted meanwhile (by another runtime)
+            try:
                 while await self._step(name):
                     pass
+            except NotFound:  # deleted meanwhile (by another runtime)
+                return
+            except RuntimeFailure as e:
+                # E.g. a pod that did not die yet: the record keeps it, the next pass retries.
+                log.warning("runtime.local.reconcile_retry", workload=name, error=str(e))
+                self.kick(name, after=1.0)
 
     async def reconcile_all(self, *, stray_sweep: bool) -> None:
         names = await self._store.names()
@@ -220,7 +226,11 @@ class Reconciler:
         uid = str(uuid.uuid4())
         self._starting.add(uid)
         try:
-            pod, process = await self._launcher.start(record, uid)
+            try:
+                pod, process = await self._launcher.start(record, uid)
+            except RuntimeFailure:
+                await self._start_failed(record)
+                raise
 
             def change(r: WorkloadRecord) -> WorkloadRecord | None:
                 if r.pod is not None or r.replicas != 1 or r.deleting:
@@ -235,6 +245,19 @@ class Reconciler:
             return
         log.info("runtime.local.pod_started", workload=record.name, pod_uid=uid, pid=process.pid)
         self._spawn_task(self._watch_exit(record.name, process))
+
+    async def _start_failed(self, record: WorkloadRecord) -> None:
+        """Back off like after a crash, so a pod that cannot start is not retried every poll."""
+        backoff = min(0.5 * 2**record.restarts, _BACKOFF_MAX)
+
+        def change(r: WorkloadRecord) -> WorkloadRecord | None:
+            if r.pod is not None:
+                return None
+            return r.model_copy(
+                update={"restarts": r.restarts + 1, "not_before": time.time() + backoff}
+            )
+
+        await self._store.mutate(record.name, change)
 
     async def _give_id_range(self, record: WorkloadRecord) -> WorkloadRecord:
         base = await self._id_ranges.reserve(record.name)

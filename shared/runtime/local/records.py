@@ -12,6 +12,7 @@ from typing import Literal
 
 from nats.js.errors import (
     BucketNotFoundError,
+    InvalidKeyError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
 )
@@ -73,7 +74,7 @@ class WorkloadStore:
     async def get(self, name: str) -> tuple[WorkloadRecord, int] | None:
         try:
             entry = await self._kv.get(workload_key(name))
-        except (KeyNotFoundError, BucketNotFoundError):
+        except (KeyNotFoundError, BucketNotFoundError, InvalidKeyError):
             return None
         if entry.value is None or entry.revision is None:
             return None

@@ -4,9 +4,9 @@ This module is the :class:`shared.runtime.ports.Runtime` port: records in NATS K
 (``torpor_workloads``, see :mod:`.records`), changed by CAS, and a :mod:`.reconciler` that makes
 the processes match them. Each workload has one address (:mod:`.addresses`) reserved for its
 lifetime. Its pod (:mod:`.launcher`, :mod:`.bwrap`) is the in-sandbox daemon
-(``python -m services.envd``) under ``bwrap`` with its own PID/IPC/UTS namespaces, the host
-network (it listens on its own 127.0.x.y:49983), a read-only view of the OS and of torpor's code,
-a fresh ``/workspace`` that is deleted when the pod stops, and the template's volumes (host
+(``python -m services.envd``) under ``bwrap`` with its own user/PID/IPC/UTS/mount namespaces
+(listening on its own 127.0.x.y:49983), a read-only view of the OS and of the daemon's code, a
+fresh ``/workspace`` that is deleted when the pod stops, and the template's volumes (host
 directories kept across pauses). "Ready" means the daemon's ``/health`` answers 2xx.
 
 Pods do not depend on the runtime that started them: after a ``kill -9`` of the owner the next
@@ -14,10 +14,12 @@ Pods do not depend on the runtime that started them: after a ``kill -9`` of the 
 strays (pods without a record); ``close()`` stops every pod of its data dir
 (``stop_pods_on_close``) while keeping ``replicas``, so the next start brings them back.
 
-Isolation is not a VM's: pods share the host's network namespace (they must listen on loopback)
-and therefore reach every loopback service, including NATS; they run as root with no
-capabilities, see a read-only OS and torpor's code, and cannot see other pods' files or processes.
-Resource limits: see :mod:`.limits`.
+Isolation is not a VM's (see docs/security.md, "Local runtime: users, filesystem, limits"):
+pods share the host's kernel and, until the pod network is wired in, its network namespace (they
+listen on loopback and reach every loopback service). Each pod's root is root of its own user
+namespace only, mapped to an unprivileged host id range (:mod:`.userns`), with no capabilities;
+it sees a read-only OS, its own ``/etc`` (:mod:`.etc`) and torpor's daemon code, never other
+pods' files or processes. Limits: :mod:`.limits` (cgroups) and :mod:`.disk` (workspace size).
 """
 
 from __future__ import annotations
@@ -214,6 +216,11 @@ class LocalRuntime:
     # ---- the port ----------------------------------------------------------------------
 
     async def create(self, spec: WorkloadSpec) -> Workload:
+        # The name becomes a KV key, a hostname, a log file name and a bwrap argument: a DNS
+        # label (as Kubernetes requires too), checked before anything else.
+        if not _NAME_RE.fullmatch(spec.name):
+            msg = f"invalid workload name {spec.name[:80]!r}: must be a DNS label"
+            raise RuntimeFailure(msg)
         # An unknown template is NotFound now, not a pod that never starts.
         await asyncio.to_thread(load_template, spec.template, self._template_dirs)
         existing = await self._store.get(spec.name)
@@ -226,11 +233,6 @@ class LocalRuntime:
             LABEL_MANAGED_BY: MANAGED_BY,
         }
         _check_annotations(spec.annotations)
-        # Before anything is reserved; the name becomes a hostname, a log file name and a bwrap
-        # argument, so it must be a DNS label (as Kubernetes requires too).
-        if not _NAME_RE.fullmatch(spec.name):
-            msg = f"invalid workload name {spec.name[:80]!r}: must be a DNS label"
-            raise RuntimeFailure(msg)
         bwrap.check_env(spec.envs)
         address = await self._addresses.reserve(spec.name)
         assert self._id_ranges_ is not None
