@@ -137,10 +137,7 @@ def users() -> list[User]:
         "api",
         "REST API + dashboard: commands, timeout/activity events, records (CAS), users and keys "
         "(read), the event feed (read)",
-        [
-            s.all_of(x)
-            for x in (s.CMD_CREATE, s.CMD_PAUSE, s.CMD_RESUME, s.CMD_KILL, s.CMD_NETWORK)
-        ],
+        [s.all_of(x) for x in (s.CMD_CREATE, s.CMD_PAUSE, s.CMD_RESUME, s.CMD_KILL, s.CMD_NETWORK)],
         events(s.EVT_TIMEOUT_SET, s.EVT_ACTIVITY),
         kv_read(t.KV_SANDBOXES),
         kv_write(t.KV_SANDBOXES),

@@ -99,9 +99,7 @@ class EmbeddedNats:
         conf = self.data_dir / "nats-server.conf"
         _write_owner_only(
             conf,
-            f"listen: {self.host}:{self.port}\n"
-            + access
-            + "jetstream {\n"
+            f"listen: {self.host}:{self.port}\n" + access + "jetstream {\n"
             f'  store_dir: "{store}"\n'
             "  sync_interval: always\n"
             "  max_memory_store: 256M\n"

@@ -49,4 +49,4 @@ async def local_runtime(
         for pod in procfs.scan_pods(data_dir):
             await procfs.stop_pod(pod.uid, runtime_root=data_dir, grace=0.5)
         for pod_dir in data_dir.glob("pods/*"):
-            await disk.unmount_workspace(pod_dir)
+            disk.unmount_workspace(pod_dir)

@@ -1,73 +1,43 @@
-"""A pod's ``/workspace`` with a size limit: a sparse ext4 image, loop-mounted on the host.
+"""A pod's ``/workspace`` with a size limit: a tmpfs of ``resources.limits.disk`` bytes, mounted
+on the host at ``<pod dir>/workspace`` and bound into the pod like the plain folder it replaces.
 
-The template's ``resources.limits.disk`` becomes the image's size: a write past it fails with
-ENOSPC inside the sandbox while the host's data dir filesystem stays untouched (the image is
-sparse: it takes only what is written). The mount is on the host (``<pod dir>/workspace``), so
-the runtime and tests see the files, and it is bound into the pod like the plain folder it
-replaces. Its root belongs to the pod's root (host uid ``id_base``). ``nosuid,nodev``: nothing
-on it can raise privileges on the host.
+A write past the size fails with ENOSPC inside the sandbox; nothing reaches the host's disk. Its
+pages are charged to the memory cgroup of the pod that writes them, so the workspace also counts
+against the pod's ``memory`` limit (and with no swap allowed, it stays in memory). Chosen over a
+loop-mounted ext4 image for start-up time: one ``mount(2)`` call instead of ``mkfs`` plus a loop
+device (0.3-0.5 s per pod on a busy 2-core host). ``nosuid,nodev``; its root belongs to the pod's
+root (host uid ``id_base``). The host sees the files (the runtime, tests), other pods do not.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import ctypes
+import ctypes.util
 import os
 from pathlib import Path
 
 from shared.errors import RuntimeFailure
-from shared.runtime.local.procfs import SPAWN_ENV
 
-IMAGE = "workspace.img"
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MNT_DETACH = 0x2
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
-async def _run(*argv: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=SPAWN_ENV,
-    )
-    out, _ = await proc.communicate()
-    if proc.returncode != 0:
-        msg = f"{argv[0]} failed: {out.decode(errors='replace').strip()[-300:]}"
+def mount_workspace(workspace: Path, *, size: int, owner: int) -> None:
+    """Mount a tmpfs of ``size`` bytes on ``workspace``, its root owned by host uid ``owner``."""
+    options = f"size={size},uid={owner},gid={owner},mode=0755".encode()
+    flags = _MS_NOSUID | _MS_NODEV
+    if _libc.mount(b"torpor-workspace", str(workspace).encode(), b"tmpfs", flags, options) != 0:
+        err = ctypes.get_errno()
+        msg = f"cannot mount the workspace ({os.strerror(err)})"
         raise RuntimeFailure(msg)
 
 
-async def mount_workspace(pod_dir: Path, workspace: Path, *, size: int, owner: int) -> None:
-    """Create ``workspace`` as a mounted ext4 of ``size`` bytes whose root ``owner`` owns."""
-    image = pod_dir / IMAGE
-    fd = os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.ftruncate(fd, size)
-    finally:
-        os.close(fd)
-    # No journal, lazy init: a second or two less per pod; the workspace dies with the pod.
-    await _run(
-        "mkfs.ext4",
-        "-q",
-        "-F",
-        "-O",
-        "^has_journal",
-        "-E",
-        f"lazy_itable_init=1,root_owner={owner}:{owner}",
-        "-m",
-        "0",
-        str(image),
-    )
-    await _run("mount", "-o", "loop,nosuid,nodev,noatime", str(image), str(workspace))
-    with contextlib.suppress(OSError):
-        (workspace / "lost+found").rmdir()
-
-
-async def unmount_workspace(pod_dir: Path) -> None:
-    """Unmount (lazily if still busy) and drop the image; a no-op for a plain folder."""
+def unmount_workspace(pod_dir: Path) -> None:
+    """Unmount a pod's workspace (lazily if still busy); a no-op for a plain folder."""
     workspace = pod_dir / "workspace"
-    if await asyncio.to_thread(os.path.ismount, workspace):
-        try:
-            await _run("umount", str(workspace))
-        except RuntimeFailure:
-            await _run("umount", "-l", str(workspace))
-    with contextlib.suppress(FileNotFoundError):
-        (pod_dir / IMAGE).unlink()
+    if not os.path.ismount(workspace):
+        return
+    if _libc.umount2(str(workspace).encode(), 0) != 0:
+        _libc.umount2(str(workspace).encode(), _MNT_DETACH)

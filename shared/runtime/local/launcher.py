@@ -90,8 +90,8 @@ class PodLauncher:
             workspace = pod_dir / "workspace"
             await asyncio.to_thread(workspace.mkdir, 0o755)
             if pod_limits.disk_bytes is not None:
-                await disk.mount_workspace(
-                    pod_dir, workspace, size=pod_limits.disk_bytes, owner=base
+                await asyncio.to_thread(
+                    disk.mount_workspace, workspace, size=pod_limits.disk_bytes, owner=base
                 )
             else:
                 await asyncio.to_thread(os.chown, workspace, base, base)
@@ -230,8 +230,7 @@ class PodLauncher:
             raise RuntimeFailure(msg)
 
     async def _discard(self, uid: str, pod_dir: Path) -> None:
-        with contextlib.suppress(RuntimeFailure):
-            await disk.unmount_workspace(pod_dir)
+        await asyncio.to_thread(disk.unmount_workspace, pod_dir)
         await asyncio.to_thread(remove_pod_dir, pod_dir)
         if self._cgroups is not None:
             await asyncio.to_thread(self._cgroups.remove, uid)
