@@ -82,7 +82,7 @@ async def _make_keys(nats_url: str, users: dict[str, bool]) -> dict[str, str]:
 
 
 def _wait_http(
-    url: str, proc: subprocess.Popen[bytes], name: str, log: Path, timeout: float = 60
+    url: str, proc: subprocess.Popen[bytes], name: str, log: Path, timeout: float = 180
 ) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
