@@ -39,6 +39,7 @@ class FakeRuntime:
         if spec.template == "missing":
             raise NotFound(f"template {spec.template} not found")
         self._address[spec.name] = f"127.0.0.{next(self._addresses)}"
+        self.networks[spec.name] = spec.network
         wl = Workload(
             name=spec.name,
             template=spec.template,
