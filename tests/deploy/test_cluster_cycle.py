@@ -245,8 +245,14 @@ def _run_cycle(
             created = rest.post(NATIVE, json={"name": "sbx-deploy", "timeout": 600})
             assert created.status_code == 201, created.text
             assert created.json()["state"] == "running"
-            rs_url = f"/apis/apps/v1/namespaces/{ns}/replicasets/sbx-deploy"
+            # Names are per user: the ReplicaSet is named by the sandbox id behind the name.
+            sid = created.json()["sandboxId"]
+            rs_url = f"/apis/apps/v1/namespaces/{ns}/replicasets/{sid}"
             assert api.client.get(rs_url).json()["spec"]["replicas"] == 1
+            # Its NetworkPolicy, applied by the scaler with the shipped Role, goes with it.
+            np_url = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{sid}"
+            policy = api.client.get(np_url).json()
+            assert policy["spec"]["podSelector"]["matchLabels"] == {"torpor.dev/sandbox-id": sid}
 
             paused = rest.post(f"{NATIVE}/pause/sbx-deploy")
             assert paused.status_code == 200, paused.text
@@ -266,6 +272,9 @@ def _run_cycle(
             deadline = time.monotonic() + 60
             while api.client.get(rs_url).status_code != 404:
                 assert time.monotonic() < deadline, "ReplicaSet not deleted"
+                time.sleep(0.5)
+            while api.client.get(np_url).status_code != 404:
+                assert time.monotonic() < deadline, "NetworkPolicy not deleted"
                 time.sleep(0.5)
 
     text = {name: (logs / f"{name}.log").read_text(errors="replace").lower() for name in SERVICES}
