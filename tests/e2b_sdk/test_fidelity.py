@@ -189,6 +189,35 @@ def test_hostile_sandbox_ids(stack: Stack, ids: str) -> None:
     assert "sandbox_ids" in r.json()["message"]
 
 
+_PROBE = r"""
+import os, urllib.request, urllib.error
+listen = None
+for pid in os.listdir("/proc"):
+    try:
+        args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        continue
+    if b"--listen" in args:
+        listen = args[args.index(b"--listen") + 1].decode()
+host, _, port = listen.rpartition(":")
+host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+for path in ("/metrics", "/logs"):
+    try:
+        urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=5)
+        print(path, 200)
+    except urllib.error.HTTPError as e:
+        print(path, e.code)
+"""
+
+
+def test_daemon_telemetry_needs_the_token_from_inside(sbx: Sandbox) -> None:
+    """Code in the sandbox reaches its daemon's port, but /metrics and /logs, like every other
+    daemon route, need the envd access token it does not have."""
+    sbx.files.write("probe.py", _PROBE)
+    out = sbx.commands.run("python3 probe.py").stdout.split()
+    assert out == ["/metrics", "401", "/logs", "401"]
+
+
 def test_logs_endpoints_shape(stack: Stack, sbx: Sandbox) -> None:
     sbx.commands.run("echo logged")
     with _api(stack) as api:

@@ -236,3 +236,48 @@ def test_killed_process_is_gone_when_kill_returns(sbx: Sandbox) -> None:
         assert sbx.commands.kill(handle.pid) is True
         with pytest.raises(CommandExitException):
             sbx.commands.run(f"kill -0 {handle.pid}")
+
+
+def test_metrics_and_logs_of_the_daemon(daemon: Daemon, sbx: Sandbox) -> None:
+    sbx.commands.run("true")
+    headers = {"X-Access-Token": TOKEN}
+    samples = httpx.get(f"{daemon.url}/metrics", headers=headers, timeout=10).json()
+    assert samples, "a sample is taken when the daemon starts"
+    s = samples[-1]
+    assert set(s) == {
+        "timestamp_unix", "cpu_count", "cpu_used_pct", "mem_used", "mem_total",
+        "disk_used", "disk_total",
+    }  # fmt: skip
+    assert s["cpu_count"] >= 1 and 0 < s["mem_used"] <= s["mem_total"]
+    assert 0 < s["disk_used"] <= s["disk_total"]
+    future = httpx.get(
+        f"{daemon.url}/metrics", params={"start": 2**40}, headers=headers, timeout=10
+    )
+    assert future.json() == []
+    logs = httpx.get(f"{daemon.url}/logs", headers=headers, timeout=10).json()
+    assert any("started pid" in e["message"] for e in logs)
+    for path in ("/metrics", "/logs"):  # the token guards them like every other route
+        assert httpx.get(f"{daemon.url}{path}", timeout=10).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("/metrics", {"start": "-1"}),
+        ("/metrics", {"end": "abc"}),
+        ("/metrics", {"start": str(10**30)}),
+        ("/metrics", {"start": "--ro-bind"}),
+        ("/metrics", {"end": "١٢"}),  # non-ASCII digits
+        ("/logs", {"limit": "1001"}),
+        ("/logs", {"cursor": "-5"}),
+        ("/logs", {"direction": "up"}),
+        ("/logs", {"level": "fatal"}),
+        ("/logs", {"search": "x" * 257}),
+    ],
+)
+def test_hostile_telemetry_queries(daemon: Daemon, path: str, params: dict[str, str]) -> None:
+    r = httpx.get(
+        f"{daemon.url}{path}", params=params, headers={"X-Access-Token": TOKEN}, timeout=10
+    )
+    assert r.status_code == 400
+    assert next(iter(params)) in r.json()["message"]
