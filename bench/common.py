@@ -162,7 +162,6 @@ class TorporStack:
     log_level: str = field(
         default_factory=lambda: os.environ.get("TORPOR_BENCH_LOG_LEVEL", "warning")
     )
-    first_address: str = "127.0.30.2"
     root: Path | None = None
     nats: EmbeddedNats | None = None
     api_urls: list[str] = field(default_factory=list)
@@ -218,7 +217,6 @@ class TorporStack:
                 "TORPOR_RUNTIME": self.runtime,
                 "TORPOR_HEALTH_HOST": "127.0.0.1",
                 "TORPOR_LOG_LEVEL": self.log_level,
-                "TORPOR_LOCAL_FIRST_ADDRESS": self.first_address,
                 "PAUSE_RESUME": "true",
                 "PYTHONUNBUFFERED": "1",
                 **self.env,

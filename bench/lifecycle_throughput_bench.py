@@ -56,8 +56,7 @@ async def run(replicas: int, sandboxes: int, cycles: int) -> dict[str, Any]:
     pauses: list[float] = []
     resumes: list[float] = []
     failures: list[str] = []
-    first = f"127.0.{32 + replicas}.2"
-    async with TorporStack(replicas=replicas, first_address=first) as stack, stack.store() as store:
+    async with TorporStack(replicas=replicas) as stack, stack.store() as store:
         try:
             ids = []
             for i in range(0, sandboxes, 4):  # create in small groups (2 cores)

@@ -61,8 +61,6 @@ from shared.settings import BusSettings, LoggingSettings  # noqa: E402
 configure(LoggingSettings(log_level="warning"), service="bench")
 
 RESULTS = REPO / "bench" / "results"
-SANDBOX_ADDRESSES = "127.0.11.2"
-PODSTART_ADDRESSES = "127.0.12.2"
 COMMANDS = ["exec sleep 100001", "python3 -c 'import time; time.sleep(100002)'"]
 
 
@@ -102,7 +100,6 @@ class Workers:
             "NATS_URL": self.nats_url,
             "TORPOR_RUNTIME": "local",
             "TORPOR_DATA_DIR": str(self.data_dir),
-            "TORPOR_LOCAL_FIRST_ADDRESS": SANDBOX_ADDRESSES,
             "TORPOR_HEALTH_HOST": "127.0.0.1",
             "TORPOR_HEALTH_PORT": str(port),
             "TORPOR_LOG_LEVEL": log_level,
@@ -162,7 +159,6 @@ async def run(cycles: int, sandboxes: int) -> dict[str, Any]:
         nats_url=server.url,
         data_dir=tmp / "podstart",
         bucket="bench_podstart",
-        first_address=PODSTART_ADDRESSES,
         stop_pods_on_close=True,
     )
     pause_s: list[float] = []

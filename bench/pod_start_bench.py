@@ -86,7 +86,6 @@ async def run(cycles: int, work: Path) -> dict[str, object]:
         nats_url=server.url,
         data_dir=work / "runtime",
         bucket=f"bench_{uuid.uuid4().hex[:8]}",
-        first_address="127.0.20.2",
     )
     try:
         await runtime.start()

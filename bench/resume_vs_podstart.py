@@ -81,7 +81,6 @@ async def raw_local(stack: TorporStack) -> AsyncIterator[RawCycle]:
         nats_url=stack.nats_url,
         data_dir=stack.root / "raw",
         bucket=f"bench_raw_{uuid.uuid4().hex[:6]}",
-        first_address="127.0.31.2",
     )
     await runtime.start()
     try:

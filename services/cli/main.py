@@ -63,13 +63,20 @@ def _check_port_free(what: str, port: int, host: str = "127.0.0.1") -> None:
             raise ConfigError(msg) from None
 
 
-def _check_runtime(runtime: RuntimeSettings) -> None:
+def _check_runtime(runtime: RuntimeSettings, data_dir: Path) -> None:
     if runtime.runtime == "local" and shutil.which("bwrap") is None:
         msg = (
             "the local runtime needs bubblewrap (bwrap), which is not installed: "
             "run 'sudo apt-get install -y bubblewrap' (or set TORPOR_RUNTIME=kubernetes)"
         )
         raise ConfigError(msg)
+    if runtime.runtime == "local":
+        from shared.runtime.factory import LocalRuntimeSettings
+        from shared.runtime.local.network import PodNetwork
+
+        # Claim the pod range now: a clash is one line here, not services failing to start.
+        pod_cidr = load(LocalRuntimeSettings).pod_cidr
+        asyncio.run(PodNetwork(data_dir, pod_cidr=pod_cidr).open())
 
 
 @app.command()
@@ -109,7 +116,7 @@ def up(
     _check_port_free("proxy", plan.proxy_port)
     if plan.nats_port:
         _check_port_free("nats", plan.nats_port)
-    _check_runtime(runtime)
+    _check_runtime(runtime, plan.data_dir)
     raise typer.Exit(run_up(plan))
 
 
@@ -289,4 +296,3 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except (click.Abort, KeyboardInterrupt):
         return 130
-

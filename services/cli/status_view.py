@@ -63,5 +63,3 @@ class StatusView:
     def line(self, text: str) -> None:
         stamp = datetime.now(UTC).strftime("%H:%M:%S")
         print(f"{stamp} {text}", flush=True)
-
-

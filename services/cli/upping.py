@@ -20,6 +20,7 @@ from services.cli.supervising import Child, Supervisor
 from shared.bus.credentials import OPERATOR, client_env, load_or_create
 from shared.bus.server import EmbeddedNats, free_port
 from shared.runtime.local import procfs
+from shared.runtime.local.network import release_instance
 from shared.settings import BusSettings
 
 
@@ -107,8 +108,16 @@ def run_up(plan: Plan) -> int:
         # Sandboxes stop with the instance (no orphans); their records keep replicas=1, so the
         # next `torpor up` restarts them.
         with contextlib.suppress(Exception):
-            asyncio.run(procfs.stop_all(plan.data_dir, grace=2.0))
+            asyncio.run(_stop_sandboxes(plan.data_dir))
         nats.stop()
+
+
+async def _stop_sandboxes(data_dir: Path) -> None:
+    """Every pod of the instance, then its pod network (namespaces, links, rules, route)."""
+    try:
+        await procfs.stop_all(data_dir, grace=2.0)
+    finally:
+        await release_instance(data_dir)
 
 
 async def _supervise(plan: Plan, nats: EmbeddedNats, passwords: dict[str, str]) -> int:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field
+from pydantic import field_validator
 
+from shared.errors import ConfigError
 from shared.runtime.ports import Runtime
 from shared.settings import RuntimeSettings, _Base
 
@@ -15,8 +16,20 @@ from shared.settings import RuntimeSettings, _Base
 class LocalRuntimeSettings(_Base):
     """Local-runtime knobs beyond ``RuntimeSettings``."""
 
-    # TORPOR_LOCAL_FIRST_ADDRESS: pods get loopback addresses from here up (127.0.x.y).
-    local_first_address: str = Field(default="127.0.0.2", pattern=r"^127\.\d+\.\d+\.\d+$")
+    # TORPOR_POD_CIDR: the private IPv4 range of the pods' addresses; "auto" takes a free /20
+    # of 10.224.0.0/12 (see shared/runtime/local/network/subnet.py).
+    pod_cidr: str = "auto"
+
+    @field_validator("pod_cidr")
+    @classmethod
+    def _check_pod_cidr(cls, value: str) -> str:
+        from shared.runtime.local.network.subnet import parse_setting
+
+        try:
+            parse_setting(value)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return value
 
 
 async def open_runtime(
@@ -58,6 +71,6 @@ async def open_runtime(
         templates_dir=settings.templates_dir,
         supervise=supervise,
         stop_pods_on_close=False,
-        first_address=(local or LocalRuntimeSettings()).local_first_address,
+        pod_cidr=(local or LocalRuntimeSettings()).pod_cidr,
     )
     return await runtime.start()

@@ -28,7 +28,6 @@ from shared.runtime.local import LocalRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 ACK_WAIT = 4.0
-FIRST_ADDRESS = "127.0.10.2"
 
 
 async def provision(nats_url: str) -> None:
@@ -57,8 +56,6 @@ class Services:
             "TORPOR_HEARTBEAT_SECONDS": "1",
             "TORPOR_READY_TIMEOUT": "30",
             "TORPOR_LOG_LEVEL": "warning",
-            # Away from the ranges other suites use (k8s kubelet 127.0.0.N, contract 127.0.8.N).
-            "TORPOR_LOCAL_FIRST_ADDRESS": FIRST_ADDRESS,
             "PYTHONUNBUFFERED": "1",
         }
         self.logs = logs
@@ -133,7 +130,6 @@ async def observer_runtime(nats_url: str, data_dir: Path) -> AsyncIterator[Local
         data_dir=data_dir,
         supervise=False,
         stop_pods_on_close=True,
-        first_address=FIRST_ADDRESS,
     )
     await runtime.start()
     try:

@@ -25,11 +25,11 @@ from pathlib import Path
 import httpx
 
 from shared.bus.server import EmbeddedNats, free_port
+from shared.runtime.local import procfs
 from tests.chaos.cluster import provision
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = ("api", "proxy", "scheduler", "snapshotter", "scaler")
-FIRST_ADDRESS = "127.0.40.2"  # away from the other suites' pod ranges
 USER = "faults"
 _POD_UID = re.compile(rb"/pods/([0-9a-f-]{36})/")
 
@@ -79,7 +79,6 @@ class FaultCluster:
                 "NATS_URL": self.nats_url,
                 "TORPOR_RUNTIME": "local",
                 "TORPOR_DATA_DIR": str(self.data_dir),
-                "TORPOR_LOCAL_FIRST_ADDRESS": FIRST_ADDRESS,
                 "TORPOR_HEALTH_HOST": "127.0.0.1",
                 "TORPOR_BUS_PROVISION": "false",
                 "TORPOR_GIVE_UP_AFTER": str(self.give_up_after),
@@ -218,13 +217,11 @@ def daemon_pid(host: str) -> int | None:
 
 
 def daemon_pids(data_dir: Path) -> list[int]:
-    del data_dir  # daemons run inside bwrap and do not carry the data dir; match the range
-    prefix = FIRST_ADDRESS.rsplit(".", 1)[0].encode() + b"."
+    """The daemons of this data dir's pods: processes under its bwraps (a daemon cannot outlive
+    its bwrap, PID 1 of its namespace)."""
+    under = {p for pid in bwrap_pod_uids(data_dir).values() for p in procfs.descendants(pid)}
     return [
         pid
         for pid, argv in _cmdlines()
-        if argv
-        and os.path.basename(argv[0]) != b"bwrap"
-        and b"services.envd" in argv
-        and any(a.startswith(prefix) for a in argv)
+        if pid in under and os.path.basename(argv[0]) != b"bwrap" and b"services.envd" in argv
     ]

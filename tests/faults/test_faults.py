@@ -53,7 +53,6 @@ from shared.runtime.local import LocalRuntime
 from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint
 from tests.conftest import skip_or_fail
 from tests.faults.cluster import (
-    FIRST_ADDRESS,
     SERVICES,
     FaultCluster,
     bwrap_pod_uids,
@@ -113,7 +112,6 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
             data_dir=cluster.data_dir,
             supervise=False,
             stop_pods_on_close=True,
-            first_address=FIRST_ADDRESS,
         )
         await runtime.start()
         try:

@@ -35,8 +35,15 @@ def test_api_port_in_use(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         result = torpor(
-            "up", "--data-dir", str(tmp_path / "d"), "--api-port", str(port),
-            "--proxy-port", str(free_port()), "--nats-port", "0",
+            "up",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--api-port",
+            str(port),
+            "--proxy-port",
+            str(free_port()),
+            "--nats-port",
+            "0",
         )
     _assert_one_line(result, contains=f"{port} is already in use")
 
@@ -52,8 +59,16 @@ def test_bwrap_missing(tmp_path: Path) -> None:
     # The interpreter is called by absolute path, so an empty PATH only hides bwrap.
     env = clean_env(PATH=str(tmp_path / "empty-bin"))
     result = torpor(
-        "up", "--data-dir", str(tmp_path / "d"), "--api-port", str(free_port()),
-        "--proxy-port", str(free_port()), "--nats-port", "0", env=env,
+        "up",
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--api-port",
+        str(free_port()),
+        "--proxy-port",
+        str(free_port()),
+        "--nats-port",
+        "0",
+        env=env,
     )
     _assert_one_line(result, contains="apt-get install -y bubblewrap")
 

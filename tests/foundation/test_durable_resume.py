@@ -73,9 +73,10 @@ async def test_killed_worker_resumes_durable(fresh_nats: EmbeddedNats, tmp_path:
         info = await js.consumer_info(TEST_DURABLE.stream, TEST_DURABLE.name)
         assert info.num_pending == 0
         await asyncio.sleep(0.5)
-        assert info.num_ack_pending == 0 or (
-            await js.consumer_info(TEST_DURABLE.stream, TEST_DURABLE.name)
-        ).num_ack_pending == 0
+        assert (
+            info.num_ack_pending == 0
+            or (await js.consumer_info(TEST_DURABLE.stream, TEST_DURABLE.name)).num_ack_pending == 0
+        )
     finally:
         if worker.poll() is None:
             worker.terminate()

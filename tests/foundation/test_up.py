@@ -32,8 +32,16 @@ class Up:
         self.api_port, self.proxy_port = free_port(), free_port()
         self.proc = subprocess.Popen(
             [
-                *TORPOR, "up", "--data-dir", str(data_dir), "--api-port", str(self.api_port),
-                "--proxy-port", str(self.proxy_port), "--nats-port", "0",
+                *TORPOR,
+                "up",
+                "--data-dir",
+                str(data_dir),
+                "--api-port",
+                str(self.api_port),
+                "--proxy-port",
+                str(self.proxy_port),
+                "--nats-port",
+                "0",
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -25,7 +25,6 @@ from tests.conftest import skip_or_fail
 from tests.lifecycle.harness import System, running_system
 
 COMMAND = "date +%s%N >> started.log; exec sleep 1000"
-FIRST_ADDRESS = "127.0.9.2"
 
 
 @pytest.fixture
@@ -36,7 +35,6 @@ async def system(fresh_nats, tmp_path: Path) -> AsyncIterator[System]:  # type: 
         nats_url=fresh_nats.url,
         data_dir=tmp_path / "rt",
         bucket=f"wl_{uuid.uuid4().hex[:8]}",
-        first_address=FIRST_ADDRESS,
         stop_grace=1.0,
     )
     await runtime.start()

@@ -20,7 +20,6 @@ async def main() -> None:
     parser.add_argument("--nats-url", required=True)
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--bucket", required=True)
-    parser.add_argument("--first-address", required=True)
     parser.add_argument("--templates-dir", type=Path, default=None)
     parser.add_argument("--name", action="append", required=True)
     args = parser.parse_args()
@@ -29,7 +28,6 @@ async def main() -> None:
         data_dir=args.data_dir,
         bucket=args.bucket,
         templates_dir=args.templates_dir,
-        first_address=args.first_address,
     )
     await runtime.start()
     endpoints = {}

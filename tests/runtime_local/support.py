@@ -8,8 +8,6 @@ from typing import Any
 
 from shared.runtime.local import LocalRuntime
 
-# Away from 127.0.0.N (the Kubernetes test kubelet) and from the contract suite's range.
-FIRST_ADDRESS = "127.0.9.2"
 TEMPLATES: Path | None = None  # the packaged templates: sandbox-base runs the real daemon
 
 LocalRuntimeFactory = Callable[..., Awaitable[LocalRuntime]]
@@ -21,7 +19,6 @@ def runtime_kwargs(nats_url: str, data_dir: Path, bucket: str) -> dict[str, Any]
         "data_dir": data_dir,
         "bucket": bucket,
         "templates_dir": TEMPLATES,
-        "first_address": FIRST_ADDRESS,
         "stop_grace": 1.0,
         "poll_interval": 0.2,
     }

@@ -19,7 +19,7 @@ from shared.runtime.local import limits as local_limits
 from shared.runtime.local import procfs
 from shared.runtime.models import Endpoint, WorkloadSpec
 from tests.contract.harness import healthy, read_file, write_file
-from tests.runtime_local.support import FIRST_ADDRESS, TEMPLATES, LocalRuntimeFactory
+from tests.runtime_local.support import TEMPLATES, LocalRuntimeFactory
 
 pytestmark = pytest.mark.timeout(180)
 READY = 30.0
@@ -153,8 +153,6 @@ def start_owner(
         str(data_dir),
         "--bucket",
         bucket,
-        "--first-address",
-        FIRST_ADDRESS,
     ]
     if TEMPLATES is not None:
         argv += ["--templates-dir", str(TEMPLATES)]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ipaddress
 import random
-import secrets
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -18,7 +17,7 @@ import pytest
 from shared.errors import ConfigError
 from shared.models.network import NetworkPolicy
 from shared.runtime.local.network import PodNetwork, nftables
-from shared.runtime.local.network.names import InstanceNames
+from shared.runtime.local.network.names import InstanceNames, pod_net_id
 from tests.security.network_support import (
     OutsideHost,
     in_netns,
@@ -50,9 +49,9 @@ async def network(tmp_path: Path) -> AsyncIterator[PodNetwork]:
         assert str(subnet) not in sh("ip", "route", "show", "table", "all")
 
 
-def _listen(net: PodNetwork, slot: int, port: int) -> subprocess.Popen[str]:
+def _listen(net: PodNetwork, net_id: str, port: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        ["nsenter", f"--net={net.netns_path(slot)}", "--", sys.executable, "-c", LISTENER,
+        ["nsenter", f"--net={net.netns_path(net_id)}", "--", sys.executable, "-c", LISTENER,
          "0.0.0.0", str(port)],
         stdout=subprocess.PIPE,
         text=True,
@@ -64,9 +63,10 @@ def _listen(net: PodNetwork, slot: int, port: int) -> subprocess.Popen[str]:
 
 async def test_isolation_and_nat(network: PodNetwork, outside_host: OutsideHost) -> None:
     net = network
-    alice, bob = 2, 3
-    alice_ip = await net.setup(alice, NetworkPolicy())
-    bob_ip = await net.setup(bob, NetworkPolicy())
+    alice, bob = "a11ce00", "b0b0000"
+    alice_ip, bob_ip = net.address(2), net.address(3)
+    await net.setup(alice, alice_ip, NetworkPolicy())
+    await net.setup(bob, bob_ip, NetworkPolicy())
     assert ipaddress.ip_address(alice_ip) in net.subnet
     ns = net.netns_path(alice)
     servers = [_listen(net, alice, 7000), _listen(net, bob, 7000)]
@@ -102,14 +102,14 @@ async def test_isolation_and_nat(network: PodNetwork, outside_host: OutsideHost)
         for proc in [*servers, host_server]:
             proc.kill()
             proc.wait()
-        await net.teardown(alice)
-        await net.teardown(bob)
+        await net.teardown(alice, alice_ip)
+        await net.teardown(bob, bob_ip)
 
 
 async def test_policy_live_and_exact(network: PodNetwork, outside_host: OutsideHost) -> None:
-    net, slot = network, 5
-    await net.setup(slot, NetworkPolicy(allow_internet=False))
-    ns, target = net.netns_path(slot), outside_host.address
+    net, pod, address = network, "5005005", network.address(5)
+    await net.setup(pod, address, NetworkPolicy(allow_internet=False))
+    ns, target = net.netns_path(pod), outside_host.address
     try:
         assert not probe(ns, target, outside_host.port).startswith("ok")
         block = str(ipaddress.ip_network(f"{target}/30", strict=False))
@@ -121,12 +121,12 @@ async def test_policy_live_and_exact(network: PodNetwork, outside_host: OutsideH
             (NetworkPolicy(deny_out=(f"{target}",), allow_out=("10.0.0.0/8",)), False),
         ]
         for policy, reachable in cases:
-            await net.apply_policy(slot, policy)  # live: the namespace and link stay
+            await net.apply_policy(pod, address, policy)  # live: the namespace and link stay
             assert policy.permits(target) is reachable
             got = probe(ns, target, outside_host.port)
             assert got.startswith("ok") is reachable, (policy, got)
     finally:
-        await net.teardown(slot)
+        await net.teardown(pod, address)
     assert leftovers(net._data_dir) == [f"table {net.names.table}"]
 
 
@@ -178,32 +178,37 @@ def test_hostile_range_settings(value: str, tmp_path: Path) -> None:
         PodNetwork(tmp_path, pod_cidr=value)
 
 
-async def test_sweep_keeps_live_slots_and_removes_the_rest(network: PodNetwork) -> None:
+async def test_sweep_keeps_live_pods_and_removes_the_rest(network: PodNetwork) -> None:
     net = network
-    for slot in (2, 3, 4):
-        await net.setup(slot, NetworkPolicy())
-    # A restarted runtime knows slot 3 still has a live pod; 2 and 4 are leftovers.
+    pods = {f"000000{i}": net.address(i) for i in (2, 3, 4)}
+    for net_id, address in pods.items():
+        await net.setup(net_id, address, NetworkPolicy())
+    # A restarted runtime knows pod 0000003 still runs; the two others are leftovers.
     fresh = await PodNetwork(net._data_dir).open()
-    await fresh.sweep({3: NetworkPolicy(allow_internet=False)})
+    await fresh.sweep({"0000003": (pods["0000003"], NetworkPolicy(allow_internet=False))})
     prefix = net.names.link_prefix
-    assert sorted(n for n in leftovers(net._data_dir) if n.startswith(prefix)) == [
-        net.names.link(3)
+    assert [n for n in leftovers(net._data_dir) if n.startswith(prefix)] == [
+        net.names.link("0000003")
     ]
     listing = sh("nft", "list", "table", "inet", net.names.table)
-    assert nftables.chains_of(listing).count(net.names.chain(3)) == 1
-    assert net.names.chain(2) not in listing and "0.0.0.0/0" in listing
-    await fresh.teardown(3)
+    assert nftables.chains_of(listing).count(net.names.chain("0000003")) == 1
+    assert net.names.chain("0000002") not in listing and "0.0.0.0/0" in listing
+    await fresh.teardown("0000003", pods["0000003"])
 
 
 def test_names_are_validated() -> None:
     n = InstanceNames.for_data_dir(Path("/tmp/x"))
-    assert n.slot_of_link(n.link(0x12)) == 0x12
-    assert n.slot_of_link(n.link(0x12) + "x") is None
-    assert n.slot_of_link("tp" + secrets.token_hex(3) + "0012") in {None, 0x12}
-    assert n.slot_of_netns(f"torpor-{n.instance}-../x") is None
-    with pytest.raises(ValueError, match="slot"):
-        n.link(0x10000)
-    assert len(n.link(0xFFFF)) <= 15
+    assert n.id_of_link(n.link("00000a2")) == "00000a2"
+    assert n.id_of_link(n.link("00000a2") + "x") is None
+    assert n.id_of_netns(f"{n.netns_prefix}../x") is None
+    assert n.id_of_chain("egress_0000001") == "0000001"
+    for hostile in ["../../x", "--ro-bind", "0000000\0", "ABCDEFG", "00000000", ""]:
+        with pytest.raises(ValueError, match="pod network id"):
+            n.link(hostile)
+    assert len(n.link("fffffff")) <= 15
+    assert pod_net_id("3f2a9c1e-0000-4000-8000-000000000000") == "3f2a9c1"
+    with pytest.raises(ValueError, match="7 hex"):
+        pod_net_id("../../etc")
 
 
 _PROBE_HOST = (

@@ -1,4 +1,5 @@
-"""The local runtime adapter: bubblewrap-isolated pods on loopback, records in NATS KV."""
+"""The local runtime adapter: bubblewrap-isolated pods, each in its own network namespace, with
+records in NATS KV."""
 
 from shared.runtime.local.workloads import LocalRuntime
 

@@ -1,14 +1,13 @@
 """Each workload's pod address: reserved in the workloads' KV bucket for the workload's lifetime.
 
-Today an address is a loopback address (127.0.x.y) the pod's daemon listens on; key
-``addr.<a>-<b>-<c>-<d>`` holds ``{"workload": name}``. The pool's interface (reserve, release,
-release_orphans) is all the rest of the runtime uses, so the allocation scheme can change here.
+An address is one of the instance's pod range (:mod:`.network`), the address of the pod's own
+network namespace, where its daemon listens; key ``addr.<a>-<b>-<c>-<d>`` holds
+``{"workload": name}``. It stays reserved while the workload is paused, so no other pod can take
+it over.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -16,7 +15,7 @@ from nats.js.kv import KeyValue
 
 from shared.bus.kv import key_names
 from shared.errors import RuntimeFailure
-from shared.runtime.models import ENVD_PORT
+from shared.runtime.local.network import PodNetwork
 
 ADDRESS_PREFIX = "addr."
 
@@ -26,22 +25,23 @@ def address_key(address: str) -> str:
 
 
 class AddressPool:
-    def __init__(self, kv: KeyValue, *, first_address: str = "127.0.0.2") -> None:
+    def __init__(self, kv: KeyValue, *, network: PodNetwork) -> None:
         self._kv = kv
-        self._first = tuple(int(p) for p in first_address.split("."))
+        self._network = network
+
+    def usable(self, address: str) -> bool:
+        """Whether ``address`` is a pod address of the current range (a range claimed anew
+        after a reboot, or a record from before pod networks, needs a new one)."""
+        return self._network.slot_of(address) is not None
 
     async def reserve(self, name: str) -> str:
         """A free address, now reserved for workload ``name``."""
-        a, b, c, d = self._first
         taken = set(await self.reserved())
-        for third in range(c, 256):
-            for fourth in range(d if third == c else 2, 255):
-                address = f"{a}.{b}.{third}.{fourth}"
-                if address in taken or await _port_open(address, ENVD_PORT):
-                    continue
-                if await self._claim(address, name):
-                    return address
-        msg = "no free loopback address left for a local pod"
+        for slot in self._network.slots():
+            address = self._network.address(slot)
+            if address not in taken and await self._claim(address, name):
+                return address
+        msg = f"no free pod address left in {self._network.subnet}"
         raise RuntimeFailure(msg)
 
     async def release(self, address: str) -> None:
@@ -83,14 +83,3 @@ class AddressPool:
         except KeyWrongLastSequenceError:
             return False
         return True
-
-
-async def _port_open(host: str, port: int) -> bool:
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=0.5)
-    except (OSError, TimeoutError):
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True

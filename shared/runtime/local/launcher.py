@@ -17,6 +17,7 @@ import shutil
 import stat
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
@@ -66,9 +67,10 @@ class PodLauncher:
         return self.pods_dir / uid
 
     async def start(
-        self, record: WorkloadRecord, uid: str
+        self, record: WorkloadRecord, uid: str, *, enter: Sequence[str] = ()
     ) -> tuple[PodRecord, asyncio.subprocess.Process]:
-        """Spawn pod ``uid`` of ``record`` (not yet recorded anywhere)."""
+        """Spawn pod ``uid`` of ``record`` (not yet recorded anywhere); ``enter`` is the argv
+        prefix that puts it in its network namespace."""
         template = await asyncio.to_thread(load_template, record.template, self._template_dirs)
         pod_dir = self.pod_dir(uid)
         if pod_dir is None or record.id_base is None or not userns.valid_base(record.id_base):
@@ -118,7 +120,7 @@ class PodLauncher:
             )
             if self._cgroups is not None:
                 await asyncio.to_thread(self._cgroups.create, uid, pod_limits)
-            process = await self._spawn(launch, pod_limits, pod_dir)
+            process = await self._spawn(launch, pod_limits, pod_dir, enter)
         except (OSError, RuntimeFailure) as e:
             await self._discard(uid, pod_dir)
             msg = f"cannot start a pod for {record.name}: {e}"
@@ -133,7 +135,11 @@ class PodLauncher:
         return pod, process
 
     async def _spawn(
-        self, launch: bwrap.PodLaunch, pod_limits: limits.Limits, pod_dir: Path
+        self,
+        launch: bwrap.PodLaunch,
+        pod_limits: limits.Limits,
+        pod_dir: Path,
+        enter: Sequence[str],
     ) -> asyncio.subprocess.Process:
         """Start bwrap, then (while it waits) map its ids and put it in its cgroups."""
         assert launch.id_base is not None
@@ -143,6 +149,7 @@ class PodLauncher:
         info_r, info_w = os.pipe()
         try:
             argv = [
+                *enter,
                 *limits.rlimit_wrapper(pod_limits, cgroups=self._cgroups is not None),
                 *stage,
                 *bwrap.bwrap_argv(

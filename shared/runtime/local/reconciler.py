@@ -2,7 +2,9 @@
 
 It starts a pod when ``replicas`` is 1 and none runs (crashed pods are restarted with a
 back-off), stops pods of workloads scaled to 0 or deleted, and at start-up stops strays (pods of
-this data dir that no record knows) and releases addresses of workloads that are gone.
+this data dir that no record knows), releases addresses of workloads that are gone and removes
+network namespaces, links and rules no live pod uses. A pod's network (:mod:`.network`) is made
+before its processes start and removed after they stopped.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from shared.errors import Conflict, NotFound, RuntimeFailure
 from shared.runtime.local import procfs
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import PodLauncher
-from shared.runtime.local.records import WorkloadRecord, WorkloadStore
+from shared.runtime.local.network import PodNetwork
+from shared.runtime.local.network.names import pod_net_id
+from shared.runtime.local.records import PodRecord, WorkloadRecord, WorkloadStore
 from shared.runtime.local.userns import IdRangePool
 
 log = structlog.get_logger()
@@ -36,12 +40,14 @@ class Reconciler:
         addresses: AddressPool,
         id_ranges: IdRangePool,
         launcher: PodLauncher,
+        network: PodNetwork,
         poll_interval: float,
     ) -> None:
         self._store = store
         self._addresses = addresses
         self._id_ranges = id_ranges
         self._launcher = launcher
+        self._network = network
         self._poll_interval = poll_interval
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: set[str] = set()
@@ -103,6 +109,38 @@ class Reconciler:
             await self.stop_strays(set(names))
             await self._addresses.release_orphans(set(names))
             await self._id_ranges.release_orphans(set(names))
+            await self._sweep_network(names)
+
+    async def _sweep_network(self, names: list[str]) -> None:
+        """Keep the network of every pod still running (adopted after a restart); remove the
+        rest of this instance's namespaces, links and rules."""
+        keep = {}
+        for name in names:
+            current = await self._store.get(name)
+            if current is None:
+                continue
+            record = current[0]
+            for pod in [*record.terminating, *([record.pod] if record.pod else [])]:
+                alive = procfs.is_pod_alive(pod.pid, pod.uid, pod.start_ticks)
+                if pod.address is not None and alive:
+                    keep[pod_net_id(pod.uid)] = (pod.address, record.network)
+        await self._network.sweep(keep)
+
+    async def apply_network(self, name: str) -> None:
+        """Give the workload's running pod the record's current policy (a live change)."""
+        applied = None
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            # Again until the record holds what was applied: another process may have
+            # written a newer policy (and applied it) while this one applied an older one.
+            while True:
+                current = await self._store.get(name)
+                pod = current[0].pod if current is not None else None
+                if current is None or pod is None or pod.address is None:
+                    return
+                if current[0].network == applied:
+                    return
+                applied = current[0].network
+                await self._network.apply_policy(pod_net_id(pod.uid), pod.address, applied)
 
     async def stop_strays(self, names: set[str]) -> None:
         """Stop this data dir's pods that no record of ``names`` knows."""
@@ -126,7 +164,7 @@ class Reconciler:
                 continue
             record = current[0]
             for pod in [*record.terminating, *([record.pod] if record.pod else [])]:
-                await self._launcher.cleanup(pod)
+                await self._discard(pod)
 
             def change(r: WorkloadRecord) -> WorkloadRecord:
                 return r.model_copy(update={"pod": None, "terminating": []})
@@ -157,7 +195,7 @@ class Reconciler:
         record, revision = current
         if record.terminating:
             for pod in record.terminating:
-                await self._launcher.cleanup(pod)
+                await self._discard(pod)
             gone = {p.uid for p in record.terminating}
             await self._store.mutate(
                 name,
@@ -223,28 +261,69 @@ class Reconciler:
     async def _start_pod(self, record: WorkloadRecord) -> None:
         if record.id_base is None:  # a record from before id ranges
             record = await self._give_id_range(record)
+        record = await self._usable_address(record)
         uid = str(uuid.uuid4())
-        self._starting.add(uid)
-        try:
+        net_id = pod_net_id(uid)
+        async with self._network.address_lock(record.address):
+            # Under the lock: another reconciler (another service) may have started it.
+            fresh = await self._store.get(record.name)
+            if fresh is None or not _wants_pod(fresh[0]) or fresh[0].address != record.address:
+                return
+            record = fresh[0]
+            self._starting.add(uid)
             try:
-                pod, process = await self._launcher.start(record, uid)
-            except RuntimeFailure:
-                await self._start_failed(record)
-                raise
+                try:
+                    await self._network.setup(net_id, record.address, record.network)
+                    try:
+                        pod, process = await self._launcher.start(
+                            record, uid, enter=self._network.enter_prefix(net_id)
+                        )
+                    except Exception:
+                        await self._network.teardown(net_id, record.address)
+                        raise
+                except RuntimeFailure:
+                    await self._start_failed(record)
+                    raise
+                pod = pod.model_copy(update={"address": record.address})
 
-            def change(r: WorkloadRecord) -> WorkloadRecord | None:
-                if r.pod is not None or r.replicas != 1 or r.deleting:
-                    return None
-                return r.model_copy(update={"pod": pod})
+                def change(r: WorkloadRecord) -> WorkloadRecord | None:
+                    return r.model_copy(update={"pod": pod}) if _wants_pod(r) else None
 
-            current, _ = await self._store.mutate(record.name, change)
-        finally:
-            self._starting.discard(uid)
-        if current.pod is None or current.pod.uid != uid:  # someone else won, or scaled to 0
-            await self._launcher.cleanup(pod)
+                current, _ = await self._store.mutate(record.name, change)
+            finally:
+                self._starting.discard(uid)
+        if current.pod is None or current.pod.uid != uid:  # scaled to 0 or deleted meanwhile
+            await self._discard(pod)
             return
+        if current.network != record.network:  # changed while the pod was starting
+            await self.apply_network(record.name)
         log.info("runtime.local.pod_started", workload=record.name, pod_uid=uid, pid=process.pid)
         self._spawn_task(self._watch_exit(record.name, process))
+
+    async def _usable_address(self, record: WorkloadRecord) -> WorkloadRecord:
+        """The record, with a new address when its own is not in the current pod range."""
+        if self._addresses.usable(record.address):
+            return record
+        address = await self._addresses.reserve(record.name)
+        old = record.address
+
+        def change(r: WorkloadRecord) -> WorkloadRecord | None:
+            return r.model_copy(update={"address": address}) if r.address == old else None
+
+        current, _ = await self._store.mutate(record.name, change)
+        if current.address != address:  # readdressed by someone else meanwhile
+            await self._addresses.release(address)
+        else:
+            await self._addresses.release(old)
+            log.info("runtime.local.readdressed", workload=record.name, old=old, new=address)
+        return current
+
+    async def _discard(self, pod: PodRecord) -> None:
+        """Stop and remove a pod, then its network (only once no process is left in it: a
+        ``RuntimeFailure`` from the launcher keeps both for the next try)."""
+        await self._launcher.cleanup(pod)
+        if pod.address is not None:
+            await self._network.teardown(pod_net_id(pod.uid), pod.address)
 
     async def _start_failed(self, record: WorkloadRecord) -> None:
         """Back off like after a crash, so a pod that cannot start is not retried every poll."""
@@ -283,6 +362,10 @@ def _needs_work(record: WorkloadRecord) -> bool:
     if record.pod is None:
         return record.not_before <= time.time()  # else a delayed reconcile is already queued
     return not procfs.is_pod_alive(record.pod.pid, record.pod.uid, record.pod.start_ticks)
+
+
+def _wants_pod(record: WorkloadRecord) -> bool:
+    return record.pod is None and record.replicas == 1 and not record.deleting
 
 
 def _pod_to_terminating(record: WorkloadRecord) -> WorkloadRecord | None:

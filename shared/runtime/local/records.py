@@ -39,6 +39,7 @@ class PodRecord(_Frozen):
     pod_dir: str  # host dir holding workspace/ and pod.log; removed when the pod stops
     ready: bool = False  # the daemon answered /health once
     start_ticks: int | None = None  # the outer bwrap's start time: with pid, its identity
+    address: str | None = None  # its address in the pod network (None: older records)
 
 
 class WorkloadRecord(_Frozen):
@@ -52,7 +53,7 @@ class WorkloadRecord(_Frozen):
     access_token: str | None = None
     network: NetworkPolicy = OPEN
     replicas: int
-    address: str  # this workload's loopback address, stable for its lifetime
+    address: str  # this workload's pod address, reserved for its lifetime (paused included)
     id_base: int | None = None  # this workload's host uid/gid range (see .userns)
     pod: PodRecord | None = None  # the current pod (not terminating)
     terminating: list[PodRecord] = Field(default_factory=list)

@@ -4,9 +4,11 @@ This module is the :class:`shared.runtime.ports.Runtime` port: records in NATS K
 (``torpor_workloads``, see :mod:`.records`), changed by CAS, and a :mod:`.reconciler` that makes
 the processes match them. Each workload has one address (:mod:`.addresses`) reserved for its
 lifetime. Its pod (:mod:`.launcher`, :mod:`.bwrap`) is the in-sandbox daemon
-(``python -m services.envd``) under ``bwrap`` with its own user/PID/IPC/UTS/mount namespaces
-(listening on its own 127.0.x.y:49983), a read-only view of the OS and of the daemon's code, a
-fresh ``/workspace`` that is deleted when the pod stops, and the template's volumes (host
+(``python -m services.envd``) under ``bwrap`` with its own user/PID/IPC/UTS/mount namespaces and
+its own network namespace (:mod:`.network`: it listens on its pod address, port 49983, and
+reaches only the outside, through NAT, as its NetworkPolicy allows), a read-only view of the OS
+and of the daemon's code, a fresh ``/workspace`` that is deleted when the pod stops, and the
+template's volumes (host
 directories kept across pauses). "Ready" means the daemon's ``/health`` answers 2xx.
 
 Pods do not depend on the runtime that started them: after a ``kill -9`` of the owner the next
@@ -14,12 +16,13 @@ Pods do not depend on the runtime that started them: after a ``kill -9`` of the 
 strays (pods without a record); ``close()`` stops every pod of its data dir
 (``stop_pods_on_close``) while keeping ``replicas``, so the next start brings them back.
 
-Isolation is not a VM's (see docs/security.md, "Local runtime: users, filesystem, limits"):
-pods share the host's kernel and, until the pod network is wired in, its network namespace (they
-listen on loopback and reach every loopback service). Each pod's root is root of its own user
+Isolation is not a VM's (see docs/security.md, "Local runtime: users, filesystem, limits" and
+"Local runtime: network"): pods share the host's kernel. Each pod's root is root of its own user
 namespace only, mapped to an unprivileged host id range (:mod:`.userns`), with no capabilities;
 it sees a read-only OS, its own ``/etc`` (:mod:`.etc`) and torpor's daemon code, never other
-pods' files or processes. Limits: :mod:`.limits` (cgroups) and :mod:`.disk` (workspace size).
+pods' files or processes, and reaches neither the host, its loopback services (NATS, the API)
+nor other pods over the network. Limits: :mod:`.limits` (cgroups) and :mod:`.disk` (workspace
+size).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from shared.redaction import redact_text
 from shared.runtime.local import bwrap, bytecode, limits
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import STAGE_DIR, PodLauncher
+from shared.runtime.local.network import PodNetwork
 from shared.runtime.local.reconciler import Reconciler
 from shared.runtime.local.records import WorkloadRecord, WorkloadStore
 from shared.runtime.local.userns import IdRangePool
@@ -88,7 +92,7 @@ class LocalRuntime:
         stop_grace: float = 2.0,
         supervise: bool = True,
         stop_pods_on_close: bool = True,
-        first_address: str = "127.0.0.2",
+        pod_cidr: str = "auto",
         poll_interval: float = 1.0,
     ) -> None:
         self._nats_url = nats_url
@@ -101,7 +105,7 @@ class LocalRuntime:
         self._stop_grace = stop_grace
         self._supervise = supervise
         self._stop_pods_on_close = stop_pods_on_close
-        self._first_address = first_address
+        self._network = PodNetwork(self._data_dir, pod_cidr=pod_cidr)  # ConfigError if bad
         self._poll_interval = poll_interval
         self._nc: Client | None = None
         self._store_: WorkloadStore | None = None
@@ -115,6 +119,7 @@ class LocalRuntime:
 
     async def start(self) -> LocalRuntime:
         await bwrap.check_bwrap(self._bwrap)
+        await self._network.open()
         (self._data_dir / "pods").mkdir(parents=True, exist_ok=True)
         (self._data_dir / "logs").mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(STAGE_DIR.mkdir, mode=0o755, exist_ok=True)
@@ -141,13 +146,14 @@ class LocalRuntime:
             raise Unavailable(msg) from e
         kv = await self._bucket_kv()
         self._store_ = WorkloadStore(kv)
-        self._addresses_ = AddressPool(kv, first_address=self._first_address)
+        self._addresses_ = AddressPool(kv, network=self._network)
         self._id_ranges_ = IdRangePool(kv, instance=str(self._data_dir))
         self._reconciler_ = Reconciler(
             store=self._store_,
             addresses=self._addresses_,
             id_ranges=self._id_ranges_,
             launcher=self._launcher,
+            network=self._network,
             poll_interval=self._poll_interval,
         )
         if self._supervise:
@@ -179,6 +185,7 @@ class LocalRuntime:
         finally:
             if self._stop_pods_on_close:  # even when NATS is gone: never leave orphans
                 await self._reconciler_.stop_strays(set())
+                await self._network.release()
                 if self._launcher is not None:
                     await self._launcher.close()
             if self._nc is not None:
@@ -335,7 +342,7 @@ class LocalRuntime:
             return record.model_copy(update={"network": policy})
 
         await self._store.mutate(name, change)
-        self._reconciler.kick(name)
+        await self._reconciler.apply_network(name)  # a running pod gets it at once
 
     async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
         deadline = time.monotonic() + timeout

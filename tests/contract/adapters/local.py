@@ -13,8 +13,6 @@ from tests.conftest import skip_or_fail
 from tests.contract.harness import HarnessContext, RuntimeHarness
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
-# Away from 127.0.0.N, which the Kubernetes test kubelet hands out.
-FIRST_ADDRESS = "127.0.8.2"
 
 
 @asynccontextmanager
@@ -26,7 +24,6 @@ async def harness(context: HarnessContext) -> AsyncIterator[RuntimeHarness]:
         data_dir=context.tmp_path / "local-runtime",
         templates_dir=TEMPLATES,
         bucket=f"wl_{uuid.uuid4().hex[:12]}",
-        first_address=FIRST_ADDRESS,
         stop_grace=1.0,
     )
     await runtime.start()

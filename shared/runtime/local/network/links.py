@@ -23,10 +23,6 @@ def netns_path(name: str) -> Path:
     return NETNS_DIR / name
 
 
-def exists(link: str, netns: str) -> bool:
-    return (SYS_NET / link).exists() or netns_path(netns).exists()
-
-
 async def create(
     ip: str, *, netns: str, link: str, address: str, gateway: ipaddress.IPv4Address
 ) -> None:
@@ -50,7 +46,8 @@ async def create(
             f"route add default via {gateway} dev {POD_LINK}\n"
         ),
     )
-    await run([ip, "route", "add", f"{address}/32", "dev", link, "src", str(gateway)])
+    # replace: a pod of the same workload being removed may still hold the route a moment.
+    await run([ip, "route", "replace", f"{address}/32", "dev", link, "src", str(gateway)])
 
 
 async def remove(ip: str, *, netns: str, link: str) -> None:

@@ -12,7 +12,19 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-MAX_SLOTS = 0xFFFF  # four hex digits in a link name (Linux allows 15 characters)
+MAX_SLOTS = 0xFFFF  # addresses per range (a /16 at most)
+_POD = re.compile(r"[0-9a-f]{7}")
+
+
+def pod_net_id(pod_uid: str) -> str:
+    """The 7 hex digits that name one pod's network objects (from its random uid): each pod has
+    its own, so removing one pod's network never touches another's, even one of the same
+    workload starting meanwhile."""
+    net_id = pod_uid.replace("-", "")[:7].lower()
+    if not _POD.fullmatch(net_id):
+        msg = f"pod uid {pod_uid[:40]!r} does not start with 7 hex digits"
+        raise ValueError(msg)
+    return net_id
 
 
 @dataclass(frozen=True)
@@ -38,33 +50,37 @@ class InstanceNames:
         """Matches every host-side pod link of this instance in an nft rule."""
         return f"{self.link_prefix}*"
 
-    def link(self, slot: int) -> str:
-        """The host side of slot ``slot``'s veth pair (12 characters)."""
-        _check_slot(slot)
-        return f"{self.link_prefix}{slot:04x}"
+    @property
+    def netns_prefix(self) -> str:
+        return f"torpor-{self.instance}-"
 
-    def netns(self, slot: int) -> str:
-        _check_slot(slot)
-        return f"torpor-{self.instance}-{slot:04x}"
+    def link(self, net_id: str) -> str:
+        """The host side of the pod's veth pair (15 characters, Linux's limit)."""
+        return f"{self.link_prefix}{_checked(net_id)}"
 
-    def chain(self, slot: int) -> str:
-        _check_slot(slot)
-        return f"egress_{slot:04x}"
+    def netns(self, net_id: str) -> str:
+        return f"{self.netns_prefix}{_checked(net_id)}"
 
-    def slot_of_link(self, name: str) -> int | None:
-        match = re.fullmatch(rf"{self.link_prefix}([0-9a-f]{{4}})", name)
-        return int(match.group(1), 16) if match else None
+    def chain(self, net_id: str) -> str:
+        return f"egress_{_checked(net_id)}"
 
-    def slot_of_netns(self, name: str) -> int | None:
-        match = re.fullmatch(rf"torpor-{self.instance}-([0-9a-f]{{4}})", name)
-        return int(match.group(1), 16) if match else None
+    def id_of_link(self, name: str) -> str | None:
+        return _suffix(name, self.link_prefix)
 
-    def slot_of_chain(self, name: str) -> int | None:
-        match = re.fullmatch(r"egress_([0-9a-f]{4})", name)
-        return int(match.group(1), 16) if match else None
+    def id_of_netns(self, name: str) -> str | None:
+        return _suffix(name, self.netns_prefix)
+
+    def id_of_chain(self, name: str) -> str | None:
+        return _suffix(name, "egress_")
 
 
-def _check_slot(slot: int) -> None:
-    if not 0 < slot <= MAX_SLOTS:
-        msg = f"pod slot {slot} out of range"
+def _checked(net_id: str) -> str:
+    if not _POD.fullmatch(net_id):
+        msg = f"not a pod network id: {net_id[:40]!r}"
         raise ValueError(msg)
+    return net_id
+
+
+def _suffix(name: str, prefix: str) -> str | None:
+    rest = name.removeprefix(prefix)
+    return rest if rest != name and _POD.fullmatch(rest) else None

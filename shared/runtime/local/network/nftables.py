@@ -7,7 +7,7 @@ One table (family ``inet``) per instance, ``torpor_<id>``; its comment records t
   services); only replies to connections the host opened to the pod pass.
 - ``forward``: into a pod only replies to its own connections; from a pod only packets whose
   source is the pod's own address on its own link (``links``), to no other pod, and then the pod's
-  egress chain (``egress`` map: link → ``egress_<slot>``), which implements
+  egress chain (``egress`` map: link → ``egress_<pod net id>``), which implements
   :meth:`NetworkPolicy.permits` exactly: ``allow_out`` accepts, then the effective deny list
   rejects, everything else is accepted. It sees every packet, so a new policy also cuts open
   connections. Pods have no IPv6 address; IPv6 from a pod is rejected.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 
 from shared.models.network import NetworkPolicy
 from shared.runtime.local.network.names import InstanceNames
@@ -52,36 +53,33 @@ def _set(nets: list[ipaddress.IPv4Network]) -> str:
     return "{ " + ", ".join(str(n) for n in nets) + " }"
 
 
-def egress_rules(names: InstanceNames, slot: int, policy: NetworkPolicy) -> str:
-    """Replace slot ``slot``'s egress chain and (re)register its link: one atomic script,
-    idempotent (also what a live policy change runs)."""
-    table, chain = names.table, names.chain(slot)
+def egress_rules(names: InstanceNames, net_id: str, address: str, policy: NetworkPolicy) -> str:
+    """Replace one pod's egress chain and (re)register its link and address: one atomic,
+    idempotent script (also what a live policy change runs)."""
+    table, chain, link = names.table, names.chain(net_id), names.link(net_id)
     allow, deny = egress_lists(policy)
     lines = [f"add chain inet {table} {chain}", f"flush chain inet {table} {chain}"]
     if allow:
         lines.append(f"add rule inet {table} {chain} ip daddr {_set(allow)} accept")
     if deny:
         lines.append(f"add rule inet {table} {chain} ip daddr {_set(deny)} {REJECT}")
-    lines.append(f"add rule inet {table} {chain} accept")
+    lines += [
+        f"add rule inet {table} {chain} accept",
+        f'add element inet {table} links {{ "{link}" . {address} }}',
+        f'add element inet {table} egress {{ "{link}" : jump {chain} }}',
+    ]
     return "\n".join(lines) + "\n"
 
 
-def register_pod(names: InstanceNames, slot: int, address: str) -> str:
-    table, link = names.table, names.link(slot)
-    return (
-        f'add element inet {table} links {{ "{link}" . {address} }}\n'
-        f'add element inet {table} egress {{ "{link}" : jump {names.chain(slot)} }}\n'
-    )
-
-
-def remove_pod(names: InstanceNames, slot: int, address: str) -> str:
-    """Remove slot ``slot``'s rules whether or not they exist (``add`` first makes the deletes
-    always valid; nft 1.0.6 has no ``destroy``)."""
-    table, chain, link = names.table, names.chain(slot), names.link(slot)
+def remove_pod(names: InstanceNames, net_id: str, address: str) -> str:
+    """Remove one pod's rules whether or not they exist (``add`` first makes the deletes always
+    valid; nft 1.0.6 has no ``destroy``)."""
+    table, chain, link = names.table, names.chain(net_id), names.link(net_id)
     return (
         f"add chain inet {table} {chain}\n"
-        + register_pod(names, slot, address)
-        + f'delete element inet {table} egress {{ "{link}" }}\n'
+        f'add element inet {table} links {{ "{link}" . {address} }}\n'
+        f'add element inet {table} egress {{ "{link}" : jump {chain} }}\n'
+        f'delete element inet {table} egress {{ "{link}" }}\n'
         f'delete element inet {table} links {{ "{link}" . {address} }}\n'
         f"flush chain inet {table} {chain}\n"
         f"delete chain inet {table} {chain}\n"
@@ -92,7 +90,7 @@ def table_script(
     names: InstanceNames,
     subnet: ipaddress.IPv4Network,
     label: str,
-    pods: dict[int, NetworkPolicy],
+    pods: Mapping[str, tuple[str, NetworkPolicy]],
     *,
     replace: bool,
 ) -> str:
@@ -134,8 +132,8 @@ def table_script(
 }}
 """
     per_pod = "".join(
-        egress_rules(names, slot, policy) + register_pod(names, slot, str(subnet[slot]))
-        for slot, policy in sorted(pods.items())
+        egress_rules(names, net_id, address, policy)
+        for net_id, (address, policy) in sorted(pods.items())
     )
     return head + base + per_pod
 

@@ -143,67 +143,81 @@ class PodNetwork:
         finally:
             os.close(fd)  # also releases the lock
 
+    @contextlib.asynccontextmanager
+    async def address_lock(self, address: str) -> AsyncIterator[None]:
+        """Held while a pod is started at ``address``: the processes of one instance (several
+        services may each run a reconciler) never start two pods at one address."""
+        folder = self._data_dir / "network"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{ipaddress.IPv4Address(address)}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     async def _list_table(self) -> str | None:
         listed = await run([self._nft, "list", "table", "inet", self.names.table], check=False)
         return listed.stdout if listed.returncode == 0 else None
 
     # ---- pods -------------------------------------------------------------------------
+    # A pod's network objects are named by its net id (names.pod_net_id), its address is the
+    # workload's: a pod being removed never takes down a newer pod of the same workload.
 
-    def netns_path(self, slot: int) -> Path:
-        return links.netns_path(self.names.netns(slot))
+    def netns_path(self, net_id: str) -> Path:
+        return links.netns_path(self.names.netns(net_id))
 
-    def enter_prefix(self, slot: int) -> list[str]:
-        """Argv prefix that runs the rest of a command line inside slot ``slot``'s namespace."""
-        return ["nsenter", f"--net={self.netns_path(slot)}", "--"]
+    def enter_prefix(self, net_id: str) -> list[str]:
+        """Argv prefix that runs the rest of a command line inside the pod's namespace."""
+        return ["nsenter", f"--net={self.netns_path(net_id)}", "--"]
 
-    async def setup(self, slot: int, policy: NetworkPolicy) -> str:
-        """Namespace, link, routes and rules for a pod at ``slot``; its address."""
-        names, address = self.names, self.address(slot)
-        link, netns = names.link(slot), names.netns(slot)
-        if links.exists(link, netns):  # a leftover of a pod that died with its runtime
-            await self.teardown(slot)
+    async def setup(self, net_id: str, address: str, policy: NetworkPolicy) -> None:
+        """Namespace, link, routes and rules of one pod."""
+        names = self.names
         try:
             await links.create(
-                self._ip, netns=netns, link=link, address=address, gateway=self.gateway
+                self._ip,
+                netns=names.netns(net_id),
+                link=names.link(net_id),
+                address=address,
+                gateway=self.gateway,
             )
-            await self.apply_policy(slot, policy)
+            await self.apply_policy(net_id, address, policy)
         except RuntimeFailure:
-            await self.teardown(slot)
+            await self.teardown(net_id, address)
             raise
-        return address
 
-    async def apply_policy(self, slot: int, policy: NetworkPolicy) -> None:
+    async def apply_policy(self, net_id: str, address: str, policy: NetworkPolicy) -> None:
         """Replace the pod's egress rules (one atomic nft transaction)."""
-        script = nftables.egress_rules(self.names, slot, policy) + nftables.register_pod(
-            self.names, slot, self.address(slot)
-        )
+        script = nftables.egress_rules(self.names, net_id, address, policy)
         await run([self._nft, "-f", "-"], stdin=script)
 
-    async def teardown(self, slot: int) -> None:
+    async def teardown(self, net_id: str, address: str) -> None:
         names = self.names
         await run(
             [self._nft, "-f", "-"],
-            stdin=nftables.remove_pod(names, slot, self.address(slot)),
+            stdin=nftables.remove_pod(names, net_id, address),
             check=False,  # the table is gone already: nothing to remove
         )
-        await links.remove(self._ip, netns=names.netns(slot), link=names.link(slot))
+        await links.remove(self._ip, netns=names.netns(net_id), link=names.link(net_id))
 
-    async def sweep(self, keep: Mapping[int, NetworkPolicy]) -> None:
-        """Make the host match ``keep`` (slot → policy of each live pod): rebuild the table
-        atomically and remove every link and namespace of this instance not in ``keep``."""
+    async def sweep(self, keep: Mapping[str, tuple[str, NetworkPolicy]]) -> None:
+        """Make the host match ``keep`` (net id → address and policy of each live pod):
+        rebuild the table atomically, remove every other link and namespace of the instance."""
         script = nftables.table_script(
-            self.names, self.subnet, str(self._data_dir), dict(keep), replace=True
+            self.names, self.subnet, str(self._data_dir), keep, replace=True
         )
         await run([self._nft, "-f", "-"], stdin=script)
         await self._remove_links(keep)
 
-    async def _remove_links(self, keep: Mapping[int, object]) -> None:
+    async def _remove_links(self, keep: Mapping[str, object]) -> None:
         names = self.names
-        slots = {names.slot_of_link(n) for n in links.own_links(names.link_prefix)}
-        slots |= {names.slot_of_netns(n) for n in links.own_netns(f"torpor-{names.instance}-")}
-        for slot in sorted(s for s in slots if s is not None and s not in keep):
-            log.info("runtime.local.network.leftover_removed", slot=slot)
-            await links.remove(self._ip, netns=names.netns(slot), link=names.link(slot))
+        ids = {names.id_of_link(n) for n in links.own_links(names.link_prefix)}
+        ids |= {names.id_of_netns(n) for n in links.own_netns(names.netns_prefix)}
+        for net_id in sorted(i for i in ids if i is not None and i not in keep):
+            log.info("runtime.local.network.leftover_removed", net_id=net_id)
+            await links.remove(self._ip, netns=names.netns(net_id), link=names.link(net_id))
 
     async def release(self) -> None:
         """Remove everything of this instance: links, namespaces, the range's route, the table
