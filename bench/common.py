@@ -36,6 +36,7 @@ if str(REPO) not in sys.path:
 
 from shared.bus.server import EmbeddedNats, free_port  # noqa: E402
 from shared.logging import configure  # noqa: E402
+from shared.runtime.local.network import release_instance  # noqa: E402
 from shared.settings import LoggingSettings  # noqa: E402
 
 # The benchmark's own runtime and envd clients log at warning: the figures are the output.
@@ -292,6 +293,7 @@ class TorporStack:
                 self.kill9(key)
         if self.root is not None:
             kill_pods(self.root)
+            await release_instance(self.data_dir)
         if self.nats is not None:
             self.nats.stop()
         if self._owns_root and self.root is not None:

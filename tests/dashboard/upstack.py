@@ -6,6 +6,7 @@ admin view has one user of each kind to show."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from shared.bus.server import free_port
+from shared.runtime.local.network import release_instance
 
 REPO = Path(__file__).resolve().parents[2]
 TORPOR = [sys.executable, "-m", "services.cli"]
@@ -177,6 +179,7 @@ def torpor_up(root: Path, *, timeout: float = 120, **env: str) -> Iterator[Up]:
             proc.wait(10)
         out.close()
         _kill_pods(data_dir)
+        asyncio.run(release_instance(data_dir))  # torpor up did, unless it was killed
 
 
 def need_up() -> str | None:

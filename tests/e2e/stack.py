@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from shared.bus.server import EmbeddedNats, free_port
+from shared.runtime.local.network import release_instance
 from shared.settings import BusSettings
 
 SERVICES = ("api", "proxy", "scheduler", "snapshotter", "scaler")
@@ -184,6 +185,7 @@ def running_stack(root: Path, *, env: dict[str, str] | None = None) -> Iterator[
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
         _kill_pods(root)
+        asyncio.run(release_instance(root / "data"))  # the pods' namespaces, links and rules
         nats.stop()
 
 
