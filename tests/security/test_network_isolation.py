@@ -1,0 +1,197 @@
+"""From inside a sandbox (code run through the unmodified e2b SDK against a real stack), the
+network reaches nothing of the host or of other sandboxes: not NATS, the API, the proxy, host
+services on 0.0.0.0 or 127.0.0.1, the pod's gateway, nor another sandbox's daemon or user
+ports; and while a sandbox is paused, nobody can receive on its address."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import socket
+import subprocess
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from tests.e2e.stack import Stack
+from tests.security.network_support import require_root_network
+
+pytestmark = pytest.mark.slow
+
+# Runs inside the sandbox: connect to each (host, port), print {"host:port": "ok" | error}.
+PROBE = textwrap.dedent(
+    """
+    import json, socket, sys
+    out = {}
+    for target in sys.argv[1:]:
+        host, port = target.rsplit(":", 1)
+        s = socket.socket(); s.settimeout(3)
+        try:
+            s.connect((host, int(port))); out[target] = "ok"
+        except OSError as e:
+            out[target] = type(e).__name__
+        finally:
+            s.close()
+    print(json.dumps(out))
+    """
+)
+# Runs inside the sandbox: listen on an address that is not its own (IP_FREEBIND lets the bind
+# succeed), report any connection that arrives within the given seconds.
+SQUAT = textwrap.dedent(
+    """
+    import socket, sys
+    s = socket.socket(); s.setsockopt(socket.SOL_IP, 15, 1)  # IP_FREEBIND
+    s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(8); s.settimeout(float(sys.argv[3]))
+    print("listening", flush=True)
+    try:
+        c, peer = s.accept(); print("RECEIVED", peer, c.recv(100), flush=True)
+    except OSError:
+        print("nothing", flush=True)
+    """
+)
+USER_SERVER = (
+    "import http.server as h; h.HTTPServer(('0.0.0.0', 8080), h.SimpleHTTPRequestHandler)"
+    ".serve_forever()"
+)
+
+
+def opts(stack: Stack, user: str) -> dict[str, object]:
+    env = stack.sdk_env(user)
+    return {
+        "api_key": env["E2B_API_KEY"],
+        "api_url": env["E2B_API_URL"],
+        "sandbox_url": env["E2B_SANDBOX_URL"],
+    }
+
+
+def pod_address(sbx: Sandbox) -> str:
+    out = sbx.commands.run("ip -4 -o addr show dev eth0").stdout
+    match = re.search(r"inet (\d+\.\d+\.\d+\.\d+)/32", out)
+    assert match, out
+    return match.group(1)
+
+
+def gateway(sbx: Sandbox) -> str:
+    out = sbx.commands.run("ip -4 route show default").stdout
+    match = re.search(r"default via (\d+\.\d+\.\d+\.\d+)", out)
+    assert match, out
+    return match.group(1)
+
+
+def probe(sbx: Sandbox, targets: list[str]) -> dict[str, str]:
+    sbx.files.write("/tmp/probe.py", PROBE)
+    result = sbx.commands.run("python3 /tmp/probe.py " + " ".join(targets), timeout=120)
+    return json.loads(result.stdout)
+
+
+def host_addresses() -> list[str]:
+    out = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    return [a for a in re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", out) if not a.startswith("127.")]
+
+
+@contextlib.contextmanager
+def host_listener(host: str) -> Iterator[tuple[int, list[object]]]:
+    """A TCP service of the host bound on ``host``; yields its port and the peers it saw."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, 0))
+    server.listen(16)
+    server.settimeout(0.2)
+    seen: list[object] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, peer = server.accept()
+                seen.append(peer)
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], seen
+    finally:
+        stop.set()
+        thread.join(2)
+        server.close()
+
+
+def test_a_sandbox_reaches_nothing_of_the_host_or_other_sandboxes(stack: Stack) -> None:
+    require_root_network()
+    alice = Sandbox.create(template="sandbox-base", timeout=300, **opts(stack, "alice"))
+    bob = Sandbox.create(template="sandbox-base", timeout=300, **opts(stack, "bob"))
+    try:
+        bob.commands.run(f'python3 -c "{USER_SERVER}"', background=True, timeout=0)
+        bob_ip, alice_gw = pod_address(bob), gateway(alice)
+        # Positive controls: the host reaches bob's user port (through the proxy) and alice's
+        # own daemon answers her SDK.
+        headers = {"E2b-Sandbox-Id": bob.sandbox_id, "E2b-Sandbox-Port": "8080"}
+        deadline = time.monotonic() + 30
+        while httpx.get(stack.proxy_url + "/", headers=headers, timeout=5).status_code != 200:
+            assert time.monotonic() < deadline, "bob's user port never answered via the proxy"
+            time.sleep(0.3)
+        assert alice.commands.run("echo alive").stdout.strip() == "alive"
+
+        ports = {
+            "nats": urlparse(stack.nats_url).port,
+            "api": urlparse(stack.api_url).port,
+            "proxy": urlparse(stack.proxy_url).port,
+        }
+        with (
+            host_listener("0.0.0.0") as (any_port, seen_any),
+            host_listener("127.0.0.1") as (
+                lo_port,
+                seen_lo,
+            ),
+        ):
+            hosts = ["127.0.0.1", alice_gw, *host_addresses()]
+            targets = [f"{h}:{p}" for h in hosts for p in [*ports.values(), any_port, lo_port]]
+            targets += [f"{bob_ip}:49983", f"{bob_ip}:8080"]
+            own = f"{pod_address(alice)}:49983"  # the probe works: alice's own daemon answers
+            results = probe(alice, [*targets, own])
+            assert results.pop(own) == "ok"
+            assert set(results) == set(targets)
+            reached = {t: r for t, r in results.items() if r == "ok"}
+            assert reached == {}, f"alice reached {reached}"
+            assert seen_any == [] and seen_lo == []
+    finally:
+        alice.kill()
+        bob.kill()
+
+
+def test_nobody_receives_on_a_paused_sandboxs_address(stack: Stack) -> None:
+    require_root_network()
+    alice = Sandbox.create(template="sandbox-base", timeout=300, **opts(stack, "alice"))
+    bob = Sandbox.create(template="sandbox-base", timeout=300, **opts(stack, "bob"))
+    try:
+        bob_ip = pod_address(bob)
+        bob.pause()
+        # A plain bind to bob's address fails; with IP_FREEBIND it "succeeds" but nothing
+        # addressed to bob ever arrives there.
+        plain = alice.commands.run(
+            f"python3 -c \"import socket; socket.socket().bind(('{bob_ip}', 49983))\" 2>&1 || true"
+        )
+        assert "Cannot assign requested address" in plain.stdout
+        alice.files.write("/tmp/squat.py", SQUAT)
+        squat = alice.commands.run(f"python3 /tmp/squat.py {bob_ip} 49983 8", background=True)
+        time.sleep(1.0)
+        with pytest.raises(OSError):  # the host's route for a paused pod's address: unreachable
+            socket.create_connection((bob_ip, 49983), timeout=3).close()
+        assert "nothing" in squat.wait().stdout
+
+        resumed = Sandbox.connect(bob.sandbox_id, **opts(stack, "bob"))
+        assert pod_address(resumed) == bob_ip  # reserved for bob while paused
+        assert resumed.commands.run("echo back").stdout.strip() == "back"
+    finally:
+        alice.kill()
+        bob.kill()
