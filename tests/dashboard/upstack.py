@@ -124,9 +124,12 @@ def _kill_pods(root: Path) -> None:
 
 
 @contextlib.contextmanager
-def torpor_up(root: Path, *, timeout: float = 120, **env: str) -> Iterator[Up]:
-    """``env``: extra settings for the instance (e.g. ``TORPOR_LOG_FORMAT="console"``)."""
-    data_dir = root / "data"
+def torpor_up(
+    root: Path, *, timeout: float = 120, data_dir: Path | None = None, **env: str
+) -> Iterator[Up]:
+    """``env``: extra settings for the instance (e.g. ``TORPOR_LOG_FORMAT="console"``);
+    ``data_dir``: another instance's data dir (a restart), else ``root/data``."""
+    data_dir = data_dir or root / "data"
     api_port, proxy_port = free_port(), free_port()
     (root / "logs").mkdir(parents=True, exist_ok=True)
     out = (root / "logs" / "up.log").open("wb")

@@ -1,0 +1,149 @@
+"""Nothing of the pod network is left behind: after a runtime (and its pods) is killed with
+SIGKILL the next start removes exactly its own instance's namespaces, links and rules (another
+instance's survive), and `torpor up` leaves no link, namespace, rule, route or process when it
+stops, also when it is restarted after a SIGKILL of everything."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from e2b import Sandbox
+
+from shared.models.network import NetworkPolicy
+from shared.runtime.local import LocalRuntime, procfs
+from shared.runtime.local.network import PodNetwork
+from tests.dashboard.upstack import torpor_up
+from tests.security.network_support import leftovers, require_root_network, sh
+
+pytestmark = pytest.mark.slow
+OWNER = Path(__file__).resolve().parents[1] / "runtime_local" / "owner_process.py"
+
+
+def kill9_pods(data_dir: Path) -> None:
+    for pod in procfs.scan_pods(data_dir):
+        for pid in [pod.pid, *procfs.descendants(pod.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def wait_no_pods(data_dir: Path) -> None:
+    deadline = time.monotonic() + 20
+    while procfs.scan_pods(data_dir):
+        assert time.monotonic() < deadline, "pods survived SIGKILL"
+        time.sleep(0.1)
+
+
+async def test_restart_after_kill9_removes_only_its_own_leftovers(
+    nats_url: str, tmp_path: Path
+) -> None:
+    require_root_network()
+    data_dir, bucket = tmp_path / "rt", f"wl_{uuid.uuid4().hex[:12]}"
+    names = [f"sbx-{uuid.uuid4().hex[:10]}" for _ in range(2)]
+    argv = [sys.executable, str(OWNER), "--nats-url", nats_url, "--data-dir", str(data_dir)]
+    argv += ["--bucket", bucket]
+    for name in names:
+        argv += ["--name", name]
+    owner = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert owner.stdout is not None
+    for line in owner.stdout:
+        if line.startswith("ENDPOINTS "):
+            break
+    else:
+        pytest.fail(f"owner exited with {owner.wait(10)} before its pods were ready")
+    # Another instance on the same host, with a pod network of its own.
+    other = await PodNetwork(tmp_path / "other").open()
+    other_pod = "0fedcba"
+    await other.setup(other_pod, other.address(2), NetworkPolicy())
+    try:
+        owner.kill()  # SIGKILL: the runtime, then its pods, die without any cleanup
+        owner.wait(10)
+        kill9_pods(data_dir)
+        wait_no_pods(data_dir)
+        before = leftovers(data_dir)
+        # Two pods' links, namespaces and the namespaces' mounts, plus the table.
+        assert len([n for n in before if not n.startswith("table")]) == 6, before
+        rt = LocalRuntime(nats_url=nats_url, data_dir=data_dir, bucket=bucket, stop_grace=1.0)
+        await rt.start()
+        try:
+            # The records still want their pods: new ones run, on fresh namespaces.
+            for name in names:
+                await rt.wait_ready(name, timeout=60)
+            after = set(leftovers(data_dir))
+            assert not after & {n for n in before if not n.startswith("table")}
+            assert len(after) == len(before)
+        finally:
+            await rt.close()
+        assert leftovers(data_dir) == []
+        assert procfs.scan_pods(data_dir) == []
+        # The other instance was not touched.
+        assert other.names.link(other_pod) in leftovers(tmp_path / "other")
+        assert other.names.table in sh("nft", "list", "tables")
+    finally:
+        await other.release()
+    assert leftovers(tmp_path / "other") == []
+
+
+def _sandbox(up_env: dict[str, str]) -> Sandbox:
+    return Sandbox.create(template="sandbox-base", timeout=300, **_opts(up_env))
+
+
+def _instance_processes(data_dir: Path) -> list[int]:
+    """`torpor up`, its services and its pods: every process that names the data dir."""
+    marker = str(data_dir).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in blob:
+            found.append(int(entry.name))
+    return found
+
+
+def test_torpor_up_restarted_after_kill9_then_stopped_leaves_nothing(tmp_path: Path) -> None:
+    require_root_network()
+    data_dir = tmp_path / "data"
+    with torpor_up(tmp_path / "first") as first:
+        data_dir = first.data_dir
+        sbx = _sandbox(first.sdk_env("alice"))
+        assert sbx.commands.run("echo hi").stdout == "hi\n"
+        # Crash: SIGKILL `torpor up`, its services and its pods at once.
+        for pid in _instance_processes(data_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        first.proc.wait(10)
+        wait_no_pods(data_dir)
+        crashed = [n for n in leftovers(data_dir) if not n.startswith("table")]
+        assert crashed  # a crash leaves the pod's namespace and link behind ...
+        with torpor_up(tmp_path / "second", data_dir=data_dir) as second:
+            # ... which the restarted instance removes (its pods get fresh ones).
+            again = Sandbox.connect(sbx.sandbox_id, **_opts(second.sdk_env("alice")))
+            assert again.commands.run("echo again").stdout == "again\n"
+            assert not set(crashed) & set(leftovers(data_dir))
+            second.proc.send_signal(signal.SIGINT)
+            assert second.proc.wait(60) == 0
+            # A clean stop leaves nothing: no link, namespace, table, mount, pod or process.
+            assert leftovers(data_dir) == [], "torpor up left network objects behind"
+            assert procfs.scan_pods(data_dir) == []
+            assert _instance_processes(data_dir) == []
+
+
+def _opts(env: dict[str, str]) -> dict[str, str]:
+    return {
+        "api_key": env["E2B_API_KEY"],
+        "api_url": env["E2B_API_URL"],
+        "sandbox_url": env["E2B_SANDBOX_URL"],
+    }
