@@ -113,6 +113,7 @@ def _instance_processes(data_dir: Path) -> list[int]:
     return found
 
 
+@pytest.mark.timeout(900)  # two whole instances one after the other; slow on a loaded machine
 def test_torpor_up_restarted_after_kill9_then_stopped_leaves_nothing(tmp_path: Path) -> None:
     require_root_network()
     data_dir = tmp_path / "data"
