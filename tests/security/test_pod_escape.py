@@ -123,7 +123,6 @@ async def runtime(nats_url: str, tmp_path: Path) -> AsyncIterator[LocalRuntime]:
         nats_url=nats_url,
         data_dir=tmp_path / "data",
         bucket=bucket,
-        first_address="127.0.12.2",
         stop_grace=1.0,
         poll_interval=0.2,
     )
