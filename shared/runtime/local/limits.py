@@ -72,6 +72,8 @@ class Cgroups:
         """Create the pod's cgroups with its limits (``OSError`` when the kernel refuses)."""
         try:
             for folder in self.folders(uid):
+                # The instance folder again: another runtime of the data dir may have removed it.
+                folder.parent.mkdir(exist_ok=True)
                 folder.mkdir()
             if self.v2:
                 self._limits_v2(self.parents[""] / uid, limits)
