@@ -51,6 +51,8 @@ def serve_proxy(port: int, pod_host: str) -> None:
     from shared.logging import configure
     from shared.models.sandboxes import SandboxRecord, SandboxState
     from shared.settings import LoggingSettings
+    from shared.web.limits import HttpLimits
+    from shared.web.serving import server_config
 
     now = datetime.now(UTC)
     record = SandboxRecord(
@@ -81,8 +83,14 @@ def serve_proxy(port: int, pod_host: str) -> None:
 
     configure(LoggingSettings(log_level="warning"), service="proxy")  # as in production
     static = Static()
-    app = ProxyApp(ProxySettings(), wiring=ProxyWiring(records=static, lifecycle=static, keys=None))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    limits = HttpLimits()
+    app = ProxyApp(
+        ProxySettings(),
+        wiring=ProxyWiring(records=static, lifecycle=static, keys=None),
+        limits=limits,
+    )
+    # The production server: the guarded protocol and the limits (shared/web), as in main.py.
+    uvicorn.Server(server_config(app, limits, host="127.0.0.1", port=port)).run()
 
 
 # ------------------------------------------------------------------ load generation

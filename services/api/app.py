@@ -13,11 +13,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from services.api import errors
 from services.api.dashboard import dashboard_router
 from services.api.deps import Wiring
+from services.api.gate import ApiGate
 from services.api.observability import HttpMetrics, RequestContext
 from services.api.routes import e2b, native, telemetry
 from services.api.schemas import ErrorBody
 from services.api.settings import ApiSettings
 from shared.settings import BusSettings
+from shared.web.limits import HttpLimits
 
 log = structlog.get_logger()
 
@@ -75,8 +77,10 @@ def create_app(
     wiring: Wiring | None = None,
     bus: BusSettings | None = None,
     registry: CollectorRegistry | None = None,
+    limits: HttpLimits | None = None,
 ) -> FastAPI:
     registry = registry or CollectorRegistry()
+    limits = limits if limits is not None else HttpLimits()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -116,5 +120,12 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    # Added first, so it runs inside RequestContext: refusals get a correlation id and a metric.
+    app.add_middleware(
+        ApiGate,
+        settings=settings,
+        limits=limits,
+        wiring=lambda: getattr(app.state, "wiring", None),
+    )
     app.add_middleware(RequestContext, metrics=HttpMetrics(registry, prefix="torpor_api"))
     return app

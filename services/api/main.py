@@ -14,6 +14,8 @@ from services.api.settings import ApiSettings
 from shared.errors import ConfigError
 from shared.logging import configure
 from shared.settings import BusSettings, LoggingSettings, load
+from shared.web.limits import HttpLimits
+from shared.web.serving import server_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = load(ApiSettings)
         bus = load(BusSettings)
         logging_settings = load(LoggingSettings)
+        limits = load(HttpLimits)
     except ConfigError as e:
         print(f"torpor-api: {e}", file=sys.stderr)
         return 2
@@ -32,14 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     if overrides:
         settings = settings.model_copy(update=overrides)
     configure(logging_settings, service="api")
-    app = create_app(settings, bus=bus)
-    config = uvicorn.Config(
+    app = create_app(settings, bus=bus, limits=limits)
+    # structlog's handler on the root logger formats uvicorn too; RequestContext logs each
+    # request (without headers), so uvicorn's access log is off.
+    config = server_config(
         app,
+        limits,
         host=settings.host,
         port=settings.port,
-        log_config=None,  # structlog's handler on the root logger formats uvicorn too
-        access_log=False,  # RequestContext logs each request (without headers)
-        proxy_headers=False,
         timeout_graceful_shutdown=5,  # open dashboard event streams must not block a stop
     )
     with contextlib.suppress(KeyboardInterrupt):

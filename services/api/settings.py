@@ -30,6 +30,10 @@ class ApiSettings(_Base):
     create_wait: float = 60.0
     transition_wait: float = 55.0
     list_max_limit: int = 100
+    # TORPOR_MAX_BODY_BYTES: the largest request body (413 beyond); TORPOR_BODY_TIMEOUT: how long
+    # a body may take to arrive in full (408 beyond). Both checked before any route runs.
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    body_timeout: float = Field(default=30.0, gt=0)
     # TORPOR_DEFAULT_TEMPLATE: what E2B's default template name "base" (the SDK's default when
     # no template is given) creates.
     default_template: str = "sandbox-base"

@@ -45,6 +45,8 @@ from services.proxy.waking import NotRunningError, Resumer, Waker
 from shared.auth.models import User
 from shared.auth.traffic import TRAFFIC_TOKEN_HEADER, traffic_token_matches
 from shared.models.sandboxes import SandboxRecord, SandboxState
+from shared.web.limits import HttpLimits
+from shared.web.requests import BodyReader, InFlight, RequestRefused, check_declared
 
 log = structlog.get_logger()
 
@@ -111,8 +113,11 @@ class ProxyApp:
         wiring: ProxyWiring | None = None,
         connect: Callable[[], AbstractAsyncContextManager[ProxyWiring]] | None = None,
         registry: CollectorRegistry | None = None,
+        limits: HttpLimits | None = None,
     ) -> None:
         self.settings = settings
+        self.limits = limits if limits is not None else HttpLimits()
+        self.in_flight = InFlight(self.limits.max_requests_per_client)
         self._slots: dict[tuple[str, int], asyncio.Semaphore] = {}
         self.registry = registry or CollectorRegistry()
         self._connect = connect
@@ -168,7 +173,11 @@ class ProxyApp:
                 await self._own(scope, send)
                 return
             with structlog.contextvars.bound_contextvars(sandbox_id=target.sandbox_id):
-                await self._proxy(scope, receive, send, target)
+                try:
+                    with self.in_flight.hold(scope):
+                        await self._proxy(scope, receive, send, target)
+                except RequestRefused as e:
+                    await self._refuse(scope, send, e.status, e.message, e.retry_after)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         stack: AbstractAsyncContextManager[ProxyWiring] | None = None
@@ -210,22 +219,21 @@ class ProxyApp:
                 "{port}-{sandboxID}.{domain}",
             )
 
-    async def _refuse(self, scope: Scope, send: Send, status: int, message: str) -> None:
+    async def _refuse(
+        self, scope: Scope, send: Send, status: int, message: str, retry_after: int | None = None
+    ) -> None:
         self._requests.labels(f"refused_{status}").inc()
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008 if status < 500 else 1011})
             return
         body = json.dumps({"code": status, "message": message}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        if retry_after is not None:
+            headers.append((b"retry-after", str(retry_after).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     # ---- the hot path ----------------------------------------------------------------------
@@ -241,6 +249,8 @@ class ProxyApp:
             if record is None or record.state in (SandboxState.KILLING, SandboxState.KILLED):
                 raise RefusedError(502, f"The sandbox {target.sandbox_id} was not found")
             known = await self._authorise(scope, target, record, wiring)
+            if scope["type"] == "http":
+                check_declared(scope, self.settings.max_body_bytes)  # 413 before waking
             if self.waker.needs_waking(record):
                 if not known and not self.settings.anonymous_wake:
                     raise NotRunningError(
@@ -249,7 +259,7 @@ class ProxyApp:
                     )
                 record = await self.waker.running(record)
                 wiring.records.remember(record)
-        except RefusedError as e:
+        except (RefusedError, RequestRefused) as e:
             await self._refuse(scope, send, e.status, e.message)
             return
         except NotRunningError as e:
@@ -270,13 +280,16 @@ class ProxyApp:
         # retried while a just-resumed sandbox's processes start listening again.
         grace_until = _booting_until(record, self.settings.boot_grace)
         delay = 0.05
-        body = RequestBody(scope, receive)
+        body = RequestBody(scope, self._body_reader(scope, receive))
         while True:
             try:
                 await self._forward(scope, receive, send, target, body, host=host, started=started)
                 return
             except UpstreamFailedError as e:
                 await self._refuse(scope, send, 502, f"The sandbox {target.sandbox_id}: {e}")
+                return
+            except RequestRefused as e:  # the body was too large or too slow
+                await self._refuse(scope, send, e.status, e.message)
                 return
             except UpstreamUnreachableError:
                 if time.monotonic() + delay > grace_until:
@@ -321,6 +334,17 @@ class ProxyApp:
         self._ttfb.observe(time.perf_counter() - started)
         log.debug("proxied", port=target.port, status=status)
 
+    def _body_reader(self, scope: Scope, receive: Receive) -> Receive:
+        """``receive`` bounded in size and time, for a request that has a body."""
+        if scope["type"] != "http" or not _declares_body(scope):
+            return receive
+        return BodyReader(
+            receive,
+            limit=self.settings.max_body_bytes,
+            idle=self.limits.body_idle_timeout,
+            total=self.settings.body_timeout,
+        )
+
     def _slot(self, host: str, port: int) -> asyncio.Semaphore:
         """Bound concurrent exchanges per upstream (host, port); see ``max_connections``."""
         key = (host, port)
@@ -362,6 +386,13 @@ class ProxyApp:
                 "this sandbox's ports are not public: send its e2b-traffic-access-token",
             )
         return False
+
+
+def _declares_body(scope: Scope) -> bool:
+    for name, value in scope.get("headers", []):
+        if name == b"transfer-encoding" or (name == b"content-length" and value not in (b"0", b"")):
+            return True
+    return False
 
 
 async def _plain(send: Send, status: int, body: bytes, content_type: str = "text/plain") -> None:

@@ -13,6 +13,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from services.proxy.upstream import UpstreamConnection, UpstreamError, UpstreamPool
+from shared.web.requests import RequestRefused
 
 log = structlog.get_logger()
 
@@ -180,6 +181,9 @@ async def forward_http(
     except _ClientGoneError:
         pool.release(conn)
         return 499
+    except RequestRefused:  # too large or too slow: the caller answers; nothing was sent
+        pool.release(conn)
+        raise
     if not body.complete and conn.reused:
         # A streamed body cannot be replayed if the idle connection turns out to be stale.
         conn.abort()
@@ -200,6 +204,9 @@ async def forward_http(
     except _ClientGoneError:
         conn.abort()
         return 499
+    except RequestRefused:  # the body went over a limit halfway: the sandbox saw part of it
+        conn.abort()
+        raise
     except UpstreamError as e:
         conn.abort()
         raise UpstreamFailedError(str(e)) from e

@@ -17,6 +17,8 @@ from services.proxy.settings import ProxySettings
 from shared.errors import ConfigError
 from shared.logging import configure
 from shared.settings import BusSettings, LoggingSettings, load
+from shared.web.limits import HttpLimits
+from shared.web.serving import server_config
 
 
 @asynccontextmanager
@@ -49,8 +51,8 @@ async def bus_wiring(bus: BusSettings) -> AsyncIterator[ProxyWiring]:
         await broker.stop()
 
 
-def build(settings: ProxySettings, bus: BusSettings) -> ProxyApp:
-    return ProxyApp(settings, connect=lambda: bus_wiring(bus))
+def build(settings: ProxySettings, bus: BusSettings, limits: HttpLimits) -> ProxyApp:
+    return ProxyApp(settings, connect=lambda: bus_wiring(bus), limits=limits)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = load(ProxySettings)
         bus = load(BusSettings)
         logging_settings = load(LoggingSettings)
+        limits = load(HttpLimits)
     except ConfigError as e:
         print(f"torpor-proxy: {e}", file=sys.stderr)
         return 2
@@ -69,13 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     if overrides:
         settings = settings.model_copy(update=overrides)
     configure(logging_settings, service="proxy")
-    config = uvicorn.Config(
-        build(settings, bus),
+    config = server_config(
+        build(settings, bus, limits),
+        limits,
         host=settings.host,
         port=settings.port,
-        log_config=None,
-        access_log=False,
-        proxy_headers=False,
         lifespan="on",
         ws="websockets-sansio",
         timeout_keep_alive=75,

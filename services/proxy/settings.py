@@ -44,3 +44,8 @@ class ProxySettings(_Base):
     # requests queue here instead of overflowing a small accept backlog in the sandbox (Python's
     # http.server listens with a backlog of 5; overflowed handshakes stall for minutes).
     max_connections: int = Field(default=32, ge=1)
+    # TORPOR_PROXY_MAX_BODY_BYTES: the largest request body forwarded into a sandbox (file
+    # uploads to the daemon included); 413 beyond. TORPOR_PROXY_BODY_TIMEOUT: how long a body
+    # may take to arrive in full (408 beyond); pauses are bounded by TORPOR_HTTP_BODY_IDLE_TIMEOUT.
+    max_body_bytes: int = Field(default=1024**3, ge=1024)
+    body_timeout: float = Field(default=900.0, gt=0)

@@ -196,6 +196,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     def abort(self) -> None:
         self._closed = True
+        if self._head is not None and not self._head.done():
+            self._head.cancel()  # nobody awaits it any more: no "exception never retrieved"
         if self.transport is not None:
             self.transport.abort()
 
