@@ -45,6 +45,17 @@ class IllegalTransition(Conflict):
         self.state = state
 
 
+class QuotaExceeded(TorporError):
+    """A per-user quota or rate limit refuses the request (HTTP 429). ``retry_after``: seconds
+    until it may succeed; ``retryable`` is false for a count quota, which only the user's own
+    kills and pauses free."""
+
+    def __init__(self, message: str, *, retry_after: int, retryable: bool) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.retryable = retryable
+
+
 class Unavailable(TorporError):
     """A dependency is unreachable; the operation may succeed later."""
 

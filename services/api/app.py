@@ -15,9 +15,11 @@ from services.api.dashboard import dashboard_router
 from services.api.deps import Wiring
 from services.api.gate import ApiGate
 from services.api.observability import HttpMetrics, RequestContext
-from services.api.routes import e2b, native, telemetry
+from services.api.routes import admin, e2b, native, telemetry
 from services.api.schemas import ErrorBody
+from services.api.sessions import Sessions
 from services.api.settings import ApiSettings
+from shared.quota.models import QuotaSettings
 from shared.settings import BusSettings
 from shared.web.limits import HttpLimits
 
@@ -35,16 +37,20 @@ torpor's control-plane API.
 
 
 @asynccontextmanager
-async def bus_wiring(settings: ApiSettings, bus: BusSettings) -> AsyncIterator[Wiring]:
+async def bus_wiring(
+    settings: ApiSettings, bus: BusSettings, quotas: QuotaSettings
+) -> AsyncIterator[Wiring]:
     """Connect to NATS and build the lifecycle service and key store over it."""
     from shared.auth.keys import KvApiKeys, KvUsers
     from shared.bus.broker import key_value, make_broker, prepare
-    from shared.bus.kv import NatsBucket
+    from shared.bus.kv import NatsBucket, NatsCasBucket
     from shared.bus.publishing import BrokerPublisher
     from shared.bus.records import KvSandboxStore
-    from shared.bus.topology import KV_API_KEYS, KV_SANDBOXES, KV_USERS
+    from shared.bus.topology import KV_API_KEYS, KV_RATES, KV_SANDBOXES, KV_SESSIONS, KV_USERS
     from shared.envd.client import ConnectEnvdClient
     from shared.lifecycle.service import SandboxLifecycle
+    from shared.quota.guard import QuotaGuard
+    from shared.quota.rates import RateLimiter
     from shared.runtime.catalog import FileTemplateCatalog
     from shared.settings import RuntimeSettings, load
 
@@ -54,7 +60,9 @@ async def bus_wiring(settings: ApiSettings, bus: BusSettings) -> AsyncIterator[W
         store = KvSandboxStore(await key_value(broker, KV_SANDBOXES))
         users = KvUsers(NatsBucket(await key_value(broker, KV_USERS)))
         keys = KvApiKeys(NatsBucket(await key_value(broker, KV_API_KEYS)), users)
-        lifecycle = SandboxLifecycle(store, BrokerPublisher(broker))
+        rates = RateLimiter(NatsCasBucket(await key_value(broker, KV_RATES)))
+        quota = QuotaGuard(quotas, users=users, records=store, rates=rates)
+        lifecycle = SandboxLifecycle(store, BrokerPublisher(broker), admission=quota.admit_created)
         templates = FileTemplateCatalog.from_settings(load(RuntimeSettings))
         envd = ConnectEnvdClient()
         try:
@@ -64,6 +72,9 @@ async def bus_wiring(settings: ApiSettings, bus: BusSettings) -> AsyncIterator[W
                 keys=keys,
                 templates=templates,
                 telemetry=envd,
+                quota=quota,
+                users=users,
+                sessions=Sessions(NatsBucket(await key_value(broker, KV_SESSIONS))),
             )
         finally:
             await envd.close()
@@ -78,6 +89,7 @@ def create_app(
     bus: BusSettings | None = None,
     registry: CollectorRegistry | None = None,
     limits: HttpLimits | None = None,
+    quotas: QuotaSettings | None = None,
 ) -> FastAPI:
     registry = registry or CollectorRegistry()
     limits = limits if limits is not None else HttpLimits()
@@ -87,7 +99,7 @@ def create_app(
         if wiring is not None or bus is None:
             yield
             return
-        async with bus_wiring(settings, bus) as wired:
+        async with bus_wiring(settings, bus, quotas or QuotaSettings()) as wired:
             app.state.wiring = wired
             log.info("api_ready", host=settings.host, port=settings.port)
             yield
@@ -103,6 +115,7 @@ def create_app(
     app.include_router(telemetry.router)  # first: /sandboxes/metrics is not a sandbox id
     app.include_router(e2b.router)
     app.include_router(native.router)
+    app.include_router(admin.router)
     app.include_router(dashboard_router(bus=bus))
 
     @app.get(

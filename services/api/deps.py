@@ -12,10 +12,13 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from services.api.errors import ApiError
 from services.api.gate import AUTHENTICATED
+from services.api.sessions import Sessions
 from services.api.settings import ApiSettings
 from shared.auth.models import User
 from shared.envd.ports import EnvdTelemetry
 from shared.lifecycle.ports import Lifecycle
+from shared.models.sandboxes import SandboxRecord
+from shared.quota.models import Quota, QuotaOverride
 from shared.runtime.catalog import TemplateCatalog
 
 
@@ -23,6 +26,27 @@ class Authenticator(Protocol):
     """The slice of ``shared.auth.ports.ApiKeys`` the API needs."""
 
     async def authenticate(self, secret: str) -> User | None: ...
+
+    async def user_for_digest(self, digest: str) -> User | None:
+        """The user of the unrevoked key stored under this sha256 (dashboard sessions)."""
+        ...
+
+
+class Quotas(Protocol):
+    """The slice of ``shared.quota.guard.QuotaGuard`` the routes use (the create check after
+    insertion is the lifecycle's admission hook)."""
+
+    async def before_create(self, user: str) -> None: ...
+
+    async def before_resume(self, record: SandboxRecord) -> None: ...
+
+    async def quota_of(self, user: str) -> Quota: ...
+
+
+class UserAdmin(Protocol):
+    async def get(self, name: str) -> User | None: ...
+
+    async def set_quota(self, name: str, quota: QuotaOverride | None) -> User: ...
 
 
 @dataclass(frozen=True)
@@ -34,6 +58,9 @@ class Wiring:
     keys: Authenticator
     templates: TemplateCatalog | None = None  # None: templates are not checked before a create
     telemetry: EnvdTelemetry | None = None  # sandbox metrics and logs; None: always empty
+    quota: Quotas | None = None  # None: no quotas nor rate limits (unit tests with fakes)
+    users: UserAdmin | None = None  # the admin API's user store; None: 503 there
+    sessions: Sessions | None = None  # dashboard sessions; None: in memory (one process)
 
 
 _api_key = APIKeyHeader(name="X-API-KEY", auto_error=False, description="An API key (E2B SDK)")

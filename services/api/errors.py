@@ -25,6 +25,7 @@ from shared.errors import (
     InvalidInput,
     NotFound,
     PodNotReady,
+    QuotaExceeded,
     RuntimeFailure,
     SnapshotTooLarge,
     TorporError,
@@ -55,6 +56,15 @@ def error_response(
     return JSONResponse({"code": status, "message": message}, status_code=status, headers=out)
 
 
+def quota_response(exc: QuotaExceeded) -> JSONResponse:
+    """429 with ``Retry-After``. The SDK retries a 429 by itself (waiting ``Retry-After``):
+    worth it for a rate limit, pointless for a count quota, which says ``Should-Retry: false``."""
+    headers = {"Retry-After": str(exc.retry_after)}
+    if not exc.retryable:
+        headers["Should-Retry"] = "false"
+    return error_response(429, str(exc), headers)
+
+
 def status_for(error: TorporError) -> int:
     """HTTP status of a torpor error (most specific class first)."""
     table: list[tuple[type[TorporError], int]] = [
@@ -63,6 +73,7 @@ def status_for(error: TorporError) -> int:
         (IllegalTransition, 409),
         (SnapshotTooLarge, 409),
         (Conflict, 409),
+        (QuotaExceeded, 429),
         (EnvdUnavailable, 503),
         (Unavailable, 503),
         (EnvdError, 502),
@@ -87,6 +98,8 @@ async def _api_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _torpor_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, TorporError)
+    if isinstance(exc, QuotaExceeded):
+        return quota_response(exc)
     status = status_for(exc)
     if status >= 500:
         log.warning("request_failed", error=type(exc).__name__, reason=str(exc))

@@ -13,6 +13,7 @@ from services.api.app import create_app
 from services.api.settings import ApiSettings
 from shared.errors import ConfigError
 from shared.logging import configure
+from shared.quota.models import QuotaSettings
 from shared.settings import BusSettings, LoggingSettings, load
 from shared.web.limits import HttpLimits
 from shared.web.serving import server_config
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         bus = load(BusSettings)
         logging_settings = load(LoggingSettings)
         limits = load(HttpLimits)
+        quotas = load(QuotaSettings)
     except ConfigError as e:
         print(f"torpor-api: {e}", file=sys.stderr)
         return 2
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if overrides:
         settings = settings.model_copy(update=overrides)
     configure(logging_settings, service="api")
-    app = create_app(settings, bus=bus, limits=limits)
+    app = create_app(settings, bus=bus, limits=limits, quotas=quotas)
     # structlog's handler on the root logger formats uvicorn too; RequestContext logs each
     # request (without headers), so uvicorn's access log is off.
     config = server_config(

@@ -34,6 +34,9 @@ class ApiSettings(_Base):
     # a body may take to arrive in full (408 beyond). Both checked before any route runs.
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     body_timeout: float = Field(default=30.0, gt=0)
+    # TORPOR_COOKIE_SECURE: always mark the dashboard cookie Secure. Otherwise it is Secure when
+    # the request came over HTTPS (directly, or per X-Forwarded-Proto from a trusted proxy).
+    cookie_secure: bool = False
     # TORPOR_DEFAULT_TEMPLATE: what E2B's default template name "base" (the SDK's default when
     # no template is given) creates.
     default_template: str = "sandbox-base"

@@ -266,6 +266,72 @@ def keys_revoke(key_id: str, nats_url: NatsUrlOpt = None, data_dir: DataDirOpt =
     typer.echo(f"revoked {key_id}")
 
 
+QuotaOpt = Annotated[int | None, typer.Option(min=0, max=1_000_000)]
+RateOpt = Annotated[float | None, typer.Option(min=0, max=1_000_000)]
+
+
+@keys_app.command("quota")
+def keys_quota(  # noqa: PLR0917 - one option per limit
+    user: str,
+    max_sandboxes: QuotaOpt = None,
+    max_running: QuotaOpt = None,
+    creates_per_minute: RateOpt = None,
+    create_burst: QuotaOpt = None,
+    resumes_per_minute: RateOpt = None,
+    resume_burst: QuotaOpt = None,
+    clear: Annotated[bool, typer.Option("--clear", help="back to the defaults")] = False,
+    nats_url: NatsUrlOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Show USER's quota override, or set some of its limits (0 = unlimited). Limits not given
+    keep their value; --clear removes the override (the api's TORPOR_QUOTA_* apply)."""
+    from services.cli.accounts import open_accounts
+    from shared.auth.models import check_user_name
+    from shared.quota.models import QuotaOverride
+
+    try:
+        check_user_name(user)
+        given = {
+            k: v
+            for k, v in {
+                "max_sandboxes": max_sandboxes,
+                "max_running": max_running,
+                "creates_per_minute": creates_per_minute,
+                "create_burst": create_burst,
+                "resumes_per_minute": resumes_per_minute,
+                "resume_burst": resume_burst,
+            }.items()
+            if v is not None
+        }
+        if clear and given:
+            raise ValueError("--clear takes no limits")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+    async def go() -> QuotaOverride | None:
+        async with open_accounts(_bus_for_keys(nats_url, data_dir)) as (_, users):
+            found = await users.get(user)
+            if found is None:
+                raise NotFound(f"no user {user}")
+            if clear:
+                return (await users.set_quota(user, None)).quota
+            if not given:
+                return found.quota
+            current = found.quota.model_dump() if found.quota else {}
+            merged = QuotaOverride.model_validate({**current, **given})
+            return (await users.set_quota(user, merged)).quota
+
+    try:
+        override = asyncio.run(go())
+    except NotFound as e:
+        typer.echo(f"torpor: error: {e}", err=True)
+        raise typer.Exit(1) from None
+    values = override.model_dump() if override else {}
+    for name in QuotaOverride.model_fields:
+        shown = values.get(name)
+        typer.echo(f"{name:<20} {'default' if shown is None else shown}")
+
+
 def _envd(argv: list[str]) -> int:
     try:
         module = importlib.import_module("services.envd.__main__")

@@ -13,7 +13,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,6 +44,7 @@ from services.proxy.upstream import UpstreamPool
 from services.proxy.waking import NotRunningError, Resumer, Waker
 from shared.auth.models import User
 from shared.auth.traffic import TRAFFIC_TOKEN_HEADER, traffic_token_matches
+from shared.errors import QuotaExceeded
 from shared.models.sandboxes import SandboxRecord, SandboxState
 from shared.web.limits import HttpLimits
 from shared.web.requests import BodyReader, InFlight, RequestRefused, check_declared
@@ -64,6 +65,8 @@ class ProxyWiring:
     records: RecordSource
     lifecycle: ProxyLifecycle
     keys: Authenticator | None
+    # The owner's running quota and resume rate, before an auto-resume (None: unlimited).
+    admit_resume: Callable[[SandboxRecord], Awaitable[None]] | None = None
 
 
 TRAFFIC_HEADER = TRAFFIC_TOKEN_HEADER.encode()
@@ -141,7 +144,12 @@ class ProxyApp:
 
     def attach(self, wiring: ProxyWiring) -> None:
         self._wiring = wiring
-        self.waker = Waker(wiring.lifecycle, wait=self.settings.resume_wait, registry=self.registry)
+        self.waker = Waker(
+            wiring.lifecycle,
+            wait=self.settings.resume_wait,
+            registry=self.registry,
+            admit=wiring.admit_resume,
+        )
         self.activity = ActivityThrottle(wiring.lifecycle, interval=self.settings.touch_interval)
 
     def _upstream(self) -> UpstreamPool:
@@ -264,6 +272,9 @@ class ProxyApp:
             return
         except NotRunningError as e:
             await self._refuse(scope, send, 502, str(e))
+            return
+        except QuotaExceeded as e:  # the owner's running quota or resume rate
+            await self._refuse(scope, send, 429, str(e), e.retry_after)
             return
         except TimeoutError:
             await self._refuse(scope, send, 504, f"sandbox {target.sandbox_id} is still resuming")

@@ -16,21 +16,24 @@ from services.proxy.app import ProxyApp, ProxyWiring
 from services.proxy.settings import ProxySettings
 from shared.errors import ConfigError
 from shared.logging import configure
+from shared.quota.models import QuotaSettings
 from shared.settings import BusSettings, LoggingSettings, load
 from shared.web.limits import HttpLimits
 from shared.web.serving import server_config
 
 
 @asynccontextmanager
-async def bus_wiring(bus: BusSettings) -> AsyncIterator[ProxyWiring]:
+async def bus_wiring(bus: BusSettings, quotas: QuotaSettings) -> AsyncIterator[ProxyWiring]:
     from services.proxy.records import KvRecordCache
     from shared.auth.keys import KvApiKeys, KvUsers
     from shared.bus.broker import key_value, make_broker, prepare
-    from shared.bus.kv import NatsBucket
+    from shared.bus.kv import NatsBucket, NatsCasBucket
     from shared.bus.publishing import BrokerPublisher
     from shared.bus.records import KvSandboxStore
-    from shared.bus.topology import KV_API_KEYS, KV_SANDBOXES, KV_USERS
+    from shared.bus.topology import KV_API_KEYS, KV_RATES, KV_SANDBOXES, KV_USERS
     from shared.lifecycle.service import SandboxLifecycle
+    from shared.quota.guard import QuotaGuard
+    from shared.quota.rates import RateLimiter
 
     broker = make_broker(bus, service="proxy")
     await prepare(broker, bus)
@@ -39,20 +42,29 @@ async def bus_wiring(bus: BusSettings) -> AsyncIterator[ProxyWiring]:
         sandboxes = await key_value(broker, KV_SANDBOXES)
         cache = KvRecordCache(sandboxes)
         await cache.start()
-        keys = KvApiKeys(
-            NatsBucket(await key_value(broker, KV_API_KEYS)),
-            KvUsers(NatsBucket(await key_value(broker, KV_USERS))),
+        users = KvUsers(NatsBucket(await key_value(broker, KV_USERS)))
+        keys = KvApiKeys(NatsBucket(await key_value(broker, KV_API_KEYS)), users)
+        store = KvSandboxStore(sandboxes)
+        lifecycle = SandboxLifecycle(store, BrokerPublisher(broker))
+        quota = QuotaGuard(
+            quotas,
+            users=users,
+            records=store,
+            rates=RateLimiter(NatsCasBucket(await key_value(broker, KV_RATES))),
         )
-        lifecycle = SandboxLifecycle(KvSandboxStore(sandboxes), BrokerPublisher(broker))
-        yield ProxyWiring(records=cache, lifecycle=lifecycle, keys=keys)
+        yield ProxyWiring(
+            records=cache, lifecycle=lifecycle, keys=keys, admit_resume=quota.before_resume
+        )
     finally:
         if cache is not None:
             await cache.stop()
         await broker.stop()
 
 
-def build(settings: ProxySettings, bus: BusSettings, limits: HttpLimits) -> ProxyApp:
-    return ProxyApp(settings, connect=lambda: bus_wiring(bus), limits=limits)
+def build(
+    settings: ProxySettings, bus: BusSettings, limits: HttpLimits, quotas: QuotaSettings
+) -> ProxyApp:
+    return ProxyApp(settings, connect=lambda: bus_wiring(bus, quotas), limits=limits)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         bus = load(BusSettings)
         logging_settings = load(LoggingSettings)
         limits = load(HttpLimits)
+        quotas = load(QuotaSettings)
     except ConfigError as e:
         print(f"torpor-proxy: {e}", file=sys.stderr)
         return 2
@@ -73,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings.model_copy(update=overrides)
     configure(logging_settings, service="proxy")
     config = server_config(
-        build(settings, bus, limits),
+        build(settings, bus, limits, quotas),
         limits,
         host=settings.host,
         port=settings.port,

@@ -5,6 +5,7 @@ from the sandbox's generation, makes their resume commands one)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import structlog
@@ -32,10 +33,18 @@ class NotRunningError(Exception):
 
 class Waker:
     def __init__(
-        self, lifecycle: Resumer, *, wait: float, registry: CollectorRegistry | None = None
+        self,
+        lifecycle: Resumer,
+        *,
+        wait: float,
+        registry: CollectorRegistry | None = None,
+        admit: Callable[[SandboxRecord], Awaitable[None]] | None = None,
     ) -> None:
         self._lifecycle = lifecycle
         self._wait = wait
+        # The owner's quota and resume rate, checked once per shared resume (every waiting
+        # request gets its refusal): ``shared.quota.guard.QuotaGuard.before_resume``.
+        self._admit = admit
         self._inflight: dict[str, asyncio.Task[SandboxRecord]] = {}
         self.resumes = Counter(
             "torpor_proxy_resumes_total",
@@ -68,6 +77,8 @@ class Waker:
     async def _resume(self, record: SandboxRecord) -> SandboxRecord:
         log.info("auto_resume", sandbox_id=record.sandbox_id, state=record.state.value)
         try:
+            if self._admit is not None and record.state in RESUMABLE:
+                await self._admit(record)
             result = await self._lifecycle.resume(record.sandbox_id, owner=None, wait=self._wait)
         except Exception:
             self.resumes.labels("failed").inc()

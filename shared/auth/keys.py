@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from shared.auth.models import ApiKeyInfo, ApiKeyRecord, User, check_user_name
 from shared.auth.ports import Bucket, Users
 from shared.errors import Conflict, NotFound
+from shared.quota.models import QuotaOverride
 
 SECRET_PREFIX = "e2b_"  # noqa: S105 - a prefix, not a secret
 _MAX_SECRET_LEN = 256
@@ -67,6 +68,17 @@ class KvUsers:
         msg = f"user {name}: too much contention"
         raise Conflict(msg)
 
+    async def set_quota(self, name: str, quota: QuotaOverride | None) -> User:
+        """Replace the user's quota override (``None`` or an empty one: back to the defaults)."""
+        user = await self.get(name)
+        if user is None:
+            msg = f"no user {name}"
+            raise NotFound(msg)
+        stored = None if quota is None or quota.is_empty() else quota
+        updated = user.model_copy(update={"quota": stored})
+        await self._bucket.put(name, updated.model_dump_json().encode())
+        return updated
+
     async def list(self) -> list[User]:
         out = [u for name in await self._bucket.keys() if (u := await self.get(name)) is not None]
         return sorted(out, key=lambda u: u.name)
@@ -108,6 +120,17 @@ class KvApiKeys:
                 return _info(revoked)
         msg = f"no API key with id {key_id}"
         raise NotFound(msg)
+
+    async def user_for_digest(self, digest: str) -> User | None:
+        """The user of the key stored under ``digest`` (``hash_secret``), unless revoked: how a
+        dashboard session re-checks the key it was opened with, without keeping the key."""
+        if len(digest) != 64:
+            return None
+        raw = await self._keys.get(digest)
+        if raw is None:
+            return None
+        record = ApiKeyRecord.model_validate_json(raw)
+        return None if record.revoked else await self._users.get(record.user)
 
     async def authenticate(self, secret: str) -> User | None:
         if not secret or len(secret) > _MAX_SECRET_LEN:

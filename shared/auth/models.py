@@ -7,6 +7,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from shared.quota.models import QuotaOverride
+
 # NATS KV keys allow [-/_=.a-zA-Z0-9]; a user name is also a label value on Kubernetes objects.
 _USER_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 
@@ -28,6 +30,7 @@ class User(BaseModel):
     name: str
     admin: bool = False
     created_at: datetime
+    quota: QuotaOverride | None = None  # None: the defaults (TORPOR_QUOTA_*)
 
     @field_validator("name")
     @classmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
@@ -33,6 +35,38 @@ class NatsBucket:
 
     async def keys(self) -> list[str]:
         return await key_names(self._kv)
+
+    async def delete(self, key: str) -> None:
+        with contextlib.suppress(KeyNotFoundError):
+            await self._kv.delete(key)
+
+
+class NatsCasBucket:
+    """``shared.quota.ports.CasBucket`` over a NATS KV bucket."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    async def entry(self, key: str) -> tuple[bytes, int] | None:
+        try:
+            found = await self._kv.get(key)
+        except KeyNotFoundError:
+            return None
+        if found.operation in ("DEL", "PURGE") or found.value is None:
+            return None
+        return found.value, int(found.revision or 0)
+
+    async def create(self, key: str, value: bytes) -> None:
+        try:
+            await self._kv.create(key, value)
+        except KeyWrongLastSequenceError as e:
+            raise Conflict(f"key {key} already exists") from e
+
+    async def update(self, key: str, value: bytes, *, last: int) -> None:
+        try:
+            await self._kv.update(key, value, last=last)
+        except KeyWrongLastSequenceError as e:
+            raise Conflict(f"key {key} changed") from e
 
 
 async def key_names(kv: KeyValue) -> list[str]:

@@ -135,27 +135,36 @@ def users() -> list[User]:
     )
     api = service(
         "api",
-        "REST API + dashboard: commands, timeout/activity events, records (CAS), users and keys "
-        "(read), the event feed (read)",
+        "REST API + dashboard: commands, timeout/activity events, records (CAS), users (read; "
+        "quota overrides: write), keys (read), rate buckets and dashboard sessions (write), "
+        "the event feed (read)",
         [s.all_of(x) for x in (s.CMD_CREATE, s.CMD_PAUSE, s.CMD_RESUME, s.CMD_KILL, s.CMD_NETWORK)],
         events(s.EVT_TIMEOUT_SET, s.EVT_ACTIVITY),
         kv_read(t.KV_SANDBOXES),
         kv_write(t.KV_SANDBOXES),
         kv_read(t.KV_USERS),
+        kv_write(t.KV_USERS),
         kv_read(t.KV_API_KEYS),
+        kv_read(t.KV_RATES),
+        kv_write(t.KV_RATES),
+        kv_read(t.KV_SESSIONS),
+        kv_write(t.KV_SESSIONS),
         events_read(),
         # the dashboard's live feed: one core subscription (at-most-once is right for a screen)
         subscribe=(f"{s.EVT_PREFIX}.>",),
     )
     proxy = service(
         "proxy",
-        "data plane: reads records, auto-resume, activity (moves the deadline by CAS), key checks",
+        "data plane: reads records, auto-resume (resume rate buckets by CAS), activity (moves "
+        "the deadline by CAS), key checks",
         [s.all_of(s.CMD_RESUME)],
         events(s.EVT_ACTIVITY, s.EVT_TIMEOUT_SET),
         kv_read(t.KV_SANDBOXES),
         kv_write(t.KV_SANDBOXES),
         kv_read(t.KV_USERS),
         kv_read(t.KV_API_KEYS),
+        kv_read(t.KV_RATES),
+        kv_write(t.KV_RATES),
     )
     scheduler_durables = durables_of(t.SCHEDULER_LIFECYCLE.name, t.SCHEDULER_FIRED.name)
     scheduler = service(

@@ -33,6 +33,8 @@ KV_USERS = "torpor_users"
 KV_API_KEYS = "torpor_api_keys"
 # The local runtime's workload records (shared/runtime/local): only on one machine (`torpor up`).
 KV_WORKLOADS = "torpor_workloads"
+KV_SESSIONS = "torpor_dashboard_sessions"  # dashboard sign-ins; the TTL ends them
+KV_RATES = "torpor_rates"  # rate-limit token buckets per (action, user); idle ones expire
 
 DAY = 86400
 
@@ -172,6 +174,22 @@ def kv_buckets(replicas: int) -> list[KeyValueConfig]:
         ),
         KeyValueConfig(bucket=KV_USERS, history=5, replicas=replicas, storage=StorageType.FILE),
         KeyValueConfig(bucket=KV_API_KEYS, history=5, replicas=replicas, storage=StorageType.FILE),
+        KeyValueConfig(
+            bucket=KV_SESSIONS,
+            description="dashboard sessions by sha256(session id); the TTL ends them",
+            history=1,
+            replicas=replicas,
+            ttl=12 * 3600,  # services/api/dashboard/sessions.py: SESSION_SECONDS
+            storage=StorageType.FILE,
+        ),
+        KeyValueConfig(
+            bucket=KV_RATES,
+            description="rate-limit token buckets (compare-and-set); a full bucket expires",
+            history=1,
+            replicas=replicas,
+            ttl=3600,
+            storage=StorageType.FILE,
+        ),
     ]
 
 

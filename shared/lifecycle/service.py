@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import structlog
@@ -60,9 +60,18 @@ def new_sandbox_id() -> str:
 class SandboxLifecycle:
     """``shared.lifecycle.ports.Lifecycle`` over a ``SandboxStore`` and a ``Publisher``."""
 
-    def __init__(self, store: SandboxStore, publisher: Publisher) -> None:
+    def __init__(
+        self,
+        store: SandboxStore,
+        publisher: Publisher,
+        *,
+        admission: Callable[[SandboxRecord], Awaitable[None]] | None = None,
+    ) -> None:
         self._store = store
         self._publisher = publisher
+        # Run on a create once its record is inserted (so counted), before the command goes out:
+        # the api's quota check. Raising refuses the create and removes the record.
+        self._admission = admission
 
     # ---- reads ------------------------------------------------------------------------------
 
@@ -121,13 +130,16 @@ class SandboxLifecycle:
             metadata=dict(request.metadata),
         )
         try:
+            if self._admission is not None:
+                await self._admission(record)
             await self._publisher.publish(
                 command,
                 subjects.of(subjects.CMD_CREATE, sandbox_id),
                 msg_id=msg_id("create", sandbox_id, record.generation),
             )
         except Exception:
-            # Nobody will ever act on this record: remove it so the id can be used again.
+            # Refused, or nobody will ever act on this record: remove it so the id can be
+            # used again.
             await self._store.delete(sandbox_id)
             raise
         done = await self._wait(

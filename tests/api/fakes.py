@@ -9,6 +9,7 @@ import json
 import secrets
 from datetime import UTC, datetime, timedelta
 
+from shared.auth.keys import hash_secret
 from shared.auth.models import User
 from shared.errors import Conflict, IllegalTransition, NotFound
 from shared.lifecycle.ports import CreateRequest, ResumeResult
@@ -43,6 +44,9 @@ class FakeKeys:
 
     async def authenticate(self, secret: str) -> User | None:
         return self.users.get(secret)
+
+    async def user_for_digest(self, digest: str) -> User | None:
+        return next((u for s, u in self.users.items() if hash_secret(s) == digest), None)
 
 
 class FakeLifecycle:

@@ -38,16 +38,28 @@ def _kill(up: Up, user: str, name: str) -> None:
 
 
 class _Session(httpx.Client):
-    """A client signed in to the dashboard (the cookie jar holds the session)."""
+    """A client signed in to the dashboard (the cookie jar holds the session id)."""
+
+    csrf: str = ""
 
     def __enter__(self) -> _Session:
         return self
 
+    @property
+    def h(self) -> dict[str, str]:
+        """The session's CSRF header, which every cookie-authenticated write needs."""
+        return {"X-CSRF-Token": self.csrf}
+
+
+def _login_csrf(c: httpx.Client) -> dict[str, str]:
+    return {"X-CSRF-Token": c.get("/dashboard/api/csrf").json()["csrfToken"]}
+
 
 def _login(up: Up, user: str) -> _Session:
     c = _Session(base_url=up.api_url, timeout=90)
-    r = c.post("/dashboard/login", json={"apiKey": up.keys[user]})
+    r = c.post("/dashboard/login", json={"apiKey": up.keys[user]}, headers=_login_csrf(c))
     assert r.status_code == 200, r.text
+    c.csrf = r.json()["csrfToken"]
     return c
 
 
@@ -66,25 +78,31 @@ def test_page_is_served_with_a_strict_content_security_policy(up: Up) -> None:
 
 
 def test_login_sets_an_httponly_cookie_and_never_logs_the_key(up: Up) -> None:
-    bad = httpx.post(f"{up.api_url}/dashboard/login", json={"apiKey": "torpor_wrong"})
-    assert bad.status_code == 401
+    with httpx.Client(base_url=up.api_url) as c:
+        bad = c.post("/dashboard/login", json={"apiKey": "e2b_wrong"}, headers=_login_csrf(c))
+        assert bad.status_code == 401
     assert httpx.get(f"{up.api_url}/dashboard/api/me").status_code == 401
 
     with httpx.Client(base_url=up.api_url) as c:
-        r = c.post("/dashboard/login", json={"apiKey": up.keys["alice"]})
+        r = c.post("/dashboard/login", json={"apiKey": up.keys["alice"]}, headers=_login_csrf(c))
         assert r.status_code == 200
-        assert r.json() == {"user": "alice", "admin": False, "pauseResume": True, "live": True}
-        cookie = r.headers["set-cookie"].lower()
+        body = r.json()
+        csrf = body.pop("csrfToken")
+        assert body == {"user": "alice", "admin": False, "pauseResume": True, "live": True}
+        cookie = r.headers.get_list("set-cookie")[0].lower()
+        assert cookie.startswith("torpor_dashboard=")
         assert "httponly" in cookie
         assert "samesite=strict" in cookie
+        assert up.keys["alice"].lower() not in cookie  # a session id, not the key
         assert c.get("/dashboard/api/me").json()["user"] == "alice"
-        assert c.post("/dashboard/logout").status_code == 204
+        assert c.post("/dashboard/logout", headers={"X-CSRF-Token": csrf}).status_code == 204
         c.cookies.clear()  # the browser drops it on the expired Set-Cookie
         assert c.get("/dashboard/api/me").status_code == 401
 
-    form = httpx.post(f"{up.api_url}/dashboard/login", data={"apiKey": up.keys["bob"]})
-    assert form.status_code == 200
-    assert form.json()["user"] == "bob"
+    with httpx.Client(base_url=up.api_url) as c:
+        form = c.post("/dashboard/login", data={"apiKey": up.keys["bob"]}, headers=_login_csrf(c))
+        assert form.status_code == 200
+        assert form.json()["user"] == "bob"
 
     logs = up.all_logs()
     for secret in up.keys.values():
@@ -105,9 +123,7 @@ def test_each_user_sees_only_their_own_and_admins_see_everyone(up: Up) -> None:
             assert mine not in [s["name"] for s in bob.get("/dashboard/api/sandboxes").json()]
             assert bob.get(f"/dashboard/api/sandboxes/{mine}").status_code == 404
             assert bob.get(f"/dashboard/api/sandboxes/{mine}/events").status_code == 404
-            forged = bob.post(
-                f"/dashboard/api/sandboxes/{mine}/kill", headers={"X-Torpor-Dashboard": "1"}
-            )
+            forged = bob.post(f"/dashboard/api/sandboxes/{mine}/kill", headers=bob.h)
             assert forged.status_code == 404
 
             every = {s["name"]: s for s in root.get("/dashboard/api/sandboxes").json()}
@@ -130,7 +146,7 @@ def test_pause_shows_the_decoded_snapshot_and_writes_need_the_dashboard_header(u
             assert refused.status_code == 403
             assert alice.get(f"/dashboard/api/sandboxes/{name}").json()["state"] == "running"
 
-            h = {"X-Torpor-Dashboard": "1"}
+            h = alice.h
             paused = alice.post(f"/dashboard/api/sandboxes/{name}/pause", headers=h)
             assert paused.status_code == 200, paused.text
             body = paused.json()

@@ -1,7 +1,16 @@
-"""Dashboard sign-in: the API key goes into an HttpOnly, SameSite=Strict cookie (never into
-JavaScript-readable storage, a URL or a log line). Requests may also authenticate with the
-API's usual headers. Cookie-authenticated writes must carry ``X-Torpor-Dashboard: 1``: a header a
-cross-site form cannot send, so a forged request is refused even where SameSite is not honoured."""
+"""Dashboard sign-in and CSRF.
+
+The cookie holds a random session id (``sessions.py``), HttpOnly, SameSite=Strict, and Secure
+when the request came over HTTPS (directly, or per a trusted proxy's X-Forwarded-Proto; see
+``TORPOR_HTTP_TRUSTED_PROXIES``) or when ``TORPOR_COOKIE_SECURE=true``. The API key never goes
+into a cookie, JavaScript-readable storage, a URL or a log line. Requests may also authenticate
+with the API's usual headers (then no cookie and no CSRF token are involved).
+
+CSRF: every cookie-authenticated write (actions, sign-out) must send ``X-CSRF-Token`` equal to
+its session's token (given to the page by sign-in and ``/dashboard/api/me``, which another site
+cannot read). Sign-in itself needs a pre-session token: ``GET /dashboard/api/csrf`` returns one
+and sets it as an HttpOnly cookie; the sign-in must send it back as ``X-CSRF-Token``. A cross-site
+form can neither read the token nor set the header."""
 
 from __future__ import annotations
 
@@ -10,12 +19,14 @@ from typing import Annotated
 import structlog
 from fastapi import Depends, Request, Response
 
-from services.api.deps import Caller, WiringDep
+from services.api.deps import Caller, Wiring, WiringDep
 from services.api.errors import ApiError
+from services.api.sessions import SESSION_SECONDS, MemoryBucket, Session, Sessions, same
 
 COOKIE = "torpor_dashboard"
-CSRF_HEADER = "x-torpor-dashboard"
-SESSION_SECONDS = 12 * 3600
+LOGIN_COOKIE = "torpor_login_csrf"
+CSRF_HEADER = "x-csrf-token"
+LOGIN_CSRF_SECONDS = 3600
 _MAX_KEY_LEN = 256
 
 
@@ -26,6 +37,15 @@ def _header_secret(request: Request) -> str | None:
     if scheme.lower() == "bearer" and token:
         return token
     return None
+
+
+def sessions_of(request: Request, w: Wiring) -> Sessions:
+    if w.sessions is not None:
+        return w.sessions
+    fallback: Sessions | None = getattr(request.app.state, "dashboard_sessions", None)
+    if fallback is None:
+        fallback = request.app.state.dashboard_sessions = Sessions(MemoryBucket())
+    return fallback
 
 
 async def authenticate(w: WiringDep, secret: str) -> Caller:
@@ -39,35 +59,81 @@ async def authenticate(w: WiringDep, secret: str) -> Caller:
     return Caller(user)
 
 
+async def current_session(request: Request, w: Wiring) -> tuple[Caller, Session] | None:
+    """The signed-in user and session of the cookie; ``None`` if there is none (any more)."""
+    session_id = request.cookies.get(COOKIE)
+    if not session_id:
+        return None
+    sessions = sessions_of(request, w)
+    session = await sessions.get(session_id)
+    if session is None:
+        return None
+    user = await w.keys.user_for_digest(session.key_digest)
+    if user is None:  # the key was revoked (or its user removed): the session ends with it
+        await sessions.close(session_id)
+        return None
+    structlog.contextvars.bind_contextvars(user=user.name)
+    return Caller(user), session
+
+
 async def dashboard_caller(request: Request, w: WiringDep) -> Caller:
     if (secret := _header_secret(request)) is not None:
         return await authenticate(w, secret)
-    if (cookie := request.cookies.get(COOKIE)) is not None:
-        return await authenticate(w, cookie)
-    raise ApiError(401, "not signed in")
+    found = await current_session(request, w)
+    if found is None:
+        raise ApiError(401, "not signed in")
+    request.state.dashboard_session = found[1]
+    return found[0]
+
+
+def check_csrf(request: Request, expected: str) -> None:
+    sent = request.headers.get(CSRF_HEADER) or ""
+    if not sent or not same(sent, expected):
+        raise ApiError(403, "missing or wrong X-CSRF-Token header")
 
 
 async def dashboard_writer(request: Request, w: WiringDep) -> Caller:
-    """As ``dashboard_caller``, plus the anti-CSRF header when the cookie is the credential."""
-    if _header_secret(request) is None and request.headers.get(CSRF_HEADER) != "1":
-        raise ApiError(403, f"missing {CSRF_HEADER} header")
-    return await dashboard_caller(request, w)
+    """As ``dashboard_caller``, plus the session's CSRF token when the cookie is the credential."""
+    caller = await dashboard_caller(request, w)
+    session: Session | None = getattr(request.state, "dashboard_session", None)
+    if session is not None:
+        check_csrf(request, session.csrf)
+    return caller
 
 
-def set_session(request: Request, response: Response, secret: str) -> None:
+def cookie_secure(request: Request, w: Wiring) -> bool:
+    return w.settings.cookie_secure or request.url.scheme == "https"
+
+
+def set_login_csrf(request: Request, response: Response, w: Wiring, token: str) -> None:
+    response.set_cookie(
+        LOGIN_COOKIE,
+        token,
+        max_age=LOGIN_CSRF_SECONDS,
+        path="/dashboard",
+        httponly=True,
+        samesite="strict",
+        secure=cookie_secure(request, w),
+    )
+
+
+def set_session(request: Request, response: Response, w: Wiring, session_id: str) -> None:
     response.set_cookie(
         COOKIE,
-        secret,
+        session_id,
         max_age=SESSION_SECONDS,
         path="/",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=cookie_secure(request, w),
     )
+    response.delete_cookie(LOGIN_COOKIE, path="/dashboard", httponly=True, samesite="strict")
 
 
-def clear_session(response: Response) -> None:
-    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+def clear_session(request: Request, response: Response, w: Wiring) -> None:
+    response.delete_cookie(
+        COOKIE, path="/", httponly=True, samesite="strict", secure=cookie_secure(request, w)
+    )
 
 
 ReaderDep = Annotated[Caller, Depends(dashboard_caller)]

@@ -22,10 +22,16 @@ from fastapi import APIRouter, FastAPI, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from services.api.dashboard.auth import (
+    COOKIE,
+    LOGIN_COOKIE,
     ReaderDep,
     WriterDep,
     authenticate,
+    check_csrf,
     clear_session,
+    current_session,
+    sessions_of,
+    set_login_csrf,
     set_session,
 )
 from services.api.dashboard.ports import EventSource
@@ -40,6 +46,9 @@ from services.api.dashboard.views import (
 from services.api.deps import Caller, CallerDep, Wiring, WiringDep
 from services.api.errors import ApiError
 from services.api.names import named, resolve
+from services.api.quotas import admit_resume
+from services.api.sessions import new_token
+from shared.auth.keys import hash_secret
 from shared.errors import NotFound, TorporError, Unavailable
 from shared.ids import SANDBOX_ID_PATTERN, owned_sandbox_id
 from shared.models.sandboxes import SandboxRecord, SandboxState
@@ -147,13 +156,25 @@ def dashboard_router(
 
     # ---- session ---------------------------------------------------------------------------
 
-    def me(caller: Caller, request: Request) -> Me:
+    def me(caller: Caller, request: Request, csrf: str | None = None) -> Me:
+        if csrf is None:
+            session = getattr(request.state, "dashboard_session", None)
+            csrf = session.csrf if session is not None else None
         return Me(
             user=caller.name,
             admin=caller.user.admin,
             pause_resume=flags.pause_resume_enabled_for(caller.name),
             live=_feed(request) is not None,
+            csrf_token=csrf,
         )
+
+    @router.get("/dashboard/api/csrf", tags=["dashboard"])
+    async def login_csrf(request: Request, response: Response, w: WiringDep) -> dict[str, str]:
+        """A sign-in CSRF token: send it back as ``X-CSRF-Token`` with ``/dashboard/login``."""
+        token = new_token()
+        set_login_csrf(request, response, w, token)
+        response.headers["Cache-Control"] = "no-store"
+        return {"csrfToken": token}
 
     @router.post("/dashboard/login", response_model=Me, tags=["dashboard"])
     async def login(request: Request, response: Response, w: WiringDep) -> Me:
@@ -169,15 +190,26 @@ def dashboard_router(
             secret = values[0] if values else None
         if not isinstance(secret, str):
             raise ApiError(400, "send the API key as apiKey")
+        # Login CSRF: the token from GET /dashboard/api/csrf, as header and (HttpOnly) cookie.
+        check_csrf(request, request.cookies.get(LOGIN_COOKIE) or "")
         caller = await authenticate(w, secret)
-        set_session(request, response, secret.strip())
+        sessions = sessions_of(request, w)
+        if old := request.cookies.get(COOKIE):
+            await sessions.close(old)  # a fresh id at every sign-in (no session fixation)
+        session_id, session = await sessions.open(caller.name, hash_secret(secret.strip()))
+        set_session(request, response, w, session_id)
         log.info("dashboard_login")  # the user is bound by authenticate; never the key
-        return me(caller, request)
+        return me(caller, request, session.csrf)
 
     @router.post("/dashboard/logout", status_code=204, tags=["dashboard"])
-    async def logout() -> Response:
+    async def logout(request: Request, w: WiringDep) -> Response:
+        """End the session (CSRF-checked); without a live session, just drop the cookie."""
+        found = await current_session(request, w)
+        if found is not None:
+            check_csrf(request, found[1].csrf)
+            await sessions_of(request, w).close(request.cookies.get(COOKIE, ""))
         response = Response(status_code=204)
-        clear_session(response)
+        clear_session(request, response, w)
         return response
 
     @router.get("/dashboard/api/me", response_model=Me, tags=["dashboard"])
@@ -280,6 +312,7 @@ async def _act(w: Wiring, caller: Caller, name: str, action: str) -> SandboxReco
         current = await w.lifecycle.get(name, owner=caller.scope)
         if current.state in (SandboxState.RUNNING, SandboxState.CREATING):
             raise ApiError(409, f"sandbox {name} is already running")
+        await admit_resume(w, current)
         return (await w.lifecycle.resume(name, owner=caller.scope, wait=wait)).record
     current = await w.lifecycle.get(name, owner=caller.scope)
     await w.lifecycle.kill(name, owner=caller.scope, wait=wait)

@@ -72,6 +72,8 @@ class Me(_Out):
     admin: bool
     pause_resume: bool
     live: bool  # whether live updates and history are available (the bus feed is connected)
+    # The session's CSRF token, for X-CSRF-Token on writes (null when signed in by header).
+    csrf_token: str | None = None
 
 
 def snapshot_view(record: SandboxRecord) -> SnapshotView | None:

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 
 from services.api.deps import CallerDep, WiringDep, require_template
 from services.api.errors import ApiError
+from services.api.quotas import admit_create, admit_resume
 from services.api.schemas import (
     ConnectSandbox,
     ErrorBody,
@@ -107,6 +108,7 @@ async def create_sandbox(
             existing = None
         if existing is not None and visible(existing):
             return sandbox_out(existing, w.settings)
+    await admit_create(w, caller.name)
     try:
         record = await w.lifecycle.create(request, wait=w.settings.create_wait)
     except Conflict:
@@ -251,6 +253,7 @@ async def connect_sandbox(
         record = await w.lifecycle.extend_timeout(sandbox_id, owner=caller.scope, timeout=timeout)
         response.status_code = status.HTTP_200_OK
         return sandbox_out(record, w.settings)
+    await admit_resume(w, record)
     result = await w.lifecycle.resume(
         sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
     )
@@ -272,6 +275,7 @@ async def resume_sandbox(
     if record.state in (SandboxState.RUNNING, SandboxState.CREATING):
         raise ApiError(409, f"sandbox {sandbox_id} is already running")
     timeout = _timeout(w, body.timeout if body else None, default=record.timeout)
+    await admit_resume(w, record)
     result = await w.lifecycle.resume(
         sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
     )

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Path, Response
 from services.api.deps import CallerDep, WiringDep, require_template
 from services.api.errors import ApiError
 from services.api.names import named, resolve
+from services.api.quotas import admit_create, admit_resume
 from services.api.schemas import ErrorBody, NativeCreate, NativeList, NativeSandbox
 from services.api.views import native_out
 from shared.errors import Conflict
@@ -39,6 +40,7 @@ async def create(w: WiringDep, caller: CallerDep, body: NativeCreate) -> NativeS
     if body.timeout > w.settings.max_timeout:
         raise ApiError(422, f"timeout must be at most {w.settings.max_timeout} seconds")
     require_template(w, body.template, field="template")
+    await admit_create(w, caller.name)
     try:
         record = await w.lifecycle.create(
             CreateRequest(
@@ -108,6 +110,7 @@ async def resume(w: WiringDep, caller: CallerDep, name: Name) -> NativeSandbox:
     record = await resolve(w, caller, name)
     if record.state in (SandboxState.RUNNING, SandboxState.CREATING):
         raise ApiError(409, f"sandbox {name} is already running")
+    await admit_resume(w, record)
     with named(record, name):
         result = await w.lifecycle.resume(
             record.sandbox_id, owner=caller.scope, wait=w.settings.transition_wait

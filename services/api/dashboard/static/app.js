@@ -1,12 +1,15 @@
 // torpor dashboard: plain JS, no build. Data is only ever put into the page as text
-// (textContent), never as HTML. The API key lives in an HttpOnly cookie set by /dashboard/login.
+// (textContent), never as HTML. Signing in sends the API key once; the session lives in an
+// HttpOnly cookie holding a random id, and every write carries the session's CSRF token.
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
-const state = { me: null, sandboxes: [], selected: null, owner: "", source: null, timer: null };
+const state = {
+  me: null, csrf: "", sandboxes: [], selected: null, owner: "", source: null, timer: null,
+};
 
 async function api(path, options = {}) {
-  const headers = { "X-Torpor-Dashboard": "1", ...(options.headers || {}) };
+  const headers = { "X-CSRF-Token": state.csrf, ...(options.headers || {}) };
   const res = await fetch(path, { credentials: "same-origin", ...options, headers });
   if (res.status === 204) return null;
   const body = await res.json().catch(() => ({}));
@@ -57,6 +60,7 @@ function say(text, isError) {
 async function boot() {
   try {
     state.me = await api("/dashboard/api/me");
+    state.csrf = state.me.csrfToken || "";
   } catch (e) {
     return showLogin(e.status === 401 ? "" : e.message);
   }
@@ -78,11 +82,13 @@ async function login(event) {
   const key = input.value;
   input.value = ""; // do not keep the secret in the DOM
   try {
+    state.csrf = (await api("/dashboard/api/csrf")).csrfToken; // the sign-in's own CSRF token
     state.me = await api("/dashboard/login", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ apiKey: key }),
     });
+    state.csrf = state.me.csrfToken || "";
   } catch (e) {
     $("#login-error").textContent = e.status === 401 ? "That API key is not valid." : e.message;
     return;
@@ -93,6 +99,7 @@ async function login(event) {
 async function logout() {
   await api("/dashboard/logout", { method: "POST" }).catch(() => null);
   state.me = null;
+  state.csrf = "";
   state.selected = null;
   showLogin("");
 }

@@ -1,0 +1,1 @@
+"""Per-user quotas (sandboxes held, sandboxes running) and rate limits (creates, resumes)."""
