@@ -182,10 +182,14 @@ class ProxyApp:
                 return
             with structlog.contextvars.bound_contextvars(sandbox_id=target.sandbox_id):
                 try:
-                    with self.in_flight.hold(scope):
-                        await self._proxy(scope, receive, send, target)
+                    client = self.in_flight.acquire(scope)
                 except RequestRefused as e:
                     await self._refuse(scope, send, e.status, e.message, e.retry_after)
+                    return
+                try:
+                    await self._proxy(scope, receive, send, target)
+                finally:
+                    self.in_flight.release(client)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         stack: AbstractAsyncContextManager[ProxyWiring] | None = None

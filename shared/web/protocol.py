@@ -75,7 +75,8 @@ def guarded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
             self._per_client: _PerClient = per_client
             self._counted: str | None = None
             self._in_head = True  # a new connection is waiting for its first request head
-            self._head_bytes = 0
+            self._head_bytes = 0  # of the current head, in chunks before the one being parsed
+            self._chunk = 0  # size of the chunk being parsed
             self._head_timer: asyncio.TimerHandle | None = None
             self._refused = False
 
@@ -104,11 +105,17 @@ def guarded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return
-            if self._in_head:
-                self._head_bytes += len(data)
+            self._chunk = len(data)
             super().data_received(data)
-            if self._in_head and not self._refused and self._head_bytes > limits.max_header_bytes:
-                self._refuse(431, f"request headers larger than {limits.max_header_bytes} bytes")
+            if self._in_head and not self._refused:
+                # The head did not fit in this chunk: count it, and give it a deadline (a head
+                # that arrives whole, the usual case, costs no timer).
+                self._head_bytes += self._chunk
+                if self._head_bytes > limits.max_header_bytes:
+                    msg = f"request headers larger than {limits.max_header_bytes} bytes"
+                    self._refuse(431, msg)
+                elif self._head_timer is None:
+                    self._arm_head_timer()
 
         def handle_websocket_upgrade(self) -> None:
             # The transport moves to the WebSocket protocol, which will not call our
@@ -126,18 +133,21 @@ def guarded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
             if not self._in_head:  # the next request on a kept-alive connection
                 self._in_head = True
                 self._head_bytes = 0
-                self._arm_head_timer()
 
         def on_headers_complete(self) -> None:
             self._in_head = False
-            self._cancel_head_timer()
-            size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
+            if self._head_timer is not None:
+                self._cancel_head_timer()
             if len(self.headers) > limits.max_headers:
                 self._refuse(431, f"more than {limits.max_headers} request headers")
                 return
-            if size > limits.max_header_bytes:
-                self._refuse(431, f"request headers larger than {limits.max_header_bytes} bytes")
-                return
+            # Exact size only when the bytes seen could exceed the limit (cheap otherwise).
+            if self._head_bytes + self._chunk > limits.max_header_bytes:
+                size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
+                if size > limits.max_header_bytes:
+                    msg = f"request headers larger than {limits.max_header_bytes} bytes"
+                    self._refuse(431, msg)
+                    return
             super().on_headers_complete()
 
         def on_body(self, body: bytes) -> None:

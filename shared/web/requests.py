@@ -43,22 +43,32 @@ class InFlight:
         self.limit = limit
         self._counts: dict[str, int] = {}
 
-    @contextmanager
-    def hold(self, scope: Scope) -> Iterator[None]:
-        address = client_address(scope)
+    def acquire(self, scope: Scope) -> str:
+        """Count one more request of this client (429 beyond the limit); pair with ``release``.
+        Plain calls rather than a context manager: this runs on every proxied request."""
+        client = scope.get("client")
+        address = str(client[0]) if client else "-"
         count = self._counts.get(address, 0)
         if count >= self.limit:
             msg = f"more than {self.limit} requests in progress from this client"
             raise RequestRefused(429, msg, retry_after=1)
         self._counts[address] = count + 1
+        return address
+
+    def release(self, address: str) -> None:
+        left = self._counts[address] - 1
+        if left:
+            self._counts[address] = left
+        else:
+            del self._counts[address]
+
+    @contextmanager
+    def hold(self, scope: Scope) -> Iterator[None]:
+        address = self.acquire(scope)
         try:
             yield
         finally:
-            left = self._counts[address] - 1
-            if left:
-                self._counts[address] = left
-            else:
-                del self._counts[address]
+            self.release(address)
 
 
 def declared_length(scope: Scope) -> int | None:

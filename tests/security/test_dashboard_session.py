@@ -57,7 +57,7 @@ def test_sign_in_needs_its_csrf_token(stack: Stack) -> None:
         # No token; a token but no cookie (another site's form); a cookie but a wrong token.
         assert c.post("/dashboard/login", json={"apiKey": key}).status_code == 403
         token = login_token(c)
-        with httpx.Client(base_url=stack.api_url) as other:
+        with httpx.Client(base_url=stack.api_url, timeout=60) as other:
             refused = other.post(
                 "/dashboard/login", json={"apiKey": key}, headers={"X-CSRF-Token": token}
             )
@@ -155,20 +155,20 @@ def behind_proxy() -> Iterator[str]:
 
 def test_cookie_is_secure_when_a_trusted_proxy_says_https(behind_proxy: str) -> None:
     https = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.7"}
-    with httpx.Client(base_url=behind_proxy, headers=https) as c:
+    with httpx.Client(base_url=behind_proxy, headers=https, timeout=60) as c:
         issued = c.get("/dashboard/api/csrf")
         assert "; secure" in issued.headers["set-cookie"].lower()
         token = issued.json()["csrfToken"]
         # The client speaks HTTPS to the proxy, so its browser would send the Secure cookie back.
         with httpx.Client(
-            base_url=behind_proxy, headers=https, cookies={"torpor_login_csrf": token}
+            base_url=behind_proxy, headers=https, cookies={"torpor_login_csrf": token}, timeout=60
         ) as tls:
             r = tls.post("/dashboard/login", json={"apiKey": KEY}, headers={"X-CSRF-Token": token})
         assert r.status_code == 200, r.text
         assert "; secure" in session_cookie(r).lower()
     # The same claim from an address that is not a trusted proxy is ignored.
     untrusted = httpx.HTTPTransport(local_address="127.0.0.2")
-    with httpx.Client(base_url=behind_proxy, headers=https, transport=untrusted) as c:
+    with httpx.Client(base_url=behind_proxy, headers=https, transport=untrusted, timeout=60) as c:
         r, _ = sign_in(c, KEY)
         assert "secure" not in session_cookie(r).lower()
 
@@ -183,7 +183,7 @@ def test_cookie_secure_setting_forces_secure() -> None:
     transport = httpx.ASGITransport(app=app)
 
     async def go() -> str:
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://api", timeout=60) as c:
             issued = await c.get("/dashboard/api/csrf")
             assert "; secure" in issued.headers["set-cookie"].lower()  # even over plain http
             token = issued.json()["csrfToken"]

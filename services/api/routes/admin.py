@@ -19,7 +19,7 @@ router = APIRouter(prefix="/api/v1/users", tags=["admin"])
 
 UserName = Annotated[str, Path(min_length=1, max_length=63, description="A user name")]
 _ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (401, 403, 404, 422, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 413, 422, 429, 503)
 }
 
 
