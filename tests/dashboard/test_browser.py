@@ -109,9 +109,10 @@ def test_sign_in_pause_resume_and_expiry_in_chromium(
         assert "PAUSE_RESUME: on" in page.inner_text("#flag")
 
         # Created through the API: the row appears without a reload (server-sent events).
-        _api(up, "alice", "POST", "/api/v1/sandbox", json={"name": web, "timeout": 600})
+        created = _api(up, "alice", "POST", "/api/v1/sandbox", json={"name": web, "timeout": 600})
         _wait_state(page, web, "running")
-        sbx = Sandbox.connect(web)
+        # Native names are per user; the SDK addresses the sandbox by the id behind the name.
+        sbx = Sandbox.connect(created["sandboxId"])
         sleeper = sbx.commands.run("sleep 1000", background=True, cwd="/tmp")
 
         page.click(f"{_row(page, web)} td.mono")
