@@ -252,8 +252,15 @@ async def test_error_paths_leave_no_key_or_token_in_any_log(full_up: Up) -> None
                 r = await http.get(f"{full_up.api_url}/sandboxes", headers=headers)
                 assert r.status_code == 401
                 assert value not in r.text
-            r = await http.post(f"{full_up.api_url}/dashboard/login", json={"apiKey": value})
-            assert r.status_code == 401
+            # Sign-in needs its CSRF token first, so the bad key reaches the key check.
+            issued = await http.get(f"{full_up.api_url}/dashboard/api/csrf")
+            csrf = issued.json()["csrfToken"]
+            r = await http.post(
+                f"{full_up.api_url}/dashboard/login",
+                json={"apiKey": value},
+                headers={"X-CSRF-Token": csrf, "Cookie": f"torpor_login_csrf={csrf}"},
+            )
+            assert r.status_code == 401, r.text
             assert value not in r.text
             to = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}
             r = await http.post(
