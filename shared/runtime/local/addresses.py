@@ -16,6 +16,7 @@ from nats.js.kv import KeyValue
 from shared.bus.kv import key_names
 from shared.errors import RuntimeFailure
 from shared.runtime.local.network import PodNetwork
+from shared.runtime.local.records import reservation_holder
 
 ADDRESS_PREFIX = "addr."
 
@@ -52,30 +53,26 @@ class AddressPool:
 
     async def release_orphans(self, names: set[str]) -> None:
         """Release addresses held by workloads not in ``names`` (e.g. deleted while down)."""
-        for address in await self.reserved():
-            holder = await self.holder(address)
+        for address in await self._candidates():
+            holder = await self.holder(address)  # one read per key, not two
             if holder is not None and holder not in names:
                 await self.release(address)
 
     async def holder(self, address: str) -> str | None:
-        try:
-            entry = await self._kv.get(address_key(address))
-        except KeyNotFoundError:
-            return None
-        if entry.value is None:
-            return None
-        holder = json.loads(entry.value).get("workload")
-        return holder if isinstance(holder, str) else None
+        return await reservation_holder(self._kv, address_key(address))
 
     async def reserved(self) -> list[str]:
         # Not ``KeyValue.keys()``: it can miss keys under load (see records.WorkloadStore).
+        return [a for a in await self._candidates() if await self.holder(a) is not None]
+
+    async def _candidates(self) -> list[str]:
+        """Addresses with a key (some may be purged tombstones)."""
         keys = await key_names(self._kv)
-        addresses = [
+        return [
             k.removeprefix(ADDRESS_PREFIX).replace("-", ".")
             for k in sorted(keys)
             if k.startswith(ADDRESS_PREFIX)
         ]
-        return [a for a in addresses if await self.holder(a) is not None]
 
     async def _claim(self, address: str, name: str) -> bool:
         try:

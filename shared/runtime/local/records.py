@@ -7,6 +7,7 @@ reservations of :mod:`.addresses`). The KV revision of ``wl.<name>`` is the work
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Literal
 
@@ -132,3 +133,17 @@ class WorkloadStore:
 
     async def names(self) -> list[str]:
         return await self._keys(WORKLOAD_PREFIX)
+
+
+async def reservation_holder(kv: KeyValue, key: str) -> str | None:
+    """The workload holding a reservation key (an address, a host id range), or ``None``.
+
+    Both pools store ``{"workload": name}`` under their key; this is the one reader of it."""
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return None
+    if entry.value is None:
+        return None
+    holder = json.loads(entry.value).get("workload")
+    return holder if isinstance(holder, str) else None

@@ -29,6 +29,7 @@ from nats.js.kv import KeyValue
 
 from shared.bus.kv import key_names
 from shared.errors import RuntimeFailure
+from shared.runtime.local.records import reservation_holder
 
 IDS_PER_POD = 65536
 FIRST_BASE = 1 << 30  # far above the ids of real host users and of subuid ranges (100000+)
@@ -68,22 +69,18 @@ class IdRangePool:
             await self._kv.purge(range_key(base))
 
     async def holder(self, base: int) -> str | None:
-        try:
-            entry = await self._kv.get(range_key(base))
-        except KeyNotFoundError:
-            return None
-        if entry.value is None:
-            return None
-        holder = json.loads(entry.value).get("workload")
-        return holder if isinstance(holder, str) else None
+        return await reservation_holder(self._kv, range_key(base))
 
     async def reserved(self) -> list[int]:
+        return [b for b in await self._candidates() if await self.holder(b) is not None]
+
+    async def _candidates(self) -> list[int]:
+        """Range bases with a key (some may be purged tombstones)."""
         keys = await key_names(self._kv)
-        bases = [int(k.removeprefix(RANGE_PREFIX)) for k in keys if k.startswith(RANGE_PREFIX)]
-        return [b for b in sorted(bases) if await self.holder(b) is not None]
+        return sorted(int(k.removeprefix(RANGE_PREFIX)) for k in keys if k.startswith(RANGE_PREFIX))
 
     async def release_orphans(self, names: set[str]) -> None:
-        for base in await self.reserved():
+        for base in await self._candidates():  # holder() below: one read per key, not two
             holder = await self.holder(base)
             if holder is not None and holder not in names:
                 await self.release(base)
