@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager and etcd from Go modules into a cache folder
-# outside the repo. Idempotent: returns at once when the binaries for this version exist.
+# Builds kube-apiserver, kube-controller-manager, kubelet and etcd from Go modules into a cache
+# folder outside the repo. Idempotent: returns at once when the binaries for this version exist,
+# and builds only the missing ones otherwise (a cache made before kubelet was added gains it alone).
 # Prints the output folder on stdout (last line); progress goes to stderr.
 set -euo pipefail
 export GOTOOLCHAIN=local CGO_ENABLED=0
 KV=${TORPOR_K8S_VERSION:-1.36.3}
 EV=${TORPOR_ETCD_VERSION:-v3.6.8}
 OUT=${TORPOR_K8S_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/torpor/k8s/v$KV}
-BINS=(kube-apiserver kube-controller-manager etcd)
+BINS=(kube-apiserver kube-controller-manager kubelet etcd)
 
 have_all() { for b in "${BINS[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done; }
+missing() { for b in "${BINS[@]}"; do [[ -x "$OUT/$b" ]] || echo "$b"; done; }
 if have_all; then echo "$OUT"; exit 0; fi
 
 command -v go >/dev/null || { echo "build-k8s: go is not installed" >&2; exit 2; }
@@ -38,6 +40,7 @@ import (
 	_ "go.etcd.io/etcd/server/v3"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GO
 echo "build-k8s: resolving modules for v$KV (etcd $EV)" >&2
@@ -47,13 +50,20 @@ LD="-s -w"
 for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   LD+=" -X $p.gitVersion=v$KV -X $p.gitMajor=$MAJ -X $p.gitMinor=$MIN -X $p.gitTreeState=clean"
 done
-echo "build-k8s: compiling kube-apiserver, kube-controller-manager (this takes 20-35 minutes cold)" >&2
 # Build next to $OUT and rename at the end, so an interrupted build never looks complete.
 PART="$OUT.partial"; rm -rf "$PART"; mkdir -p "$PART"
-go build -trimpath -ldflags "$LD" -o "$PART/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager >&2
-echo "build-k8s: compiling etcd" >&2
-go build -trimpath -ldflags "-s -w" -o "$PART/etcd" go.etcd.io/etcd/server/v3 >&2
-for b in "${BINS[@]}"; do mv -f "$PART/$b" "$OUT/$b"; done
+mapfile -t TODO < <(missing)
+KUBE=()
+for b in "${TODO[@]}"; do [[ $b == etcd ]] || KUBE+=("k8s.io/kubernetes/cmd/$b"); done
+if ((${#KUBE[@]})); then
+  echo "build-k8s: compiling ${KUBE[*]##*/} (20-35 minutes cold, about a minute per binary with a warm Go cache)" >&2
+  go build -trimpath -ldflags "$LD" -o "$PART/" "${KUBE[@]}" >&2
+fi
+if [[ " ${TODO[*]} " == *" etcd "* ]]; then
+  echo "build-k8s: compiling etcd" >&2
+  go build -trimpath -ldflags "-s -w" -o "$PART/etcd" go.etcd.io/etcd/server/v3 >&2
+fi
+for b in "${TODO[@]}"; do mv -f "$PART/$b" "$OUT/$b"; done
 rmdir "$PART"
 have_all
 echo "$OUT"

@@ -34,6 +34,25 @@ if ! command -v nft >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1; then
     echo "setup: nft/ip are missing; install them with: sudo apt-get install -y nftables iproute2" >&2
   fi
 fi
+# The real Kubernetes node of the test rig (tests marked `realnode`, bench --node real) and the
+# images built here: containerd + runc run the pods, the CNI plugins wire them, buildah builds the
+# images without a Docker engine, podman serves testcontainers a Docker-compatible API, skopeo
+# copies images between stores, debootstrap makes the Debian base, uidmap for rootless podman.
+REALNODE_PKGS=(containerd runc containernetworking-plugins buildah podman skopeo uidmap debootstrap)
+REALNODE_MISSING=()
+for p in "${REALNODE_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || REALNODE_MISSING+=("$p")
+done
+if ((${#REALNODE_MISSING[@]})); then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing ${REALNODE_MISSING[*]} (the real test node and image builds)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${REALNODE_MISSING[@]}" >/dev/null \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${REALNODE_MISSING[@]}" >/dev/null; } \
+      || echo "setup: could not install ${REALNODE_MISSING[*]} (realnode tests will skip; they fail under CI=true)" >&2
+  else
+    echo "setup: ${REALNODE_MISSING[*]} missing; install with: sudo apt-get install -y ${REALNODE_MISSING[*]}" >&2
+  fi
+fi
 # Headless Chromium for the dashboard's browser tests (driven by the playwright package; never
 # 'playwright install'). Optional: those tests skip without it (and fail under CI=true).
 if [[ ! -x /usr/bin/chromium && $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
