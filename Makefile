@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SETUP_STAMP := $(VENV)/.torpor-setup
 
-.PHONY: up test setup lint typecheck imports k8s-bins pytest
+.PHONY: up test setup lint typecheck imports k8s-bins rootfs pytest
 
 setup: $(SETUP_STAMP)
 
@@ -22,6 +22,11 @@ k8s-bins:
 	  echo "make: scripts/build-k8s.sh failed; Kubernetes tests will skip" >&2; \
 	fi
 
+# The local runtime's sandbox root filesystem (Debian via debootstrap, cached outside the repo;
+# instant when the package list is unchanged). Local-runtime tests fail without it.
+rootfs:
+	@scripts/build-rootfs.sh >/dev/null
+
 lint: setup
 	$(BIN)/ruff check .
 
@@ -32,7 +37,7 @@ imports: setup
 	$(BIN)/lint-imports
 
 # pytest exit code 5 ("no tests collected") is a failure, not a pass.
-pytest: setup k8s-bins
+pytest: setup k8s-bins rootfs
 	$(BIN)/pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

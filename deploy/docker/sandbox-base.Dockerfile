@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1.7
 # sandbox-base: the image every sandbox pod runs (deploy/sandbox-base/sandbox-base.yaml).
-# A general-purpose Linux userland (Debian bookworm, bash, Python 3.11, git, curl, build tools
-# kept small) with torpor's in-sandbox daemon (envd-compatible) as PID 1's child on :49983.
+# A general-purpose Linux userland (Debian bookworm with the packages of
+# deploy/sandbox-base/packages.txt: python3, pip, git, curl, Node.js, sudo) with torpor's
+# in-sandbox daemon (envd-compatible) as PID 1's child on :49983.
 #
 #   docker build -f deploy/docker/sandbox-base.Dockerfile -t torpor/sandbox-base:0.1.0 .
 #
@@ -25,22 +26,27 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="torpor sandbox-base" \
       org.opencontainers.image.description="general-purpose sandbox userland + envd-compatible daemon on :49983" \
       org.opencontainers.image.licenses="Apache-2.0"
-# tini reaps the zombies user processes leave behind; the rest is what agents expect to find.
+# The packages and user model of every sandbox, from ONE definition shared with the local
+# runtime's rootfs (scripts/build-rootfs.sh): deploy/sandbox-base/packages.txt, then
+# configure.sh (user `user` uid 1000 with passwordless sudo, /home/user, /workspace, torpor's
+# sudo shim). tini reaps the zombies user processes leave behind.
+COPY deploy/sandbox-base/packages.txt deploy/sandbox-base/configure.sh deploy/sandbox-base/sudo /tmp/sandbox-base/
 RUN apt-get update \
- && apt-get install -y --no-install-recommends \
-      bash ca-certificates coreutils curl git less procps tini unzip xz-utils \
- && rm -rf /var/lib/apt/lists/* \
- && useradd --uid 1000 --create-home --home-dir /home/user --shell /bin/bash user \
- && mkdir -p /workspace && chown user:user /workspace
+ && sed -e 's/#.*//' /tmp/sandbox-base/packages.txt | xargs apt-get install -y --no-install-recommends \
+ && sh /tmp/sandbox-base/configure.sh /tmp/sandbox-base/sudo \
+ && rm -rf /tmp/sandbox-base /var/lib/apt/lists/*
 COPY --from=build /opt/envd /opt/envd
 ENV PYTHONPATH=/opt/envd/app \
     PYTHONUNBUFFERED=1 \
     LANG=C.UTF-8 \
-    HOME=/workspace
+    HOME=/home/user
 # The user's own `python3`/`pip` stay the system ones; the daemon uses its private venv.
+# The daemon runs as `user` here, so every request acts as `user` (switching to root per
+# request, and the sudo shim's socket, need a daemon that is the sandbox's root: the local
+# runtime's pods have that; the Kubernetes pod template does not yet).
 USER 1000:1000
-WORKDIR /workspace
+WORKDIR /home/user
 EXPOSE 49983
 HEALTHCHECK --interval=10s --timeout=2s CMD ["/opt/envd/bin/python", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:49983/health', timeout=1)"]
 ENTRYPOINT ["/usr/bin/tini", "--", "/opt/envd/bin/python", "-m", "services.envd"]
-CMD ["--listen", "0.0.0.0:49983", "--root", "/workspace"]
+CMD ["--listen", "0.0.0.0:49983", "--root", "/home/user"]
