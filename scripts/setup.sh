@@ -53,6 +53,15 @@ if ((${#REALNODE_MISSING[@]})); then
     echo "setup: ${REALNODE_MISSING[*]} missing; install with: sudo apt-get install -y ${REALNODE_MISSING[*]}" >&2
   fi
 fi
+# The sandbox root filesystem of the local runtime (Debian bookworm + deploy/sandbox-base, built by
+# debootstrap, cached in ~/.cache/torpor/rootfs; instant when the package list is unchanged,
+# about 4 minutes cold). Without it local sandboxes do not start (one line says why).
+if [[ $(id -u) == 0 ]] && command -v debootstrap >/dev/null 2>&1; then
+  scripts/build-rootfs.sh >/dev/null \
+    || { echo "setup: scripts/build-rootfs.sh failed (local sandboxes cannot start)" >&2; [[ ${CI:-} != true ]]; }
+else
+  echo "setup: the sandbox rootfs needs root and debootstrap (apt-get install -y debootstrap), then: scripts/build-rootfs.sh" >&2
+fi
 # Headless Chromium for the dashboard's browser tests (driven by the playwright package; never
 # 'playwright install'). Optional: those tests skip without it (and fail under CI=true).
 if [[ ! -x /usr/bin/chromium && $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
