@@ -47,9 +47,10 @@ def serve_proxy(port: int, pod_host: str) -> None:
 
     from services.proxy.app import ProxyApp, ProxyWiring
     from services.proxy.settings import ProxySettings
+    from shared.domain.record import SandboxRecord
+    from shared.domain.states import SandboxState
     from shared.lifecycle.ports import ResumeResult
     from shared.logging import configure
-    from shared.models.sandboxes import SandboxRecord, SandboxState
     from shared.settings import LoggingSettings
     from shared.web.limits import HttpLimits
     from shared.web.serving import server_config

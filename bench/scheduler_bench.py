@@ -42,8 +42,8 @@ from shared.bus.topology import (  # noqa: E402
     STREAM_CMD,
     ensure_topology,
 )
+from shared.domain.record import SandboxRecord, SandboxState  # noqa: E402
 from shared.models.messages import SandboxCreated  # noqa: E402
-from shared.models.sandboxes import SandboxRecord, SandboxState  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -15,9 +15,9 @@ from services.api.gate import AUTHENTICATED
 from services.api.sessions import Sessions
 from services.api.settings import ApiSettings
 from shared.auth.models import User
+from shared.domain.record import SandboxRecord
 from shared.envd.ports import EnvdTelemetry
 from shared.lifecycle.ports import Lifecycle
-from shared.models.sandboxes import SandboxRecord
 from shared.quota.models import Quota, QuotaOverride
 from shared.runtime.catalog import TemplateCatalog
 

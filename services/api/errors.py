@@ -16,6 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from shared.domain import states
+from shared.domain.record import SandboxRecord
 from shared.errors import (
     ConfigError,
     Conflict,
@@ -45,6 +47,13 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.headers = headers or {}
+
+
+def refuse_resume_if_up(record: SandboxRecord, name: str) -> None:
+    """Resuming a sandbox that is running (or still being created) is a 409 (E2B's rule); a
+    connect instead extends its timeout."""
+    if states.is_up(record.state):
+        raise ApiError(409, f"sandbox {name} is already running")
 
 
 def error_response(

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from services.api.deps import Caller, Wiring
+from shared.domain.record import SandboxRecord
 from shared.errors import NotFound, TorporError
 from shared.ids import owned_sandbox_id
-from shared.models.sandboxes import SandboxRecord
 
 
 @contextmanager

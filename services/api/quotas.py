@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from services.api.deps import Wiring
-from shared.models.sandboxes import SandboxRecord, SandboxState
-
-# States from which a resume starts a new pod (others join one in flight, or need none).
-WAKES = frozenset({SandboxState.PAUSED, SandboxState.PAUSING, SandboxState.FAILED})
+from shared.domain import states
+from shared.domain.record import SandboxRecord
 
 
 async def admit_create(w: Wiring, user: str) -> None:
@@ -17,5 +15,5 @@ async def admit_create(w: Wiring, user: str) -> None:
 
 async def admit_resume(w: Wiring, record: SandboxRecord) -> None:
     """Running count and resume rate, for a resume that will start a pod."""
-    if w.quota is not None and record.state in WAKES:
+    if w.quota is not None and states.is_resumable(record.state):
         await w.quota.before_resume(record)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from services.api.schemas import (
     LifecycleOut,
@@ -15,14 +15,14 @@ from services.api.schemas import (
 )
 from services.api.settings import ENVD_VERSION, ApiSettings
 from shared.auth.traffic import traffic_token
-from shared.models.sandboxes import SandboxRecord, SandboxState
-
-# Hidden from every view: the sandbox is gone or going (E2B kill answers 404 from here on).
-GONE = frozenset({SandboxState.KILLING, SandboxState.KILLED})
+from shared.domain import states
+from shared.domain.record import SandboxRecord
+from shared.domain.timing import deadline_after
 
 
 def visible(record: SandboxRecord) -> bool:
-    return record.state not in GONE
+    """Gone or going sandboxes are hidden from every view (E2B kill answers 404 from then on)."""
+    return states.is_visible(record.state)
 
 
 def e2b_metadata(record: SandboxRecord) -> dict[str, str]:
@@ -38,7 +38,7 @@ def end_at(record: SandboxRecord) -> datetime:
         return record.deadline
     if record.retain_until is not None:
         return record.retain_until
-    return record.started_at + timedelta(seconds=record.timeout)
+    return deadline_after(record.started_at, record.timeout)
 
 
 def sandbox_out(record: SandboxRecord, settings: ApiSettings) -> SandboxOut:

@@ -44,8 +44,9 @@ from services.proxy.upstream import UpstreamPool
 from services.proxy.waking import NotRunningError, Resumer, Waker
 from shared.auth.models import User
 from shared.auth.traffic import TRAFFIC_TOKEN_HEADER, traffic_token_matches
+from shared.domain import states
+from shared.domain.record import SandboxRecord
 from shared.errors import QuotaExceeded
-from shared.models.sandboxes import SandboxRecord, SandboxState
 from shared.web.limits import HttpLimits
 from shared.web.requests import BodyReader, InFlight, RequestRefused, check_declared
 
@@ -258,7 +259,7 @@ class ProxyApp:
         started = time.perf_counter()
         try:
             record = await wiring.records.get(target.sandbox_id)
-            if record is None or record.state in (SandboxState.KILLING, SandboxState.KILLED):
+            if record is None or states.is_gone(record.state):
                 raise RefusedError(502, f"The sandbox {target.sandbox_id} was not found")
             known = await self._authorise(scope, target, record, wiring)
             if scope["type"] == "http":

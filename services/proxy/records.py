@@ -12,7 +12,7 @@ from typing import Protocol
 import structlog
 from nats.js.kv import KeyValue
 
-from shared.models.sandboxes import SandboxRecord
+from shared.domain.record import SandboxRecord
 
 log = structlog.get_logger()
 

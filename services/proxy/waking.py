@@ -11,14 +11,11 @@ from typing import Protocol
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
+from shared.domain import states
+from shared.domain.record import SandboxRecord
 from shared.lifecycle.ports import ResumeResult
-from shared.models.sandboxes import SandboxRecord, SandboxState
 
 log = structlog.get_logger()
-
-# States from which a request waits (creating, resuming) or may start a resume (auto_resume).
-WAIT_STATES = frozenset({SandboxState.CREATING, SandboxState.RESUMING})
-RESUMABLE = frozenset({SandboxState.PAUSED, SandboxState.PAUSING, SandboxState.FAILED})
 
 
 class Resumer(Protocol):
@@ -54,16 +51,16 @@ class Waker:
         )
 
     def needs_waking(self, record: SandboxRecord) -> bool:
-        return record.state != SandboxState.RUNNING or not record.host
+        return not states.is_running(record.state) or not record.host
 
     async def running(self, record: SandboxRecord) -> SandboxRecord:
         """A running record for this request, resuming (shared) or waiting when needed."""
         if not self.needs_waking(record):
             return record
-        if record.state in RESUMABLE and not record.auto_resume:
+        if states.is_resumable(record.state) and not record.auto_resume:
             msg = f"The sandbox {record.sandbox_id} was not found: it is {record.state.value}"
             raise NotRunningError(msg)
-        if record.state not in WAIT_STATES | RESUMABLE:
+        if not (states.is_starting(record.state) or states.is_resumable(record.state)):
             msg = f"The sandbox {record.sandbox_id} was not found"
             raise NotRunningError(msg)
         task = self._inflight.get(record.sandbox_id)
@@ -77,7 +74,7 @@ class Waker:
     async def _resume(self, record: SandboxRecord) -> SandboxRecord:
         log.info("auto_resume", sandbox_id=record.sandbox_id, state=record.state.value)
         try:
-            if self._admit is not None and record.state in RESUMABLE:
+            if self._admit is not None and states.is_resumable(record.state):
                 await self._admit(record)
             result = await self._lifecycle.resume(record.sandbox_id, owner=None, wait=self._wait)
         except Exception:

@@ -32,9 +32,11 @@ from services.scaler import metrics
 from shared.bus import subjects
 from shared.bus.middleware import Retry
 from shared.bus.ports import Publisher, SandboxStore
+from shared.domain import states
+from shared.domain import transitions as t
+from shared.domain.record import SandboxRecord
 from shared.envd.ports import Envd
 from shared.errors import IllegalTransition, NotFound
-from shared.lifecycle import transitions as t
 from shared.lifecycle.pods import ensure_workload, workload_spec
 from shared.lifecycle.replay import plan, replay_key
 from shared.lifecycle.worker import PermanentFailure
@@ -52,7 +54,6 @@ from shared.models.messages import (
     SetSandboxNetwork,
     msg_id,
 )
-from shared.models.sandboxes import SandboxRecord, SandboxState
 from shared.models.snapshots import Snapshot
 from shared.runtime.models import ANNOTATION_REPLAYED, ANNOTATION_SNAPSHOT, Endpoint
 from shared.runtime.ports import Runtime
@@ -134,12 +135,7 @@ class Scaler:
             return "skipped"
         except IllegalTransition:
             current = await self._store.get(sid)
-            if (
-                current is not None
-                and current.state == SandboxState.RUNNING
-                and current.paused_at is None
-                and current.snapshot is None
-            ):
+            if current is not None and t.done_before("create", current):
                 await self._publish_created(current)  # done before; the event may be missing
             return "skipped"
         try:
@@ -152,7 +148,10 @@ class Scaler:
         endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
         try:
             record = await self._store.update(
-                sid, t.running(op="create", cmd_msg_id=cmd_msg_id, endpoint=endpoint)
+                sid,
+                t.running(
+                    op="create", cmd_msg_id=cmd_msg_id, host=endpoint.host, pod_uid=endpoint.pod_uid
+                ),
             )
         except IllegalTransition:
             await self._clean_up_if_killed(sid)
@@ -178,7 +177,7 @@ class Scaler:
         record = await self._store.get(sid)
         if record is None:
             return "skipped"
-        if record.state == SandboxState.PAUSED and record.generation == event.generation + 1:
+        if t.done_before("pause", record, generation=event.generation):
             await self._publish_paused(record)  # done before; the event may be missing
             return "skipped"
         ref = t.snapshot_of_this_pause(record)
@@ -247,9 +246,9 @@ class Scaler:
             current = await self._store.get(sid)
             if current is None:
                 return "skipped"
-            if current.state == SandboxState.PAUSING and current.generation == cmd.generation:
+            if t.waits_for_pause(current, generation=cmd.generation):
                 raise Retry("a pause is in flight; resume after it", delay=2.0) from None
-            if current.state == SandboxState.RUNNING and current.generation == cmd.generation + 1:
+            if t.done_before("resume", current, generation=cmd.generation):
                 await self._publish_resumed(current, [])  # done before; the event may be missing
             return "skipped"
         try:
@@ -266,7 +265,11 @@ class Scaler:
             record = await self._store.update(
                 sid,
                 t.running(
-                    op="resume", cmd_msg_id=cmd_msg_id, endpoint=endpoint, timeout=cmd.timeout
+                    op="resume",
+                    cmd_msg_id=cmd_msg_id,
+                    host=endpoint.host,
+                    pod_uid=endpoint.pod_uid,
+                    timeout=cmd.timeout,
                 ),
             )
             spans.mark("commit")
@@ -359,12 +362,12 @@ class Scaler:
         0/1; a workload created later gets it from ``workload_spec``."""
         sid = cmd.sandbox_id
         record = await self._store.get(sid)
-        if record is None or record.state in (SandboxState.KILLING, SandboxState.KILLED):
+        if record is None or states.is_gone(record.state):
             return "skipped"
         try:
             await self._runtime.set_network(sid, record.network)
         except NotFound:
-            if record.state in (SandboxState.CREATING, SandboxState.RESUMING):
+            if states.is_starting(record.state):
                 # Another replica may be creating the workload from an older record.
                 raise Retry("the workload is being created; apply after it", delay=1.0) from None
             return "skipped"
@@ -391,7 +394,7 @@ class Scaler:
             return "skipped"
         except IllegalTransition:
             current = await self._store.get(sid)
-            if current is not None and current.state == SandboxState.KILLED:
+            if current is not None and t.done_before("kill", current):
                 await self._publish_killed(current)
             return "skipped"
         await self._runtime.delete(sid)
@@ -413,7 +416,7 @@ class Scaler:
     async def _clean_up_if_killed(self, sandbox_id: str) -> bool:
         """After losing the record to a kill: delete what this operation may have re-created."""
         current = await self._store.get(sandbox_id)
-        if current is None or current.state in (SandboxState.KILLING, SandboxState.KILLED):
+        if current is None or states.is_gone(current.state):
             await self._runtime.delete(sandbox_id)
             return True
         return False

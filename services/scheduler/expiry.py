@@ -36,7 +36,6 @@ Rules
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -45,14 +44,14 @@ from pydantic import BaseModel
 
 from services.scheduler.schedules import Holder, Timer
 from shared.bus import subjects
+from shared.domain import states
+from shared.domain.record import Mutation, SandboxRecord
+from shared.domain.states import SandboxState
+from shared.domain.timing import deadline_after, is_retained, retained_until
 from shared.models.messages import KillSandbox, PauseSandbox, SandboxExpired, msg_id
-from shared.models.sandboxes import SandboxRecord, SandboxState
 from shared.settings import FeatureFlags
 
 Decision = Literal["pause", "kill"]
-Mutation = Callable[[SandboxRecord], SandboxRecord]
-
-_GONE = frozenset({SandboxState.KILLING, SandboxState.KILLED})
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,7 @@ def on_fired(
     policy: Policy,
     now: datetime,
 ) -> Plan:
-    if record is None or record.state in _GONE:
+    if record is None or states.is_gone(record.state):
         return Plan("gone", cancel=("timeout", "retention"))
     if timer.kind == "timeout":
         return _on_timeout(record, flags=flags, policy=policy, now=now)
@@ -130,7 +129,7 @@ def on_fired(
 def _on_timeout(
     record: SandboxRecord, *, flags: FeatureFlags, policy: Policy, now: datetime
 ) -> Plan:
-    if record.state != SandboxState.RUNNING or record.deadline is None:
+    if not states.is_running(record.state) or record.deadline is None:
         return Plan("stale")
     if record.deadline > now:
         return Plan("moved", arm=(timeout_timer(record),))
@@ -164,18 +163,14 @@ def _on_pause_check(timer: Timer, record: SandboxRecord, *, policy: Policy, now:
         return Plan("not_ours")
     if record.generation != timer.generation or record.state == SandboxState.PAUSED:
         return Plan("paused")  # the pause went through (generation moved on)
-    if (
-        record.state == SandboxState.RUNNING
-        and record.deadline is not None
-        and record.deadline > now
-    ):
+    if states.is_running(record.state) and record.deadline is not None and record.deadline > now:
         # Activity revived it before the pause started: back to an ordinary deadline.
         return Plan("revived", arm=(timeout_timer(record),))
     if timer.attempt >= policy.pause_attempts:
         return _give_up(record, now, "pause_attempts_exhausted")
     attempt = timer.attempt + 1
     check = pause_check_timer(record, attempt=attempt, due=now + check_delay(policy, attempt))
-    if record.state != SandboxState.RUNNING:
+    if not states.is_running(record.state):
         return Plan("pause_in_progress", arm=(check,))  # pausing (or resuming): look again later
     sid, gen = record.sandbox_id, record.generation
     retry = Outgoing(
@@ -209,13 +204,6 @@ def _give_up(record: SandboxRecord, now: datetime, outcome: str) -> Plan:
     )
 
 
-def is_retained(record: SandboxRecord) -> bool:
-    """Kept only until ``retain_until``: paused, or failed before it ever ran."""
-    return record.state == SandboxState.PAUSED or (
-        record.state == SandboxState.FAILED and (record.failure or "").startswith("create")
-    )
-
-
 def _on_retention(record: SandboxRecord, *, now: datetime) -> Plan:
     if not is_retained(record) or record.retain_until is None:
         return Plan("stale")
@@ -234,7 +222,7 @@ def on_event(
     policy: Policy,
     now: datetime,
 ) -> Plan:
-    if record is None or record.state in _GONE:
+    if record is None or states.is_gone(record.state):
         return Plan("gone", cancel=("timeout", "retention"))
     if isinstance(event, Activity):
         return _on_activity(event, record)
@@ -244,9 +232,9 @@ def on_event(
 
 
 def _on_activity(event: Activity, record: SandboxRecord) -> Plan:
-    if record.state != SandboxState.RUNNING:
+    if not states.is_running(record.state):
         return Plan("ignored")
-    wanted = event.at + timedelta(seconds=record.timeout)
+    wanted = deadline_after(event.at, record.timeout)
     if record.deadline is None:
         # No deadline at all: set one and arm it (the only activity that publishes a schedule).
         return Plan(
@@ -272,7 +260,7 @@ def needs_pending(record: SandboxRecord | None, now: datetime) -> bool:
     deadline may be mid-expiry: its holder then carries a ``pause_check`` to keep)."""
     return (
         record is not None
-        and record.state == SandboxState.RUNNING
+        and states.is_running(record.state)
         and record.deadline is not None
         and record.deadline <= now
     )
@@ -282,7 +270,7 @@ def sync(
     record: SandboxRecord, *, now: datetime, policy: Policy, pending: Timer | None = None
 ) -> Plan:
     """Make the schedules match the record: timeout while running, retention while paused."""
-    if record.state == SandboxState.RUNNING:
+    if states.is_running(record.state):
         # retain_until is set exactly while a retention timer may be pending (see below).
         retained = record.retain_until is not None
         clear = _clear_retention if retained else None
@@ -294,7 +282,7 @@ def sync(
         return Plan("armed", arm=(timeout_timer(record),), cancel=cancel, mutate=clear)
     if is_retained(record):
         since = record.paused_at if record.state == SandboxState.PAUSED else record.updated_at
-        retain_until = record.retain_until or (since or now) + policy.retention
+        retain_until = record.retain_until or retained_until(since or now, policy.retention)
         mutate = None if record.retain_until is not None else set_retention(retain_until)
         return Plan(
             "retained",
@@ -364,7 +352,7 @@ def _kill(record: SandboxRecord, reason: Literal["timeout", "retention"]) -> Out
 
 def extend_deadline(wanted: datetime) -> Mutation:
     def mutate(record: SandboxRecord) -> SandboxRecord:
-        if record.state != SandboxState.RUNNING:
+        if not states.is_running(record.state):
             return record
         if record.deadline is not None and record.deadline >= wanted:
             return record

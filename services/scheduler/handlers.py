@@ -17,9 +17,9 @@ from services.scheduler import expiry, metrics
 from services.scheduler.schedules import Holder, Timer
 from shared.bus import subjects
 from shared.bus.ports import Publisher, SandboxStore
+from shared.domain.record import SandboxRecord
 from shared.errors import NotFound
 from shared.models.messages import SandboxActivity, SandboxFailed
-from shared.models.sandboxes import SandboxRecord
 from shared.settings import FeatureFlags
 
 log = structlog.get_logger()

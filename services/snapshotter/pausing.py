@@ -25,13 +25,13 @@ import structlog
 from services.snapshotter import metrics
 from shared.bus import subjects
 from shared.bus.ports import Publisher, SandboxStore
+from shared.domain import transitions as t
+from shared.domain.record import SandboxRecord, SnapshotRef
 from shared.envd.ports import Envd
 from shared.errors import EnvdUnavailable, IllegalTransition, NotFound
-from shared.lifecycle import transitions as t
 from shared.lifecycle.pods import current_endpoint
 from shared.lifecycle.replay import replay_key
 from shared.models.messages import PauseSandbox, SandboxFailed, SandboxSnapshotted, msg_id
-from shared.models.sandboxes import SandboxRecord, SnapshotRef
 from shared.models.snapshots import MAX_SNAPSHOT_ANNOTATION_BYTES, Snapshot
 from shared.runtime.models import ANNOTATION_REPLAYED, ANNOTATION_SNAPSHOT
 from shared.runtime.ports import Runtime

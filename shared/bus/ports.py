@@ -7,7 +7,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from shared.models.sandboxes import SandboxRecord
+from shared.domain.record import SandboxRecord
 
 
 class Publisher(Protocol):

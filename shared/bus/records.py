@@ -12,8 +12,8 @@ from nats.js.kv import KeyValue
 
 from shared.bus.kv import key_names
 from shared.bus.ports import Mutation
+from shared.domain.record import SandboxRecord
 from shared.errors import Conflict, NotFound
-from shared.models.sandboxes import SandboxRecord
 
 _CAS_ATTEMPTS = 16
 

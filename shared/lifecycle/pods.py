@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.models.sandboxes import SandboxRecord
+from shared.domain.record import SandboxRecord
 from shared.runtime.models import (
     ANNOTATION_SNAPSHOT,
     LABEL_MANAGED_BY,

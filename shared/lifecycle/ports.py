@@ -15,8 +15,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.domain.record import SandboxRecord
 from shared.models.network import OPEN, NetworkPolicy
-from shared.models.sandboxes import SandboxRecord
 
 
 class CreateRequest(BaseModel):

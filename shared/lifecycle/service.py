@@ -19,12 +19,17 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import structlog
 
 from shared.bus import subjects
 from shared.bus.ports import Publisher, SandboxStore
+from shared.domain import states
+from shared.domain import transitions as t
+from shared.domain.record import SandboxRecord
+from shared.domain.states import SandboxState
+from shared.domain.timing import deadline_after
 from shared.errors import Conflict, IllegalTransition, NotFound, RuntimeFailure
 from shared.ids import is_valid_sandbox_id
 from shared.lifecycle.ports import CreateRequest, ResumeResult
@@ -39,12 +44,8 @@ from shared.models.messages import (
     msg_id,
 )
 from shared.models.network import NetworkPolicy
-from shared.models.sandboxes import SandboxRecord, SandboxState
 
 log = structlog.get_logger()
-
-_STEADY = frozenset({SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.FAILED})
-_GONE = frozenset({SandboxState.KILLING, SandboxState.KILLED})
 
 
 def _now() -> datetime:
@@ -77,7 +78,7 @@ class SandboxLifecycle:
 
     async def get(self, sandbox_id: str, *, owner: str | None) -> SandboxRecord:
         record = await self._store.get(sandbox_id) if is_valid_sandbox_id(sandbox_id) else None
-        if record is None or record.state == SandboxState.KILLED:
+        if record is None or not states.exists(record.state):
             raise NotFound(f"sandbox {sandbox_id} not found")
         if owner is not None and record.owner != owner:
             raise NotFound(f"sandbox {sandbox_id} not found")  # others' sandboxes do not exist
@@ -86,11 +87,7 @@ class SandboxLifecycle:
     async def list(self, *, owner: str | None) -> list[SandboxRecord]:
         records = await self._store.list()
         return sorted(
-            (
-                r
-                for r in records
-                if r.state != SandboxState.KILLED and (owner is None or r.owner == owner)
-            ),
+            (r for r in records if states.exists(r.state) and (owner is None or r.owner == owner)),
             key=lambda r: r.created_at,
         )
 
@@ -144,7 +141,7 @@ class SandboxLifecycle:
             raise
         done = await self._wait(
             sandbox_id,
-            lambda r: r.state not in (SandboxState.CREATING,) or r.generation > record.generation,
+            lambda r: r.state != SandboxState.CREATING or r.generation > record.generation,
             wait,
         )
         return self._settled(done, "create")
@@ -173,13 +170,15 @@ class SandboxLifecycle:
     ) -> SandboxRecord:
         until = time.monotonic() + wait
         record = await self.get(sandbox_id, owner=owner)
-        if record.state in (SandboxState.CREATING, SandboxState.RESUMING):
-            record = await self._wait(sandbox_id, lambda r: r.state not in _transitional(), wait)
+        if states.is_starting(record.state):
+            record = await self._wait(
+                sandbox_id, lambda r: not states.is_transitional(r.state), wait
+            )
         if record.state == SandboxState.PAUSED:
             raise IllegalTransition(f"sandbox {sandbox_id} is already paused", state="paused")
-        if record.state in _GONE:
+        if states.is_gone(record.state):
             raise NotFound(f"sandbox {sandbox_id} not found")
-        if record.state == SandboxState.RUNNING:
+        if t.can_pause(record.state):
             await self._publisher.publish(
                 PauseSandbox(sandbox_id=sandbox_id, generation=record.generation, reason="user"),
                 subjects.of(subjects.CMD_PAUSE, sandbox_id),
@@ -193,7 +192,7 @@ class SandboxLifecycle:
         start_gen = record.generation
         done = await self._wait(
             sandbox_id,
-            lambda r: r.generation > start_gen and r.state in (_STEADY | _GONE),
+            lambda r: r.generation > start_gen and states.is_settled(r.state),
             _left(until),
         )
         return self._settled(done, "pause", want=SandboxState.PAUSED)
@@ -213,13 +212,13 @@ class SandboxLifecycle:
             return ResumeResult(record=self._settled(done, "create"), resumed=False)
         if record.state == SandboxState.RUNNING:
             return ResumeResult(record=record, resumed=False)
-        if record.state in _GONE:
+        if states.is_gone(record.state):
             raise NotFound(f"sandbox {sandbox_id} not found")
         if record.state == SandboxState.PAUSING:
             record = await self._wait(sandbox_id, lambda r: r.state != SandboxState.PAUSING, wait)
             if record.state == SandboxState.RUNNING:  # the pause failed back to running
                 return ResumeResult(record=record, resumed=False)
-        if record.state in (SandboxState.PAUSED, SandboxState.FAILED):
+        if t.can_resume(record.state):
             await self._publisher.publish(
                 ResumeSandbox(
                     sandbox_id=sandbox_id,
@@ -233,7 +232,7 @@ class SandboxLifecycle:
         start_gen = record.generation
         done = await self._wait(
             sandbox_id,
-            lambda r: r.generation > start_gen and r.state in (_STEADY | _GONE),
+            lambda r: r.generation > start_gen and states.is_settled(r.state),
             _left(until),
         )
         return ResumeResult(record=self._settled(done, "resume"), resumed=True)
@@ -259,7 +258,7 @@ class SandboxLifecycle:
         await self.get(sandbox_id, owner=owner)
 
         def mutate(record: SandboxRecord) -> SandboxRecord:
-            if record.state in _GONE:
+            if states.is_gone(record.state):
                 raise NotFound(f"sandbox {sandbox_id} not found")
             return record.model_copy(update={"network": policy})
 
@@ -288,7 +287,7 @@ class SandboxLifecycle:
 
     async def touch(self, sandbox_id: str) -> None:
         record = await self._store.get(sandbox_id)
-        if record is None or record.state != SandboxState.RUNNING:
+        if record is None or not states.is_running(record.state):
             return
         # The deadline moves in KV; an ``activity`` event (not ``timeout_set``) tells the scheduler.
         updated = await self._move_deadline(
@@ -314,11 +313,11 @@ class SandboxLifecycle:
             nonlocal changed
             changed = False
             effective = record.timeout if timeout is None else timeout
-            if record.state != SandboxState.RUNNING or record.deadline is None:
+            if not states.is_running(record.state) or record.deadline is None:
                 if timeout is None or only_later or timeout == 0:
                     return record
                 return record.model_copy(update={"timeout": effective})
-            deadline = _now() + timedelta(seconds=effective)
+            deadline = deadline_after(_now(), effective)
             if only_later and deadline <= record.deadline:
                 return record
             changed = True
@@ -361,7 +360,7 @@ class SandboxLifecycle:
     def _settled(
         record: SandboxRecord, op: str, *, want: SandboxState = SandboxState.RUNNING
     ) -> SandboxRecord:
-        if record.state in _GONE:
+        if states.is_gone(record.state):
             raise NotFound(f"sandbox {record.sandbox_id} was killed")
         if record.state == SandboxState.FAILED:
             raise RuntimeFailure(f"{op} of {record.sandbox_id} failed: {record.failure}")
@@ -371,17 +370,6 @@ class SandboxLifecycle:
                 state=record.state.value,
             )
         return record
-
-
-def _transitional() -> frozenset[SandboxState]:
-    return frozenset(
-        {
-            SandboxState.CREATING,
-            SandboxState.PAUSING,
-            SandboxState.RESUMING,
-            SandboxState.KILLING,
-        }
-    )
 
 
 def _left(until: float) -> float:

@@ -9,16 +9,13 @@ which the resume burst bounds."""
 
 from __future__ import annotations
 
+from shared.domain import states
+from shared.domain.record import SandboxRecord
 from shared.errors import QuotaExceeded
-from shared.models.sandboxes import SandboxRecord, SandboxState
 from shared.quota.models import Quota, QuotaSettings, effective
 from shared.quota.ports import RecordSource, UserSource
 from shared.quota.rates import RateLimiter
 
-GONE = frozenset({SandboxState.KILLING, SandboxState.KILLED})
-ACTIVE = frozenset(
-    {SandboxState.CREATING, SandboxState.RUNNING, SandboxState.RESUMING, SandboxState.PAUSING}
-)
 COUNT_RETRY_AFTER = 30  # a hint only: a held-sandboxes quota frees up when the user acts
 
 
@@ -41,7 +38,9 @@ class QuotaGuard:
         return effective(self.defaults, found.quota if found is not None else None)
 
     async def _held(self, user: str) -> list[SandboxRecord]:
-        return [r for r in await self._records.list() if r.owner == user and r.state not in GONE]
+        return [
+            r for r in await self._records.list() if r.owner == user and not states.is_gone(r.state)
+        ]
 
     async def before_create(self, user: str) -> None:
         quota = await self.quota_of(user)
@@ -59,14 +58,14 @@ class QuotaGuard:
                 "kill some first"
             )
             raise QuotaExceeded(msg, retry_after=COUNT_RETRY_AFTER, retryable=False)
-        active = sum(1 for r in held if r.state in ACTIVE)
+        active = sum(1 for r in held if states.counts_as_running(r.state))
         if quota.max_running and active > quota.max_running:
             msg = f"quota: at most {quota.max_running} running sandboxes; pause or kill some first"
             raise QuotaExceeded(msg, retry_after=COUNT_RETRY_AFTER, retryable=False)
 
     async def before_resume(self, record: SandboxRecord) -> None:
         quota = await self.quota_of(record.owner)
-        active = sum(1 for r in await self._held(record.owner) if r.state in ACTIVE)
+        active = sum(1 for r in await self._held(record.owner) if states.counts_as_running(r.state))
         if quota.max_running and active >= quota.max_running:
             msg = f"quota: at most {quota.max_running} running sandboxes; pause or kill some first"
             raise QuotaExceeded(msg, retry_after=COUNT_RETRY_AFTER, retryable=False)

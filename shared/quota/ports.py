@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from shared.auth.models import User
-from shared.models.sandboxes import SandboxRecord
+from shared.domain.record import SandboxRecord
 
 
 class CasBucket(Protocol):

@@ -11,10 +11,11 @@ from datetime import UTC, datetime, timedelta
 
 from shared.auth.keys import hash_secret
 from shared.auth.models import User
+from shared.domain.record import SandboxRecord, SnapshotRef
+from shared.domain.states import SandboxState
 from shared.errors import Conflict, IllegalTransition, NotFound
 from shared.lifecycle.ports import CreateRequest, ResumeResult
 from shared.models.network import NetworkPolicy
-from shared.models.sandboxes import SandboxRecord, SandboxState, SnapshotRef
 
 SNAPSHOT_JSON = {
     "captured_time": "2026-09-03T03:25:21.201354569Z",

@@ -28,12 +28,12 @@ from shared.bus.broker import key_value, make_broker
 from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import KvSandboxStore
 from shared.bus.topology import KV_SANDBOXES
+from shared.domain.states import SandboxState
 from shared.envd.client import ConnectEnvdClient
 from shared.lifecycle.ports import CreateRequest
 from shared.lifecycle.replay import duplicates
 from shared.lifecycle.service import SandboxLifecycle
 from shared.models.messages import PauseSandbox, ResumeSandbox, msg_id
-from shared.models.sandboxes import SandboxState
 from shared.models.snapshots import ProcessConfig
 from shared.runtime.local import LocalRuntime
 from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint

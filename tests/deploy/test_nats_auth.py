@@ -23,7 +23,7 @@ from shared.bus import topology as t
 from shared.bus.broker import key_value, make_broker, prepare, subscriber_args
 from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import KvSandboxStore
-from shared.models.sandboxes import SandboxRecord
+from shared.domain.record import SandboxRecord
 from shared.settings import BusSettings
 from tests.deploy.nats_auth import (
     NATS_DIR,

@@ -44,10 +44,11 @@ import pytest
 from shared.bus import subjects
 from shared.bus.records import KvSandboxStore
 from shared.bus.topology import KV_SANDBOXES, STREAM_DLQ, STREAM_EVT
+from shared.domain.record import SandboxRecord
+from shared.domain.states import SandboxState
 from shared.envd.client import ConnectEnvdClient
 from shared.lifecycle.replay import duplicates
 from shared.models.messages import PauseSandbox, ResumeSandbox, msg_id
-from shared.models.sandboxes import SandboxRecord, SandboxState
 from shared.models.snapshots import ProcessConfig
 from shared.runtime.local import LocalRuntime
 from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint

@@ -12,11 +12,7 @@ TORPOR = [sys.executable, "-m", "services.cli"]
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment minus anything that points torpor at another instance."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TORPOR_", "E2B_", "NATS_"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORPOR_", "E2B_", "NATS_"))}
     env.update(extra)
     return env
 

@@ -10,8 +10,8 @@ import nats
 import pytest
 
 from shared.bus.topology import STREAM_DLQ
+from shared.domain.states import SandboxState
 from shared.lifecycle.ports import CreateRequest
-from shared.models.sandboxes import SandboxState
 from tests.lifecycle.fakes import FakeEnvd, FakeRuntime
 from tests.lifecycle.harness import System, running_system
 

@@ -8,10 +8,10 @@ import asyncio
 import pytest
 
 from shared.bus import subjects
+from shared.domain.states import SandboxState
 from shared.lifecycle.ports import CreateRequest
 from shared.lifecycle.replay import duplicates
 from shared.models.messages import KillSandbox, PauseSandbox, ResumeSandbox, msg_id
-from shared.models.sandboxes import SandboxState
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.runtime.models import Endpoint
 from tests.lifecycle.fakes import FakeEnvd, FakeRuntime

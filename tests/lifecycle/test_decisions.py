@@ -6,12 +6,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from shared.domain import transitions as t
+from shared.domain.record import SandboxRecord, SnapshotRef
+from shared.domain.states import SandboxState
 from shared.errors import IllegalTransition
-from shared.lifecycle import transitions as t
 from shared.lifecycle.replay import plan, replay_key
-from shared.models.sandboxes import SandboxRecord, SandboxState, SnapshotRef
 from shared.models.snapshots import ProcessConfig, Snapshot, SnapshotProcess
-from shared.runtime.models import Endpoint
 
 NOW = datetime.now(UTC)
 
@@ -64,9 +64,7 @@ def test_stale_generation_is_refused() -> None:
 
 def test_resume_from_failed_and_running_bumps_generation_with_full_timeout() -> None:
     r = t.begin("resume", "r", generation=3)(rec(SandboxState.FAILED, failure="pause: x"))
-    done = t.running(
-        op="resume", cmd_msg_id="r", endpoint=Endpoint(host="127.0.0.9", pod_uid="u"), timeout=60
-    )(r)
+    done = t.running(op="resume", cmd_msg_id="r", host="127.0.0.9", pod_uid="u", timeout=60)(r)
     assert done.state == SandboxState.RUNNING and done.generation == 4 and done.failure is None
     assert done.deadline is not None and timedelta(
         seconds=59

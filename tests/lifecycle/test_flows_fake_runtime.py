@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from shared.domain.states import SandboxState
 from shared.errors import IllegalTransition, NotFound, RuntimeFailure
 from shared.lifecycle.ports import CreateRequest
-from shared.models.sandboxes import SandboxState
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint
 from tests.lifecycle.fakes import FakeEnvd, FakeRuntime

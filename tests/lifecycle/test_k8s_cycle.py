@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from shared.domain.states import SandboxState
 from shared.envd.client import ConnectEnvdClient
 from shared.lifecycle.ports import CreateRequest
-from shared.models.sandboxes import SandboxState
 from shared.models.snapshots import ProcessConfig
 from shared.runtime.kubernetes import KubernetesRuntime
 from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from shared.domain.states import SandboxState
 from shared.envd.client import ConnectEnvdClient
 from shared.errors import IllegalTransition, NotFound
 from shared.lifecycle.ports import CreateRequest
-from shared.models.sandboxes import SandboxState
 from shared.models.snapshots import ProcessConfig
 from shared.runtime.local import LocalRuntime
 from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint

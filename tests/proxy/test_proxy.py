@@ -13,8 +13,8 @@ import pytest
 from websockets.sync.client import connect as ws_connect
 
 from services.proxy.settings import ENVD_PORT
+from shared.domain.record import SandboxRecord
 from shared.lifecycle.ports import CreateRequest
-from shared.models.sandboxes import SandboxRecord
 from tests.proxy.conftest import Rig
 
 

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from shared.auth.traffic import traffic_token
+from shared.domain.record import SandboxRecord
 from shared.lifecycle.ports import CreateRequest
 from shared.models.network import NetworkPolicy
-from shared.models.sandboxes import SandboxRecord
 from tests.proxy.conftest import Rig
 
 PRIVATE = NetworkPolicy(allow_public_traffic=False)

@@ -30,8 +30,9 @@ from shared.bus.topology import (
     STREAM_CMD,
     ensure_topology,
 )
+from shared.domain.record import SandboxRecord
+from shared.domain.states import SandboxState
 from shared.models.messages import SandboxCreated, SandboxPaused, SandboxResumed, msg_id
-from shared.models.sandboxes import SandboxRecord, SandboxState
 from shared.settings import BusSettings, FeatureFlags, LoggingSettings
 
 

@@ -9,8 +9,9 @@ from datetime import timedelta
 from services.scheduler.schedules import holder_subject
 from shared.bus import subjects
 from shared.bus.topology import STREAM_TIMERS
+from shared.domain.record import SandboxRecord
+from shared.domain.states import SandboxState
 from shared.models.messages import SandboxActivity, SandboxFailed, SandboxTimeoutSet
-from shared.models.sandboxes import SandboxRecord, SandboxState
 from tests.scheduler.conftest import Bus, StartScheduler, now
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from services.scheduler import expiry
 from services.scheduler.schedules import Timer
+from shared.domain.record import SandboxRecord
+from shared.domain.states import SandboxState
 from shared.models.messages import KillSandbox, PauseSandbox, SandboxExpired
-from shared.models.sandboxes import SandboxRecord, SandboxState
 from shared.settings import FeatureFlags
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

@@ -46,7 +46,9 @@ def test_credentials_reach_every_connection_and_never_the_url_or_repr() -> None:
     assert bus.authenticated
     assert not BusSettings(nats_url="nats://127.0.0.1:4222").authenticated
     assert BusSettings(nats_url="nats://u:p@127.0.0.1:4222").authenticated
-    assert redact_url("nats://api:pSECRET@h:4222,nats://h2:4222") == "nats://***@h:4222,nats://h2:4222"
+    assert (
+        redact_url("nats://api:pSECRET@h:4222,nats://h2:4222") == "nats://***@h:4222,nats://h2:4222"
+    )
 
 
 def test_cli_refuses_half_credentials_without_echoing_them() -> None:

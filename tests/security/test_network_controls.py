@@ -21,8 +21,8 @@ from e2b import Sandbox
 
 from shared.bus.server import free_port
 from shared.bus.topology import KV_SANDBOXES
+from shared.domain.record import SandboxRecord
 from shared.models.network import NetworkPolicy
-from shared.models.sandboxes import SandboxRecord
 from shared.runtime.local.records import WorkloadRecord, workload_key
 from shared.runtime.local.workloads import DEFAULT_BUCKET
 from tests.e2e.stack import Stack

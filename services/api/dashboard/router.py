@@ -44,14 +44,16 @@ from services.api.dashboard.views import (
     sandbox_view,
 )
 from services.api.deps import Caller, CallerDep, Wiring, WiringDep
-from services.api.errors import ApiError
+from services.api.errors import ApiError, refuse_resume_if_up
 from services.api.names import named, resolve
 from services.api.quotas import admit_resume
 from services.api.sessions import new_token
 from shared.auth.keys import hash_secret
+from shared.domain import states
+from shared.domain.record import SandboxRecord
+from shared.domain.states import SandboxState
 from shared.errors import NotFound, TorporError, Unavailable
 from shared.ids import SANDBOX_ID_PATTERN, owned_sandbox_id
-from shared.models.sandboxes import SandboxRecord, SandboxState
 from shared.settings import BusSettings, FeatureFlags, load
 
 log = structlog.get_logger()
@@ -75,7 +77,6 @@ PAGE_HEADERS = {
 # keeps a shutting-down server from waiting on streams that would never end by themselves.
 STREAM_SECONDS = 30.0
 KEEPALIVE_SECONDS = 10.0
-HIDDEN = frozenset({SandboxState.KILLED})
 
 Name = Annotated[str, Path(pattern=SANDBOX_ID_PATTERN, max_length=63)]
 OwnerFilter = Annotated[str | None, Query(max_length=63, description="admins: one user only")]
@@ -223,7 +224,7 @@ def dashboard_router(
         caller: ReaderDep, w: WiringDep, request: Request, owner: OwnerFilter = None
     ) -> list[SandboxView]:
         scope = caller.scope if caller.scope is not None else owner
-        records = [r for r in await w.lifecycle.list(owner=scope) if r.state not in HIDDEN]
+        records = [r for r in await w.lifecycle.list(owner=scope) if states.exists(r.state)]
         records.sort(key=lambda r: (r.created_at, r.sandbox_id))
         return await _views(records, _feed(request))
 
@@ -310,8 +311,7 @@ async def _act(w: Wiring, caller: Caller, name: str, action: str) -> SandboxReco
         return await w.lifecycle.pause(name, owner=caller.scope, wait=wait)
     if action == "resume":
         current = await w.lifecycle.get(name, owner=caller.scope)
-        if current.state in (SandboxState.RUNNING, SandboxState.CREATING):
-            raise ApiError(409, f"sandbox {name} is already running")
+        refuse_resume_if_up(current, name)
         await admit_resume(w, current)
         return (await w.lifecycle.resume(name, owner=caller.scope, wait=wait)).record
     current = await w.lifecycle.get(name, owner=caller.scope)

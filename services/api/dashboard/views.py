@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from shared.bus.events_feed import SandboxEvent
-from shared.models.sandboxes import SandboxRecord
+from shared.domain.record import SandboxRecord
 from shared.models.snapshots import Snapshot
 
 

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, unquote
 from fastapi import APIRouter, Header, Query, Response, status
 
 from services.api.deps import CallerDep, WiringDep, require_template
-from services.api.errors import ApiError
+from services.api.errors import ApiError, refuse_resume_if_up
 from services.api.quotas import admit_create, admit_resume
 from services.api.schemas import (
     ConnectSandbox,
@@ -29,10 +29,11 @@ from services.api.schemas import (
     TimeoutRequest,
 )
 from services.api.views import detail_out, listed_out, sandbox_out, visible
+from shared.domain import states
+from shared.domain.record import SandboxRecord
 from shared.errors import Conflict, NotFound
 from shared.ids import is_valid_sandbox_id
 from shared.lifecycle.ports import CreateRequest
-from shared.models.sandboxes import SandboxRecord, SandboxState
 
 router = APIRouter(tags=["e2b"])
 
@@ -249,7 +250,7 @@ async def connect_sandbox(
 ) -> SandboxOut:
     record = await _get(w, caller, sandbox_id)
     timeout = _timeout(w, body.timeout if body else None, default=record.timeout)
-    if record.state in (SandboxState.RUNNING, SandboxState.CREATING):
+    if states.is_up(record.state):
         record = await w.lifecycle.extend_timeout(sandbox_id, owner=caller.scope, timeout=timeout)
         response.status_code = status.HTTP_200_OK
         return sandbox_out(record, w.settings)
@@ -272,8 +273,7 @@ async def resume_sandbox(
     w: WiringDep, caller: CallerDep, sandbox_id: str, body: ResumedSandbox | None = None
 ) -> SandboxOut:
     record = await _get(w, caller, sandbox_id)
-    if record.state in (SandboxState.RUNNING, SandboxState.CREATING):
-        raise ApiError(409, f"sandbox {sandbox_id} is already running")
+    refuse_resume_if_up(record, sandbox_id)
     timeout = _timeout(w, body.timeout if body else None, default=record.timeout)
     await admit_resume(w, record)
     result = await w.lifecycle.resume(

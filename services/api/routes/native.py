@@ -9,15 +9,15 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from services.api.deps import CallerDep, WiringDep, require_template
-from services.api.errors import ApiError
+from services.api.errors import ApiError, refuse_resume_if_up
 from services.api.names import named, resolve
 from services.api.quotas import admit_create, admit_resume
 from services.api.schemas import ErrorBody, NativeCreate, NativeList, NativeSandbox
 from services.api.views import native_out
+from shared.domain import states
 from shared.errors import Conflict
 from shared.ids import SANDBOX_ID_PATTERN, owned_sandbox_id
 from shared.lifecycle.ports import CreateRequest
-from shared.models.sandboxes import SandboxState
 
 router = APIRouter(prefix="/api/v1/sandbox", tags=["native"])
 
@@ -65,9 +65,7 @@ async def create(w: WiringDep, caller: CallerDep, body: NativeCreate) -> NativeS
 @router.get("", response_model=NativeList, responses=_ERRORS)
 async def list_sandboxes(w: WiringDep, caller: CallerDep) -> NativeList:
     """Your sandboxes (an admin sees everyone's), in creation order."""
-    records = [
-        r for r in await w.lifecycle.list(owner=caller.scope) if r.state != SandboxState.KILLED
-    ]
+    records = [r for r in await w.lifecycle.list(owner=caller.scope) if states.exists(r.state)]
     records.sort(key=lambda r: (r.created_at, r.sandbox_id))
     return NativeList(sandboxes=[native_out(r) for r in records])
 
@@ -76,7 +74,7 @@ async def list_sandboxes(w: WiringDep, caller: CallerDep) -> NativeList:
 async def get(w: WiringDep, caller: CallerDep, name: Name) -> NativeSandbox:
     """State, last snapshot (base64, as annotated on the ReplicaSet) and retention time."""
     record = await resolve(w, caller, name)
-    if record.state == SandboxState.KILLED:
+    if not states.exists(record.state):
         raise ApiError(404, f"sandbox {name} not found")
     return native_out(record)
 
@@ -108,8 +106,7 @@ async def pause(w: WiringDep, caller: CallerDep, name: Name) -> NativeSandbox:
 async def resume(w: WiringDep, caller: CallerDep, name: Name) -> NativeSandbox:
     """Scale to one, wait for the pod, replay the snapshot. 409 when already running."""
     record = await resolve(w, caller, name)
-    if record.state in (SandboxState.RUNNING, SandboxState.CREATING):
-        raise ApiError(409, f"sandbox {name} is already running")
+    refuse_resume_if_up(record, name)
     await admit_resume(w, record)
     with named(record, name):
         result = await w.lifecycle.resume(

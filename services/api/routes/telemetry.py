@@ -22,9 +22,10 @@ from services.api.schemas import (
     SandboxLogsOut,
     SandboxLogsV2Out,
 )
+from shared.domain import states
+from shared.domain.record import SandboxRecord
 from shared.errors import EnvdError, NotFound, Unavailable
 from shared.ids import is_valid_sandbox_id
-from shared.models.sandboxes import SandboxRecord, SandboxState
 from shared.models.telemetry import LogEntry, MetricSample
 from shared.runtime.models import Endpoint
 
@@ -39,7 +40,7 @@ Millis = Annotated[int | None, Query(ge=0, le=MAX_UNIX_SECONDS * 1000)]
 
 
 def _endpoint(record: SandboxRecord) -> Endpoint | None:
-    if record.state != SandboxState.RUNNING or not record.host:
+    if not states.is_running(record.state) or not record.host:
         return None
     return Endpoint(host=record.host, pod_uid=record.pod_uid or "")
 

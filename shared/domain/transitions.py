@@ -1,9 +1,9 @@
-"""The sandbox state machine as pure record mutations, shared by the snapshotter and the scaler.
+"""The sandbox state machine: one transition table, and the record mutations that read it.
 
-Each function returns a ``Mutation`` for ``SandboxStore.update`` (a compare-and-set loop): it is
+Each mutation is a ``Mutation`` for ``SandboxStore.update`` (a compare-and-set loop): it is
 re-evaluated on every CAS attempt against the freshest record and raises ``IllegalTransition``
-when the record is no longer in a state it may start from. That is what makes redeliveries,
-duplicates and races between replicas harmless: exactly one writer wins each step.
+when the table does not allow the step from the record's state. That is what makes
+redeliveries, duplicates and races between replicas harmless: exactly one writer wins each step.
 
 Ownership of a transition in flight is ``record.pending.cmd_msg_id``: a redelivered command whose
 message id equals it continues the work; any other command finds the record busy.
@@ -11,24 +11,74 @@ message id equals it continues the work; any other command finds the record busy
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from shared.bus.ports import Mutation
+from shared.domain.record import Mutation, Pending, SandboxRecord, SnapshotRef
+from shared.domain.states import SandboxState
+from shared.domain.timing import deadline_after, retained_until
 from shared.errors import IllegalTransition
-from shared.models.sandboxes import Pending, SandboxRecord, SandboxState, SnapshotRef
 from shared.redaction import redact_text
-from shared.runtime.models import Endpoint
 
+S = SandboxState
+
+# A command: it moves the record into a transitional state and owns it until it ends.
 Op = Literal["create", "pause", "resume", "kill"]
+# Every step a record can take: a command beginning, its end, or giving it up.
+Step = Literal[
+    "create", "pause", "resume", "kill", "created", "paused", "resumed", "killed", "failed"
+]
 
-# The transitional state each op moves through; a give-up turns it into FAILED.
-IN_FLIGHT: dict[str, SandboxState] = {
-    "create": SandboxState.CREATING,
-    "pause": SandboxState.PAUSING,
-    "resume": SandboxState.RESUMING,
-    "kill": SandboxState.KILLING,
+
+@dataclass(frozen=True)
+class Rule:
+    sources: frozenset[SandboxState]  # the states the step may start from
+    target: SandboxState
+
+
+def _rule(sources: set[SandboxState], target: SandboxState) -> Rule:
+    return Rule(frozenset(sources), target)
+
+
+# THE table. ``create`` claims the record the api wrote as ``creating`` (so it starts and stays
+# there); ``failed`` ends whichever command is in flight, with the pod left as it is.
+TABLE: dict[Step, Rule] = {
+    "create": _rule({S.CREATING}, S.CREATING),
+    "pause": _rule({S.RUNNING}, S.PAUSING),
+    "resume": _rule({S.PAUSED, S.FAILED}, S.RESUMING),
+    "kill": _rule({S.CREATING, S.RUNNING, S.PAUSING, S.PAUSED, S.RESUMING, S.FAILED}, S.KILLING),
+    "created": _rule({S.CREATING}, S.RUNNING),
+    "paused": _rule({S.PAUSING}, S.PAUSED),
+    "resumed": _rule({S.RESUMING}, S.RUNNING),
+    "killed": _rule({S.KILLING}, S.KILLED),
+    "failed": _rule({S.CREATING, S.PAUSING, S.RESUMING, S.KILLING}, S.FAILED),
 }
+# The step that ends each command successfully.
+DONE: dict[Op, Step] = {
+    "create": "created",
+    "pause": "paused",
+    "resume": "resumed",
+    "kill": "killed",
+}
+
+
+def can(state: SandboxState, step: Step) -> bool:
+    """The table allows ``step`` from ``state``."""
+    return state in TABLE[step].sources
+
+
+def in_flight(op: Op) -> SandboxState:
+    """The transitional state ``op`` moves through; a give-up turns it into FAILED."""
+    return TABLE[op].target
+
+
+def can_pause(state: SandboxState) -> bool:
+    return can(state, "pause")
+
+
+def can_resume(state: SandboxState) -> bool:
+    return can(state, "resume")
 
 
 def now() -> datetime:
@@ -43,10 +93,15 @@ def _illegal(record: SandboxRecord, what: str) -> IllegalTransition:
     return IllegalTransition(msg, state=record.state.value)
 
 
+def _check(record: SandboxRecord, step: Step, what: str) -> None:
+    if not can(record.state, step):
+        raise _illegal(record, what)
+
+
 def owns(record: SandboxRecord, op: Op, cmd_msg_id: str) -> bool:
     """The record is mid-``op`` on behalf of exactly this command (a redelivery continues)."""
     return (
-        record.state == IN_FLIGHT[op]
+        record.state == in_flight(op)
         and record.pending is not None
         and record.pending.op == op
         and record.pending.cmd_msg_id == cmd_msg_id
@@ -60,17 +115,13 @@ def begin(op: Op, cmd_msg_id: str, *, generation: int | None) -> Mutation:
     a command for an older generation is stale and does nothing. ``None`` skips the check
     (user kills apply whatever happened since).
     """
-    transition = {"create": "created", "pause": "pause", "resume": "resume", "kill": "kill"}[op]
 
     def mutate(record: SandboxRecord) -> SandboxRecord:
         if owns(record, op, cmd_msg_id):
             return record
-        if op == "create":
-            # The record is born CREATING; the command only claims it.
-            if record.state != SandboxState.CREATING or record.pending is not None:
-                raise _illegal(record, "create")
-        elif not record.can(transition) or record.state == IN_FLIGHT[op]:
-            raise _illegal(record, op)
+        _check(record, op, op)
+        if record.state == TABLE[op].target and record.pending is not None:
+            raise _illegal(record, op)  # ``create`` starts in its own state: claimed already
         if generation is not None and generation != record.generation:
             msg = (
                 f"stale {op} for g{generation}; sandbox {record.sandbox_id} "
@@ -79,7 +130,7 @@ def begin(op: Op, cmd_msg_id: str, *, generation: int | None) -> Mutation:
             raise IllegalTransition(msg, state=record.state.value)
         return record.model_copy(
             update={
-                "state": IN_FLIGHT[op],
+                "state": TABLE[op].target,
                 "pending": Pending(op=op, cmd_msg_id=cmd_msg_id, started_at=now()),
             }
         )
@@ -108,7 +159,7 @@ def store_snapshot(cmd_msg_id: str, ref: SnapshotRef) -> Mutation:
 
 def snapshot_of_this_pause(record: SandboxRecord) -> SnapshotRef | None:
     """The record's snapshot if it was captured during the pause in flight (not a previous one)."""
-    if record.state != SandboxState.PAUSING or record.pending is None or record.snapshot is None:
+    if record.state != S.PAUSING or record.pending is None or record.snapshot is None:
         return None
     captured = parse_captured_time(record.snapshot.captured_at)
     # The capture happens after the pause began; allow a little clock skew between replicas.
@@ -128,7 +179,8 @@ def running(
     *,
     op: Literal["create", "resume"],
     cmd_msg_id: str,
-    endpoint: Endpoint,
+    host: str,
+    pod_uid: str,
     timeout: int | None = None,
 ) -> Mutation:
     """Creating/resuming → running on a ready pod: a full timeout starts now, generation+1."""
@@ -136,17 +188,18 @@ def running(
 
     def mutate(record: SandboxRecord) -> SandboxRecord:
         check(record)
+        _check(record, DONE[op], f"finish {op}")
         at = now()
         effective = timeout or record.timeout
         return record.model_copy(
             update={
-                "state": SandboxState.RUNNING,
+                "state": TABLE[DONE[op]].target,
                 "generation": record.generation + 1,
-                "host": endpoint.host,
-                "pod_uid": endpoint.pod_uid,
+                "host": host,
+                "pod_uid": pod_uid,
                 "timeout": effective,
                 "started_at": at,
-                "deadline": at + timedelta(seconds=effective),
+                "deadline": deadline_after(at, effective),
                 "paused_at": None,
                 "retain_until": None,
                 "pending": None,
@@ -161,20 +214,20 @@ def paused(*, generation: int, retention: timedelta) -> Mutation:
     """Pausing → paused, once the pod is gone and the snapshot is stored (generation+1)."""
 
     def mutate(record: SandboxRecord) -> SandboxRecord:
-        if record.state != SandboxState.PAUSING or record.generation != generation:
+        if not can(record.state, "paused") or record.generation != generation:
             raise _illegal(record, f"finish pause of g{generation}")
         if snapshot_of_this_pause(record) is None:
             raise _illegal(record, "finish a pause without its snapshot")
         at = now()
         return record.model_copy(
             update={
-                "state": SandboxState.PAUSED,
+                "state": TABLE["paused"].target,
                 "generation": record.generation + 1,
                 "host": None,
                 "pod_uid": None,
                 "deadline": None,
                 "paused_at": at,
-                "retain_until": at + retention,
+                "retain_until": retained_until(at, retention),
                 "pending": None,
                 "failure": None,
             }
@@ -189,15 +242,16 @@ def killed(cmd_msg_id: str, *, tombstone_for: timedelta) -> Mutation:
 
     def mutate(record: SandboxRecord) -> SandboxRecord:
         check(record)
+        _check(record, "killed", "finish kill")
         return record.model_copy(
             update={
-                "state": SandboxState.KILLED,
+                "state": TABLE["killed"].target,
                 "generation": record.generation + 1,
                 "host": None,
                 "pod_uid": None,
                 "deadline": None,
                 "pending": None,
-                "retain_until": now() + tombstone_for,
+                "retain_until": retained_until(now(), tombstone_for),
             }
         )
 
@@ -212,7 +266,7 @@ def failed(
     failed sandbox can be resumed (which reconciles the pod) or killed."""
 
     def mutate(record: SandboxRecord) -> SandboxRecord:
-        if record.state != IN_FLIGHT[op]:
+        if record.state != in_flight(op) or not can(record.state, "failed"):
             raise _illegal(record, f"fail {op}")
         if cmd_msg_id is not None and not owns(record, op, cmd_msg_id):
             raise _illegal(record, f"fail {op} owned by another command")
@@ -220,7 +274,7 @@ def failed(
             raise _illegal(record, f"fail {op} of g{generation}")
         return record.model_copy(
             update={
-                "state": SandboxState.FAILED,
+                "state": TABLE["failed"].target,
                 "generation": record.generation + 1,
                 "pending": None,
                 "failure": redact_text(f"{op}: {reason}")[:1000],
@@ -228,3 +282,24 @@ def failed(
         )
 
     return mutate
+
+
+# ---- recognising a redelivered command whose work is already done ------------------------------
+
+
+def done_before(op: Op, record: SandboxRecord, *, generation: int | None = None) -> bool:
+    """The record shows ``op`` (begun at ``generation``) already finished: the redelivered
+    command only republishes its event, which may have been lost."""
+    if op == "create":  # running and never paused: the first pod came up
+        return record.state == S.RUNNING and record.paused_at is None and record.snapshot is None
+    if op == "kill":
+        return record.state == S.KILLED
+    # pause and resume each move the generation on by one when they end.
+    moved_on = generation is not None and record.generation == generation + 1
+    return record.state == TABLE[DONE[op]].target and moved_on
+
+
+def waits_for_pause(record: SandboxRecord, *, generation: int) -> bool:
+    """A resume for ``generation`` met the pause of that generation still in flight: retry it
+    once the pause ends (the user asked to resume what is being paused)."""
+    return record.state == S.PAUSING and record.generation == generation

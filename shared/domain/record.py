@@ -2,58 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.domain.states import SandboxState
 from shared.models.network import OPEN, NetworkPolicy
 
 SCHEMA_VERSION = 1
-
-
-class SandboxState(StrEnum):
-    CREATING = "creating"  # record written, first pod not ready yet (E2B: running)
-    RUNNING = "running"
-    PAUSING = "pausing"
-    PAUSED = "paused"
-    RESUMING = "resuming"
-    KILLING = "killing"
-    KILLED = "killed"
-    FAILED = "failed"
-
-    @property
-    def e2b(self) -> Literal["running", "paused"]:
-        """E2B only knows running and paused: map transitional states to the nearer one."""
-        if self in (SandboxState.PAUSED, SandboxState.PAUSING):
-            return "paused"
-        return "running"
-
-
-# Which states each transition may start from (the state machine, in one place).
-TRANSITIONS: dict[str, tuple[frozenset[SandboxState], SandboxState]] = {
-    "created": (frozenset({SandboxState.CREATING}), SandboxState.RUNNING),
-    "pause": (frozenset({SandboxState.RUNNING}), SandboxState.PAUSING),
-    "paused": (frozenset({SandboxState.PAUSING}), SandboxState.PAUSED),
-    "resume": (frozenset({SandboxState.PAUSED, SandboxState.FAILED}), SandboxState.RESUMING),
-    "resumed": (frozenset({SandboxState.RESUMING}), SandboxState.RUNNING),
-    "kill": (
-        frozenset(
-            {
-                SandboxState.CREATING,
-                SandboxState.RUNNING,
-                SandboxState.PAUSING,
-                SandboxState.PAUSED,
-                SandboxState.RESUMING,
-                SandboxState.FAILED,
-                SandboxState.KILLING,
-            }
-        ),
-        SandboxState.KILLING,
-    ),
-    "killed": (frozenset({SandboxState.KILLING}), SandboxState.KILLED),
-}
 
 
 class Pending(BaseModel):
@@ -104,6 +62,6 @@ class SandboxRecord(BaseModel):
     failure: str | None = None  # reason of the last transition that gave up
     updated_at: datetime
 
-    def can(self, transition: str) -> bool:
-        allowed, _ = TRANSITIONS[transition]
-        return self.state in allowed
+
+# A change to a record, re-evaluated on every compare-and-set attempt (``SandboxStore.update``).
+Mutation = Callable[[SandboxRecord], SandboxRecord]
