@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SETUP_STAMP := $(VENV)/.torpor-setup
 
-.PHONY: up test setup lint typecheck imports k8s-bins rootfs pytest
+.PHONY: up test unit setup lint typecheck imports k8s-bins rootfs pytest
 
 setup: $(SETUP_STAMP)
 
@@ -42,3 +42,14 @@ pytest: setup k8s-bins rootfs
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 test: setup lint typecheck imports pytest
+
+# The fast tier: modules marked `unit` (in-memory fakes from tests/fakes/; no nats-server, no
+# subprocess, no connection: tests/conftest.py fails a unit test that tries). Plugins are loaded
+# explicitly: the autoloaded ones (schemathesis, playwright) cost seconds of start-up.
+UNIT_TESTS := tests/unit $(wildcard tests/domain) tests/scheduler/test_expiry_rules.py \
+  tests/lifecycle/test_decisions.py tests/security/test_redaction.py \
+  tests/runtime_local/test_templates.py tests/api/test_e2b_routes.py tests/api/test_native_routes.py
+
+unit: setup
+	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/pytest -p asyncio -p timeout -p no:cacheprovider \
+	  -m unit -q $(UNIT_TESTS) $(PYTEST_ARGS)

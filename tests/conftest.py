@@ -1,10 +1,20 @@
-"""Fixtures every test layer shares: a real nats-server (from the wheel) per session."""
+"""Fixtures every test layer shares: a real nats-server (from the wheel) per session, and the
+test tiers.
+
+Tiers (markers registered in pyproject.toml): a module marks itself ``unit`` (in-memory fakes
+only; ``make unit``); every other test is ``e2e`` when it drives the whole system as processes
+(the folders in ``E2E_FOLDERS``, or a test using the ``stack`` fixture), else ``integration``.
+A unit test that tries to start a process or open a connection fails at once.
+"""
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +30,37 @@ def skip_or_fail(reason: str) -> None:
     if ON_CI:
         pytest.fail(f"required on CI: {reason}")
     pytest.skip(reason)
+
+
+E2E_FOLDERS = frozenset({"e2e", "e2b_sdk", "chaos", "faults", "dashboard", "cli_sandbox"})
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.get_closest_marker(t) for t in TIERS):
+            continue
+        folder = item.path.parent.name
+        e2e = folder in E2E_FOLDERS or "stack" in getattr(item, "fixturenames", ())
+        item.add_marker(pytest.mark.e2e if e2e else pytest.mark.integration)
+
+
+def _forbidden(what: str) -> Any:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"a unit test may not {what}: use the fakes in tests/fakes/")
+
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def _unit_isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unit tier's promise, enforced: no process (so no nats-server), no connection."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    # Every subprocess (subprocess.Popen, asyncio's create_subprocess_*) goes through this.
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", _forbidden("start a process"))
+    monkeypatch.setattr(socket.socket, "connect", _forbidden("open a connection"))
+    monkeypatch.setattr(socket.socket, "connect_ex", _forbidden("open a connection"))
 
 
 @pytest.fixture(scope="session")

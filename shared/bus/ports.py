@@ -1,4 +1,7 @@
-"""Ports of the bus: what services need from NATS, as narrow Protocols (fakes in tests/fakes.py)."""
+"""Ports of the bus: what services need from NATS, as narrow Protocols.
+
+In-memory fakes with the same semantics (revisioned compare-and-set, de-duplicated message ids)
+are in tests/fakes/ for the unit tier."""
 
 from __future__ import annotations
 

@@ -13,6 +13,8 @@ from services.api.settings import ENVD_VERSION
 from tests.api.conftest import ADMIN, ALICE, BOB, auth
 from tests.api.fakes import SNAPSHOT_JSON, FakeLifecycle
 
+pytestmark = pytest.mark.unit
+
 SEED_BODY = {
     "templateID": "sandbox-base",
     "timeout": 300,

@@ -6,9 +6,12 @@ import base64
 import json
 
 import httpx
+import pytest
 
 from tests.api.conftest import ALICE, BOB
 from tests.api.fakes import SNAPSHOT_JSON
+
+pytestmark = pytest.mark.unit
 
 
 def bearer(key: str = ALICE) -> dict[str, str]:

@@ -14,7 +14,7 @@ from shared.lifecycle.replay import duplicates
 from shared.models.messages import KillSandbox, PauseSandbox, ResumeSandbox, msg_id
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.runtime.models import Endpoint
-from tests.lifecycle.fakes import FakeEnvd, FakeRuntime
+from tests.fakes.runtime import FakeEnvd, FakeRuntime
 from tests.lifecycle.harness import System, running_system
 
 N_SANDBOXES = 8

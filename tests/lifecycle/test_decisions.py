@@ -13,6 +13,8 @@ from shared.errors import IllegalTransition
 from shared.lifecycle.replay import plan, replay_key
 from shared.models.snapshots import ProcessConfig, Snapshot, SnapshotProcess
 
+pytestmark = pytest.mark.unit
+
 NOW = datetime.now(UTC)
 
 

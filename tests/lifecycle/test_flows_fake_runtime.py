@@ -17,7 +17,7 @@ from shared.errors import IllegalTransition, NotFound, RuntimeFailure
 from shared.lifecycle.ports import CreateRequest
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint
-from tests.lifecycle.fakes import FakeEnvd, FakeRuntime
+from tests.fakes.runtime import FakeEnvd, FakeRuntime
 from tests.lifecycle.harness import System, running_system
 
 SERVER = SnapshotProcess(

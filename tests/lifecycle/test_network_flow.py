@@ -14,7 +14,7 @@ import pytest
 from shared.errors import Conflict, NotFound
 from shared.lifecycle.ports import CreateRequest
 from shared.models.network import NetworkPolicy
-from tests.lifecycle.fakes import FakeEnvd, FakeRuntime
+from tests.fakes.runtime import FakeEnvd, FakeRuntime
 from tests.lifecycle.harness import System, running_system
 
 

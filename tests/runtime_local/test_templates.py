@@ -15,6 +15,8 @@ from shared.runtime.templates import (
     template_dirs,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def test_packaged_sandbox_base() -> None:
     template = load_template(DEFAULT_TEMPLATE, template_dirs(None))

@@ -34,6 +34,7 @@ from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
 from shared.models.messages import SandboxCreated, SandboxPaused, SandboxResumed, msg_id
 from shared.settings import BusSettings, FeatureFlags, LoggingSettings
+from tests.fakes.records import running_record
 
 
 def now() -> datetime:
@@ -79,17 +80,8 @@ class Bus:
     ) -> SandboxRecord:
         """A running sandbox whose full timeout starts now (what the scaler writes on create)."""
         at = now()
-        record = SandboxRecord(
-            sandbox_id=sandbox_id,
-            owner=owner,
-            state=SandboxState.RUNNING,
-            generation=1,
-            timeout=timeout,
-            auto_pause=auto_pause,
-            created_at=at,
-            started_at=at,
-            deadline=at + timedelta(seconds=timeout),
-            updated_at=at,
+        record = running_record(
+            sandbox_id, at=at, owner=owner, timeout=timeout, auto_pause=auto_pause
         )
         await self.store.create(record)
         if announce:

@@ -13,6 +13,8 @@ from shared.domain.states import SandboxState
 from shared.models.messages import KillSandbox, PauseSandbox, SandboxExpired
 from shared.settings import FeatureFlags
 
+pytestmark = pytest.mark.unit
+
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 POLICY = expiry.Policy(
     retention=timedelta(days=30), pause_check=timedelta(seconds=30), pause_attempts=3

@@ -15,6 +15,8 @@ from shared.models.messages import CreateSandbox, SandboxFailed
 from shared.redaction import MASK, redact_any, redact_json_bytes, redact_text
 from shared.settings import LoggingSettings
 
+pytestmark = pytest.mark.unit
+
 KEY = "torpor_" + "ab12" * 10
 E2B_KEY = "e2b_" + "cd34" * 10
 TOKEN = "f00d" * 12  # the daemon token's shape: 48 hex
