@@ -1,8 +1,8 @@
 """Fixtures every test layer shares: a real nats-server (from the wheel) per session, and the
 test tiers.
 
-Tiers (markers registered in pyproject.toml): a module marks itself ``unit`` (in-memory fakes
-only; ``make unit``); every other test is ``e2e`` when it drives the whole system as processes
+Tiers (markers registered in pyproject.toml): tests in ``UNIT_FOLDERS``, and modules that mark
+themselves ``unit``, use in-memory fakes only (``make unit``); every other test is ``e2e`` when it drives the whole system as processes
 (the folders in ``E2E_FOLDERS``, or a test using the ``stack`` fixture), else ``integration``.
 A unit test that tries to start a process or open a connection fails at once.
 """
@@ -32,6 +32,7 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+UNIT_FOLDERS = frozenset({"unit", "domain"})
 E2E_FOLDERS = frozenset({"e2e", "e2b_sdk", "chaos", "faults", "dashboard", "cli_sandbox"})
 TIERS = ("unit", "integration", "e2e")
 
@@ -41,6 +42,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if any(item.get_closest_marker(t) for t in TIERS):
             continue
         folder = item.path.parent.name
+        if folder in UNIT_FOLDERS:
+            item.add_marker(pytest.mark.unit)
+            continue
         e2e = folder in E2E_FOLDERS or "stack" in getattr(item, "fixturenames", ())
         item.add_marker(pytest.mark.e2e if e2e else pytest.mark.integration)
 
