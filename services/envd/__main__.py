@@ -35,6 +35,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="directory relative paths and the default cwd resolve against (default: $HOME)",
     )
+    parser.add_argument(
+        "--sudo-socket",
+        default=None,
+        help="serve the sandbox's sudo shim on this unix socket (inside a sandbox only)",
+    )
     parser.add_argument("--log-level", default="warning")
     parser.add_argument(
         "--precompile",
@@ -113,7 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from services.envd.server import serve
 
-    return serve(sock, root=root, access_token=args.access_token, log_level=args.log_level)
+    return serve(
+        sock,
+        root=root,
+        access_token=args.access_token,
+        log_level=args.log_level,
+        sudo_socket=args.sudo_socket,
+    )
 
 
 if __name__ == "__main__":

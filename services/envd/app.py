@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from services.envd.files_http import (
@@ -32,6 +31,7 @@ from services.envd.files_http import (
 )
 from services.envd.processes import ProcessTable
 from services.envd.telemetry import LogBuffer, Metrics
+from services.envd.users import Users
 from services.envd.version import ENVD_VERSION
 
 if TYPE_CHECKING:
@@ -96,15 +96,15 @@ class _ConnectApps:
     time. ``serve`` builds them before answering ``/health``; in-process users (tests, tools) that
     never call the Connect API do not pay for them."""
 
-    def __init__(self, table: ProcessTable, *, root: str, home: Callable[[], str]) -> None:
+    def __init__(self, table: ProcessTable, *, users: Users) -> None:
         from services.envd.filesystem_service import FilesystemService
         from services.envd.gen.filesystem.filesystem_connect import FilesystemASGIApplication
         from services.envd.gen.process.process_connect import ProcessASGIApplication
         from services.envd.process_service import ProcessService
 
-        self.filesystem: FilesystemService = FilesystemService(root=root, home=home)
+        self.filesystem: FilesystemService = FilesystemService(users=users)
         self.process = ProcessASGIApplication(
-            ProcessService(table),
+            ProcessService(table, users),
             read_max_bytes=MAX_MESSAGE_BYTES,
             compressions=(),
             codecs=_codecs(),
@@ -126,14 +126,12 @@ class DaemonState:
         self.env_vars: dict[str, str] = {}
         self.default_workdir: str | None = None
 
-    def home(self) -> str:
-        return os.environ.get("HOME") or self.root
-
     def base_env(self) -> dict[str, str]:
         return {**os.environ, **self.env_vars}
 
-    def default_cwd(self) -> str:
-        return self.default_workdir or self.root
+    def default_cwd(self) -> str | None:
+        """``/init``'s default workdir; None: the user's home."""
+        return self.default_workdir
 
 
 class EnvdApp:
@@ -143,15 +141,16 @@ class EnvdApp:
             base_env=self.state.base_env, default_cwd=self.state.default_cwd, root=root
         )
         self._root = root
+        self.users = Users(fallback_home=root)
         self._connect: _ConnectApps | None = None
-        self._files = FilesApi(root=root, home=self.state.home)
+        self._files = FilesApi(users=self.users)
         self.metrics = Metrics(root)
         self.logs = LogBuffer()
 
     @property
     def connect_apps(self) -> _ConnectApps:
         if self._connect is None:
-            self._connect = _ConnectApps(self.table, root=self._root, home=self.state.home)
+            self._connect = _ConnectApps(self.table, users=self.users)
         return self._connect
 
     @property

@@ -7,8 +7,10 @@ written in place like envd does (never renamed over: the target may be a device)
 JSON ``{"code": <status>, "message": ...}``: 400 bad path or request, 404 missing file, 413 too
 large, 507 out of space.
 
-After opening the target the daemon chowns it to its current owner, as envd does (it chowns to
-the requesting user): a watcher sees E2B's sequence for a new file, *create*, *chmod*, *write*.
+Requests act as the SDK's user (``username`` parameter or Basic auth, ``services.envd.users``):
+relative paths resolve against its home, and after opening the target the daemon chowns it to
+that user (folders it creates too), as envd does: a watcher sees E2B's sequence for a new file,
+*create*, *chmod*, *write*.
 ``X-Metadata-*`` headers become ``user.e2b.*`` extended attributes (``services.envd.metadata``).
 """
 
@@ -26,6 +28,7 @@ from urllib.parse import parse_qs
 
 from services.envd import metadata as file_metadata
 from services.envd.paths import BadPath, resolve
+from services.envd.users import Identity, UnknownUser, Users, basic_auth_user
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -85,31 +88,38 @@ def _os_error(exc: OSError, path: str) -> HttpError:
 
 
 class FilesApi:
-    def __init__(self, *, root: str, home: Callable[[], str]) -> None:
-        self._root = root
-        self._home = home
+    def __init__(self, *, users: Users) -> None:
+        self._users = users
 
-    def _resolve(self, raw: str) -> str:
+    def _resolve(self, raw: str, who: Identity) -> str:
         try:
-            return resolve(raw, self._root, self._home())
+            return resolve(raw, who.home, who.home)
         except BadPath as exc:
             raise HttpError(400, str(exc)) from exc
 
+    def _who(self, scope: Scope) -> Identity:
+        try:
+            name = query(scope).get("username") or basic_auth_user(header(scope, b"authorization"))
+            return self._users.resolve(name)
+        except UnknownUser as exc:
+            raise HttpError(401, str(exc)) from exc
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
+            who = self._who(scope)
             if scope["method"] == "GET":
-                await self._download(scope, send)
+                await self._download(scope, send, who)
             elif scope["method"] == "POST":
-                result = await self._upload(scope, receive)
+                result = await self._upload(scope, receive, who)
                 await send_json(send, 200, result)
             else:
                 raise HttpError(405, "method not allowed")
         except HttpError as exc:
             await send_error(send, exc.status, str(exc))
 
-    async def _download(self, scope: Scope, send: Send) -> None:
+    async def _download(self, scope: Scope, send: Send, who: Identity) -> None:
         raw = query(scope).get("path", "")
-        path = self._resolve(raw)
+        path = self._resolve(raw, who)
         try:
             fh = open(path, "rb")  # noqa: SIM115 - closed by the with below
         except OSError as exc:
@@ -133,7 +143,7 @@ class FilesApi:
             tail = compressor.flush() if compressor is not None else b""
             await send({"type": "http.response.body", "body": tail})
 
-    async def _upload(self, scope: Scope, receive: Receive) -> list[dict[str, Any]]:
+    async def _upload(self, scope: Scope, receive: Receive, who: Identity) -> list[dict[str, Any]]:
         params = query(scope)
         try:  # before anything is written: a rejected upload creates no file
             meta = file_metadata.from_headers(scope["headers"])
@@ -150,17 +160,19 @@ class FilesApi:
                 raw = params.get("path") if len(parts) == 1 and params.get("path") else filename
                 if not raw:
                     raise HttpError(400, "no path given for an uploaded file")
-                written.append(self._write(raw, [data], meta))
+                written.append(self._write(raw, [data], meta, who))
             return written
         raw = params.get("path", "")
         if not raw:
             raise HttpError(400, "the path parameter is required")
         gzip_body = "gzip" in header(scope, b"content-encoding").lower()
-        return [await self._write_stream(raw, receive, gzip_body, meta)]
+        return [await self._write_stream(raw, receive, gzip_body, meta, who)]
 
-    def _write(self, raw: str, chunks: list[bytes], meta: dict[str, str]) -> dict[str, Any]:
-        path = self._resolve(raw)
-        fd = self._open_target(raw, path, meta)
+    def _write(
+        self, raw: str, chunks: list[bytes], meta: dict[str, str], who: Identity
+    ) -> dict[str, Any]:
+        path = self._resolve(raw, who)
+        fd = self._open_target(raw, path, meta, who)
         try:
             with os.fdopen(fd, "wb") as fh:
                 for chunk in chunks:
@@ -170,10 +182,10 @@ class FilesApi:
         return _written(path, meta)
 
     async def _write_stream(
-        self, raw: str, receive: Receive, gzip_body: bool, meta: dict[str, str]
+        self, raw: str, receive: Receive, gzip_body: bool, meta: dict[str, str], who: Identity
     ) -> dict[str, Any]:
-        path = self._resolve(raw)
-        fd = self._open_target(raw, path, meta)
+        path = self._resolve(raw, who)
+        fd = self._open_target(raw, path, meta, who)
         inflater = zlib.decompressobj(31) if gzip_body else None
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -196,14 +208,14 @@ class FilesApi:
             raise _os_error(exc, raw) from exc
         return _written(path, meta)
 
-    def _open_target(self, raw: str, path: str, meta: dict[str, str]) -> int:
+    def _open_target(self, raw: str, path: str, meta: dict[str, str], who: Identity) -> int:
         """Open for writing in place (O_TRUNC), as envd does: mode, owner and hard links of an
         existing file are kept, and a device or FIFO is written to, never replaced. Then the
         chown (envd's *chmod* event) and the metadata, before any data."""
         if os.path.isdir(path):
             raise HttpError(400, f"path {raw!r} is a directory")
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            who.own_new_dirs(os.path.dirname(path))
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
         except OSError as exc:
             raise _os_error(exc, raw) from exc
@@ -211,7 +223,10 @@ class FilesApi:
             st = os.fstat(fd)
             if stat.S_ISREG(st.st_mode):
                 with contextlib.suppress(OSError):
-                    os.fchown(fd, st.st_uid, st.st_gid)
+                    if who.is_self:
+                        os.fchown(fd, st.st_uid, st.st_gid)
+                    else:
+                        os.fchown(fd, who.uid, who.gid)
                 file_metadata.replace(fd, meta)
         except OSError as exc:
             os.close(fd)

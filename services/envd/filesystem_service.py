@@ -16,7 +16,7 @@ import shutil
 import stat
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
@@ -29,7 +29,8 @@ from services.envd.gen.filesystem import filesystem_pb as pb
 from services.envd.gen.filesystem.filesystem_connect import Filesystem as FilesystemProtocol
 from services.envd.inotify import Watcher, is_network_filesystem
 from services.envd.paths import BadPath, resolve
-from services.envd.process_service import keepalive_interval
+from services.envd.process_service import keepalive_interval, request_identity
+from services.envd.users import Identity, Users
 
 _EVENT_TYPES = {
     "create": pb.EventType.CREATE,
@@ -137,19 +138,23 @@ def _fs_event(kind: str, name: str, full: str, include_entry: bool) -> pb.Filesy
 
 
 class FilesystemService(FilesystemProtocol):
-    def __init__(self, *, root: str, home: Callable[[], str]) -> None:
-        self._root = root
-        self._home = home
+    def __init__(self, *, users: Users) -> None:
+        self._users = users
         self._watchers: dict[str, _Buffered] = {}
 
-    def _path(self, path: str) -> str:
-        return resolve(path, self._root, self._home())
+    def _who(self, ctx: RequestContext[Any, Any]) -> Identity:
+        return request_identity(self._users, ctx)
+
+    def _path(self, path: str, ctx: RequestContext[Any, Any]) -> str:
+        """``path`` for the request's user: relative to (and ``~`` as) its home."""
+        home = self._who(ctx).home
+        return resolve(path, home, home)
 
     async def stat(
         self, request: pb.StatRequest, ctx: RequestContext[pb.StatRequest, pb.StatResponse], /
     ) -> pb.StatResponse:
         with fs_errors(request.path):
-            return pb.StatResponse(entry=entry_info(self._path(request.path)))
+            return pb.StatResponse(entry=entry_info(self._path(request.path, ctx)))
 
     async def make_dir(
         self,
@@ -158,23 +163,23 @@ class FilesystemService(FilesystemProtocol):
         /,
     ) -> pb.MakeDirResponse:
         with fs_errors(request.path):
-            path = self._path(request.path)
+            path = self._path(request.path, ctx)
             if os.path.lexists(path):
                 if os.path.isdir(path):
                     raise FileExistsError(path)
                 raise ConnectError(Code.INVALID_ARGUMENT, f"{request.path!r} is not a directory")
-            os.makedirs(path)
+            self._who(ctx).own_new_dirs(path)
             return pb.MakeDirResponse(entry=entry_info(path))
 
     async def move(
         self, request: pb.MoveRequest, ctx: RequestContext[pb.MoveRequest, pb.MoveResponse], /
     ) -> pb.MoveResponse:
         with fs_errors(request.source):
-            source = self._path(request.source)
-            destination = self._path(request.destination)
+            source = self._path(request.source, ctx)
+            destination = self._path(request.destination, ctx)
             if not os.path.lexists(source):
                 raise FileNotFoundError(source)
-            os.makedirs(os.path.dirname(destination) or "/", exist_ok=True)
+            self._who(ctx).own_new_dirs(os.path.dirname(destination) or "/")
             os.rename(source, destination)
             return pb.MoveResponse(entry=entry_info(destination))
 
@@ -185,7 +190,7 @@ class FilesystemService(FilesystemProtocol):
         /,
     ) -> pb.ListDirResponse:
         with fs_errors(request.path):
-            path = self._path(request.path)
+            path = self._path(request.path, ctx)
             if not os.path.isdir(path):
                 if not os.path.lexists(path):
                     raise FileNotFoundError(path)
@@ -197,7 +202,7 @@ class FilesystemService(FilesystemProtocol):
         self, request: pb.RemoveRequest, ctx: RequestContext[pb.RemoveRequest, pb.RemoveResponse], /
     ) -> pb.RemoveResponse:
         with fs_errors(request.path):
-            path = self._path(request.path)
+            path = self._path(request.path, ctx)
             # A missing path is already removed: success, as envd (and ``rm -f``) answer.
             with contextlib.suppress(FileNotFoundError):
                 if os.path.isdir(path) and not os.path.islink(path):
@@ -213,9 +218,10 @@ class FilesystemService(FilesystemProtocol):
         on_event: Callable[[str, str, str], None],
         *,
         allow_network_mounts: bool,
+        ctx: RequestContext[Any, Any],
     ) -> Watcher:
         with fs_errors(path):
-            resolved = self._path(path)
+            resolved = self._path(path, ctx)
             if not os.path.isdir(resolved):
                 if not os.path.lexists(resolved):
                     raise FileNotFoundError(resolved)
@@ -245,6 +251,7 @@ class FilesystemService(FilesystemProtocol):
             request.recursive,
             on_event,
             allow_network_mounts=request.allow_network_mounts,
+            ctx=ctx,
         )
         interval = keepalive_interval(ctx)  # type: ignore[arg-type]
         try:
@@ -282,6 +289,7 @@ class FilesystemService(FilesystemProtocol):
             request.recursive,
             on_event,
             allow_network_mounts=request.allow_network_mounts,
+            ctx=ctx,
         )
         watcher_id = uuid.uuid4().hex
         self._watchers[watcher_id] = buffered

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
@@ -14,6 +14,7 @@ from protobuf import Oneof
 from services.envd.gen.process import process_pb as pb
 from services.envd.gen.process.process_connect import Process as ProcessProtocol
 from services.envd.processes import Exit, Output, Process, ProcessError, ProcessSpec, ProcessTable
+from services.envd.users import Identity, UnknownUser, Users, basic_auth_user
 
 # Real envd's default when the client sends no Keepalive-Ping-Interval.
 DEFAULT_KEEPALIVE_SECONDS = 90.0
@@ -37,6 +38,14 @@ def connect_errors() -> Iterator[None]:
         yield
     except ProcessError as exc:
         raise ConnectError(_CODES.get(exc.kind, Code.INTERNAL), str(exc)) from exc
+
+
+def request_identity(users: Users, ctx: RequestContext[Any, Any]) -> Identity:
+    """The user a Connect request acts as: Basic auth's user name, else the default user."""
+    try:
+        return users.resolve(basic_auth_user(ctx.request_headers.get("authorization")))
+    except UnknownUser as exc:
+        raise ConnectError(Code.UNAUTHENTICATED, str(exc)) from exc
 
 
 def keepalive_interval(ctx: RequestContext[object, object]) -> float:
@@ -97,8 +106,9 @@ def _select(table: ProcessTable, selector: pb.ProcessSelector | None) -> Process
 
 
 class ProcessService(ProcessProtocol):
-    def __init__(self, table: ProcessTable) -> None:
+    def __init__(self, table: ProcessTable, users: Users) -> None:
         self._table = table
+        self._users = users
 
     async def list(
         self, request: pb.ListRequest, ctx: RequestContext[pb.ListRequest, pb.ListResponse], /
@@ -134,6 +144,7 @@ class ProcessService(ProcessProtocol):
             tag=request.tag or None,
             stdin=bool(request.stdin),
             pty_size=pty_size,
+            user=request_identity(self._users, ctx),
         )
         timeout_ms = ctx.timeout_ms
         with connect_errors():

@@ -29,6 +29,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import IO
 
+from services.envd.users import Identity
+
 log = logging.getLogger("envd.processes")
 
 # A subscriber that falls this far behind is dropped (its stream ends with an error) instead of
@@ -71,6 +73,7 @@ class ProcessSpec:
     tag: str | None = None
     stdin: bool = False
     pty_size: tuple[int, int] | None = None  # (cols, rows)
+    user: Identity | None = None  # who it runs as (None: as the daemon)
 
 
 @dataclass(frozen=True)
@@ -186,13 +189,18 @@ class ProcessTable:
     """Every live process this daemon started, in start order."""
 
     def __init__(
-        self, *, base_env: Callable[[], dict[str, str]], default_cwd: Callable[[], str], root: str
+        self,
+        *,
+        base_env: Callable[[], dict[str, str]],
+        default_cwd: Callable[[], str | None],
+        root: str,
     ) -> None:
         self._procs: dict[int, Process] = {}
         self._base_env = base_env
         self._default_cwd = default_cwd
         self._root = root
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._watched: dict[int, Callable[[int], None]] = {}
         self.closing = False
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -201,6 +209,12 @@ class ProcessTable:
         self._loop = loop
         loop.add_signal_handler(signal.SIGCHLD, self.reap)
         self.reap()  # children that exited before the handler existed
+
+    def watch(self, pid: int, on_exit: Callable[[int], None]) -> None:
+        """Call ``on_exit(wait status)`` when child ``pid`` (started by someone else in this
+        daemon, right before: the reaper runs on the loop) is reaped."""
+        self._watched[pid] = on_exit
+        self.reap()
 
     def begin_shutdown(self) -> None:
         """The daemon was told to stop (its sandbox is being stopped): from now on no stream
@@ -241,8 +255,15 @@ class ProcessTable:
 
     def start(self, spec: ProcessSpec, *, timeout: float | None) -> tuple[Process, Subscriber]:
         loop = self._loop or asyncio.get_running_loop()
-        cwd = self._resolve_cwd(spec.cwd)
-        env = {**self._base_env(), **spec.envs}
+        user = spec.user
+        home = user.home if user is not None else self._root
+        cwd = self._resolve_cwd(spec.cwd, home)
+        env = {**self._base_env(), **(user.env() if user is not None else {}), **spec.envs}
+        # As E2B's envd: the user's uid, gid and groups (the daemon is the sandbox's root).
+        switch = user is not None and not user.is_self
+        uid = user.uid if user is not None and switch else None
+        gid = user.gid if user is not None and switch else None
+        groups = list(user.groups) if user is not None and switch else None
         argv = [spec.cmd, *spec.args]
         if not spec.cmd:
             raise ProcessError("invalid_argument", "process.cmd is empty")
@@ -252,6 +273,9 @@ class ProcessTable:
             if spec.pty_size is not None:
                 master, slave = os.openpty()
                 _set_winsize(master, *spec.pty_size)
+                if user is not None and switch:
+                    with contextlib.suppress(OSError):  # its terminal is the user's, as at login
+                        os.fchown(slave, user.uid, user.gid)
                 popen = subprocess.Popen(
                     argv,
                     cwd=cwd,
@@ -262,6 +286,9 @@ class ProcessTable:
                     start_new_session=True,
                     close_fds=True,
                     preexec_fn=_take_controlling_tty,  # noqa: PLW1509 - the daemon has no threads
+                    user=uid,
+                    group=gid,
+                    extra_groups=groups,
                 )
             else:
                 popen = subprocess.Popen(
@@ -273,6 +300,9 @@ class ProcessTable:
                     stderr=subprocess.PIPE,
                     start_new_session=True,
                     close_fds=True,
+                    user=uid,
+                    group=gid,
+                    extra_groups=groups,
                 )
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
             if master is not None:
@@ -313,10 +343,12 @@ class ProcessTable:
         proc.deadline_hit = True
         _killpg(proc.pid, signal.SIGKILL)
 
-    def _resolve_cwd(self, cwd: str | None) -> str:
+    def _resolve_cwd(self, cwd: str | None, home: str) -> str:
+        """The process's cwd: as given (relative: to the user's home), else the default workdir
+        (``/init``), else the user's home (E2B: ``/home/user``)."""
         if not cwd:
-            return self._default_cwd()
-        resolved = cwd if os.path.isabs(cwd) else os.path.join(self._root, cwd)
+            return self._default_cwd() or home
+        resolved = cwd if os.path.isabs(cwd) else os.path.join(home, cwd)
         if not os.path.isdir(resolved):
             raise ProcessError("invalid_argument", f"cwd {cwd!r} is not a directory")
         return resolved
@@ -398,6 +430,9 @@ class ProcessTable:
                 return
             proc = self._procs.get(pid)
             if proc is None:
+                on_exit = self._watched.pop(pid, None)
+                if on_exit is not None:  # a child started elsewhere in the daemon (sudo)
+                    on_exit(status)
                 continue  # an orphan re-parented to us, or already gone: reaped, nothing else
             proc.wait_status = status
             proc.popen.returncode = os.waitstatus_to_exitcode(status)

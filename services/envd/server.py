@@ -68,7 +68,14 @@ def _server(app: EnvdApp, log_level: str) -> Server:
     return _Server(config)
 
 
-def serve(sock: socket.socket, *, root: str, access_token: str | None, log_level: str) -> int:
+def serve(
+    sock: socket.socket,
+    *,
+    root: str,
+    access_token: str | None,
+    log_level: str,
+    sudo_socket: str | None = None,
+) -> int:
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s envd %(levelname)s %(name)s: %(message)s"
     )
@@ -95,10 +102,18 @@ def serve(sock: socket.socket, *, root: str, access_token: str | None, log_level
         app.table.install(asyncio.get_running_loop())
         envd_log.info("envd %s listening on %s, root %s", ENVD_VERSION, sock.getsockname(), root)
         sampler = asyncio.create_task(app.metrics.run())
+        sudo = None
+        if sudo_socket:
+            from services.envd.sudo import SudoServer
+
+            sudo = SudoServer(sudo_socket, users=app.users, table=app.table)
+            await sudo.start()
         try:
             await server.serve(sockets=[sock])
         finally:
             sampler.cancel()
+            if sudo is not None:
+                await sudo.close()
             app.close()
 
     asyncio.run(run())

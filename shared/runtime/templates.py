@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -73,6 +73,10 @@ class Template(_Frozen):
     # Replaces the in-sandbox daemon (tests use it for pods that never become ready).
     # Placeholders: {python} {host} {port} {root}.
     command: list[str] | None = None
+    # What of the sandbox's own files outlives a pause: "layer" (default) keeps its whole
+    # writable filesystem (local runtime: see shared/runtime/local/layers.py); "none" gives
+    # every resume a fresh disk (the seed's behaviour).
+    persist: Literal["layer", "none"] = "layer"
     image: str | None = None  # kubernetes only: the sandbox image
     kubernetes: dict[str, Any] = Field(default_factory=dict)  # adapter-specific extras
 

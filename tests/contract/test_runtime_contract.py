@@ -68,7 +68,11 @@ async def test_pause_resume_lifecycle(runtime: RuntimeHarness) -> None:
     await rt.scale(name, 1)
     second = await rt.wait_ready(name, timeout=runtime.ready_timeout)
     assert second.pod_uid != first.pod_uid
-    assert await read_file(second, "/workspace/notes.txt") is None, "/workspace survived a pause"
+    kept = await read_file(second, "/workspace/notes.txt")
+    if runtime.keeps_files:
+        assert kept == b"before pause", "/workspace was lost in the pause"
+    else:
+        assert kept is None, "/workspace survived a pause"
     resumed = await rt.get(name)
     assert resumed is not None
     assert resumed.ready_replicas == 1

@@ -172,12 +172,17 @@ def test_network_mount_needs_the_flag(
     from services.envd.gen.filesystem import filesystem_pb as pb
 
     monkeypatch.setattr(filesystem_service, "is_network_filesystem", lambda _path: True)
-    service = filesystem_service.FilesystemService(root=str(daemon.root), home=lambda: "/")
+    from services.envd.users import Users
+
+    service = filesystem_service.FilesystemService(users=Users(fallback_home=str(daemon.root)))
     (daemon.root / "nfs").mkdir()
+
+    class Context:  # what the service reads of a request: its headers (no Basic auth here)
+        request_headers: dict[str, str] = {}
 
     async def create(allow: bool) -> str:
         request = pb.CreateWatcherRequest(path="nfs", allow_network_mounts=allow)
-        reply = await service.create_watcher(request, None)  # type: ignore[arg-type]
+        reply = await service.create_watcher(request, Context())  # type: ignore[arg-type]
         return reply.watcher_id
 
     with pytest.raises(ConnectError) as info:

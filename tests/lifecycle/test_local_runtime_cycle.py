@@ -57,7 +57,7 @@ async def _lines(path: Path) -> list[str]:
 
 
 def _workspace(tmp_path: Path, pod_uid: str) -> Path:
-    return tmp_path / "rt" / "pods" / pod_uid / "workspace"
+    return tmp_path / "rt" / "pods" / pod_uid / "root" / "workspace"
 
 
 @pytest.mark.slow
@@ -84,7 +84,10 @@ async def test_seed_cycle_on_local_runtime(system: System, tmp_path: Path) -> No
     assert workload.replicas == 0
     assert workload.pod_uid is None
     assert not await system.envd.health(first, timeout=1)  # the pod is gone...
-    assert not _workspace(tmp_path, rec.pod_uid).exists()  # ...and so is its disk
+    assert not (tmp_path / "rt" / "pods" / rec.pod_uid).exists()  # ...and its folder
+    kept = tmp_path / "rt" / "layers" / "sbx-local" / "mnt"
+    assert not kept.exists() or not any(kept.iterdir()), "a paused sandbox's layer stays mounted"
+    assert (tmp_path / "rt" / "layers" / "sbx-local" / "disk.img").is_file()  # ...kept
     doc = json.loads(base64.b64decode(workload.annotations[ANNOTATION_SNAPSHOT]))
     assert doc["captured_time"].endswith("Z")
     # Exactly the seed's shape: optional keys (envs, tag) are omitted, not null.
@@ -112,9 +115,16 @@ async def test_seed_cycle_on_local_runtime(system: System, tmp_path: Path) -> No
     ]
     log_after = _workspace(tmp_path, again.pod_uid) / "started.log"
     second_start = await _lines(log_after)
-    # /workspace is fresh (one line, not two) and the process started anew (a later start time).
-    assert len(second_start) == 1
-    assert int(second_start[0]) > int(first_start[0])
+    # /workspace was kept (the line from before the pause is still there) and the process
+    # started anew (a second, later line).
+    for _ in range(100):
+        if len(second_start) == 2:
+            break
+        await asyncio.sleep(0.05)
+        second_start = await _lines(log_after)
+    assert second_start[0] == first_start[0]
+    assert len(second_start) == 2
+    assert int(second_start[1]) > int(first_start[0])
     # The annotation (and the record) still show the last snapshot.
     workload = await system.runtime.get("sbx-local")
     assert workload is not None

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shared.runtime.local import LocalRuntime, disk, procfs
+from shared.runtime.local import LocalRuntime, disk, mounts, procfs
 from tests.conftest import skip_or_fail
 from tests.runtime_local.support import LocalRuntimeFactory, runtime_kwargs
 
@@ -50,3 +50,7 @@ async def local_runtime(
             await procfs.stop_pod(pod.uid, runtime_root=data_dir, grace=0.5)
         for pod_dir in data_dir.glob("pods/*"):
             disk.unmount_workspace(pod_dir)
+            mounts.unmount(pod_dir / "root")
+            mounts.unmount(pod_dir / "lower")
+        for layer in data_dir.glob("layers/*"):
+            mounts.unmount(layer / "mnt")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.errors import ConfigError
+from shared.errors import ConfigError, Conflict
 from shared.runtime.local import limits as local_limits
 from shared.runtime.local import procfs
 from shared.runtime.models import Endpoint, WorkloadSpec
@@ -49,9 +49,12 @@ async def test_sandboxes_cannot_see_each_other(
     await write_file(ep_a, "/workspace/secret.txt", b"only for a")
     assert await read_file(ep_a, "/workspace/secret.txt") == b"only for a"
     assert await read_file(ep_b, "/workspace/secret.txt") is None
-    host_copy = data_dir / "pods" / ep_a.pod_uid / "workspace" / "secret.txt"
+    host_copy = data_dir / "pods" / ep_a.pod_uid / "root" / "workspace" / "secret.txt"
     assert host_copy.read_bytes() == b"only for a"  # it is there on the host ...
     assert await read_file(ep_b, str(host_copy)) is None  # ... but not inside b
+    kept = data_dir / "layers" / a / "mnt" / "upper" / "workspace" / "secret.txt"
+    assert kept.read_bytes() == b"only for a"  # in a's writable layer ...
+    assert await read_file(ep_b, str(kept)) is None  # ... which b cannot reach either
 
     # Only the daemon's code is visible, not the control plane's (or the data dir).
     import shared.errors
@@ -66,7 +69,7 @@ async def test_sandboxes_cannot_see_each_other(
     assert await read_file(ep_b, f"/proc/{pid_a}/cmdline") is None
 
 
-async def test_workspace_is_discarded_but_volume_survives(
+async def test_files_are_kept_across_pods_and_deleted_with_the_workload(
     local_runtime: LocalRuntimeFactory, data_dir: Path
 ) -> None:
     rt = await local_runtime()
@@ -74,18 +77,65 @@ async def test_workspace_is_discarded_but_volume_survives(
     await rt.create(WorkloadSpec(name=name, owner="alice"))
     first = await rt.wait_ready(name, timeout=READY)
     await write_file(first, "/workspace/scratch.txt", b"local disk")
+    await write_file(first, "/home/user/notes.txt", b"in the home")
     await write_file(first, "/mnt/shared/kept.txt", b"network storage")
 
     await rt.scale(name, 0)
     await rt.wait_stopped(name, timeout=READY)
-    assert not (data_dir / "pods" / first.pod_uid).exists(), "the old pod's disk was not removed"
+    assert not (data_dir / "pods" / first.pod_uid).exists(), "the old pod's folder was not removed"
     assert (data_dir / "volumes" / "alice" / name / "kept.txt").read_bytes() == b"network storage"
+    layer = data_dir / "layers" / name
+    assert (layer / "disk.img").is_file()  # sandbox-base has a disk limit: an ext4 image
+    assert not _mounted(layer / "mnt"), "a stopped pod's layer stays mounted"
 
     await rt.scale(name, 1)
     second = await rt.wait_ready(name, timeout=READY)
     assert second.pod_uid != first.pod_uid
-    assert await read_file(second, "/workspace/scratch.txt") is None
+    assert await read_file(second, "/workspace/scratch.txt") == b"local disk"
+    assert await read_file(second, "/home/user/notes.txt") == b"in the home"
     assert await read_file(second, "/mnt/shared/kept.txt") == b"network storage"
+
+    await rt.delete(name)
+    await rt.wait_stopped(name, timeout=READY)
+    for _ in range(100):
+        if not layer.exists():
+            break
+        await asyncio.sleep(0.05)
+    assert not layer.exists(), "the deleted workload's kept files are still there"
+
+
+async def test_persist_none_gives_every_pod_a_fresh_disk(
+    local_runtime: LocalRuntimeFactory, data_dir: Path, tmp_path: Path
+) -> None:
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    (templates / "fresh.yaml").write_text(
+        "persist: none\nworkdir: /home/user\nresources:\n  limits:\n    disk: 64Mi\n"
+    )
+    rt = await local_runtime(templates_dir=templates)
+    name = new_name()
+    await rt.create(WorkloadSpec(name=name, owner="alice", template="fresh"))
+    first = await rt.wait_ready(name, timeout=READY)
+    await write_file(first, "/home/user/scratch.txt", b"gone after the pod")
+    await rt.scale(name, 0)
+    await rt.wait_stopped(name, timeout=READY)
+    assert not (data_dir / "layers" / name).exists()
+    await rt.scale(name, 1)
+    second = await rt.wait_ready(name, timeout=READY)
+    assert await read_file(second, "/home/user/scratch.txt") is None
+
+
+async def _record(rt: object, name: str) -> int:
+    """The workload's host id base, from its record."""
+    current = await rt._store.get(name)  # type: ignore[attr-defined]
+    assert current is not None and current[0].id_base is not None
+    return int(current[0].id_base)
+
+
+def _mounted(path: Path) -> bool:
+    from shared.runtime.local.mounts import is_mounted
+
+    return is_mounted(path)
 
 
 async def test_resource_limits_apply_to_the_daemon(
@@ -288,7 +338,7 @@ async def test_access_token_is_not_on_a_command_line(
         )
         assert pid > 0
         for _ in range(100):
-            seen = data_dir / "pods" / ep.pod_uid / "workspace" / "env.txt"
+            seen = data_dir / "pods" / ep.pod_uid / "root" / "workspace" / "env.txt"
             if seen.exists() and seen.read_text().strip():
                 break
             await asyncio.sleep(0.05)
@@ -298,3 +348,37 @@ async def test_access_token_is_not_on_a_command_line(
         assert token not in env
     finally:
         await envd.close()
+
+
+async def test_kept_files_export_and_start_another_sandbox(
+    local_runtime: LocalRuntimeFactory, data_dir: Path, tmp_path: Path
+) -> None:
+    """The snapshot code's port: a paused sandbox's files copied out (ids its own), and a new
+    sandbox (another id range) started from them; hostile: not while a pod runs, not into a
+    layer that has files."""
+    rt = await local_runtime()
+    source, target = new_name(), new_name()
+    await rt.create(WorkloadSpec(name=source, owner="alice"))
+    ep = await rt.wait_ready(source, timeout=READY)
+    await write_file(ep, "/home/user/from-source.txt", b"copied")
+    with pytest.raises(Conflict):
+        await rt.export_files(source, tmp_path / "early")
+    await rt.scale(source, 0)
+    await rt.wait_stopped(source, timeout=READY)
+    exported = tmp_path / "exported"
+    await rt.export_files(source, exported)
+    copied = exported / "home" / "user" / "from-source.txt"
+    assert copied.read_bytes() == b"copied"
+    # write_file runs as the daemon's default user: uid 1000 inside, stored as 1000.
+    assert (copied.stat().st_uid, copied.stat().st_gid) == (1000, 1000)
+
+    await rt.create(WorkloadSpec(name=target, owner="alice", replicas=0))
+    await rt.import_files(target, exported)
+    with pytest.raises(Conflict):
+        await rt.import_files(target, exported)  # not into a layer that has files
+    await rt.scale(target, 1)
+    started = await rt.wait_ready(target, timeout=READY)
+    assert await read_file(started, "/home/user/from-source.txt") == b"copied"
+    host_copy = data_dir / "pods" / started.pod_uid / "root" / "home" / "user" / "from-source.txt"
+    record = await _record(rt, target)
+    assert host_copy.stat().st_uid == record + 1000  # shifted into the new sandbox's range

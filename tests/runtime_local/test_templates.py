@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from shared.errors import ConfigError, NotFound
 from shared.runtime.templates import (
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.unit
 def test_packaged_sandbox_base() -> None:
     template = load_template(DEFAULT_TEMPLATE, template_dirs(None))
     assert template.name == "sandbox-base"
-    assert template.workdir == "/workspace"
+    assert template.workdir == "/home/user"  # E2B's default cwd
+    assert template.persist == "layer"  # files are kept across pauses
     assert template.command is None  # runs the in-sandbox daemon
     [volume] = template.volumes
     assert volume.mount_path == "/mnt/shared"
@@ -29,6 +31,15 @@ def test_packaged_sandbox_base() -> None:
         "/data/volumes/alice/sb1"
     )
     assert template.resources.limits.memory_bytes == 2 * 2**30
+
+
+@pytest.mark.parametrize("value", ["keep", "", "None", "--ro-bind", 1])
+def test_persist_takes_only_layer_or_none(tmp_path: Path, value: object) -> None:
+    (tmp_path / "odd.yaml").write_text(yaml.safe_dump({"persist": value}))
+    with pytest.raises(ConfigError, match="persist"):
+        load_template("odd", template_dirs(tmp_path))
+    (tmp_path / "fresh.yaml").write_text("persist: none\n")
+    assert load_template("fresh", template_dirs(tmp_path)).persist == "none"
 
 
 def test_operator_dir_is_searched_first(tmp_path: Path) -> None:

@@ -49,10 +49,11 @@ def create(stack: Stack, template: str = "sandbox-base", user: str = "alice") ->
     return Sandbox.create(template=template, timeout=300, **opts(stack, user))
 
 
-def run(sbx: Sandbox, cmd: str, timeout: float = 60) -> tuple[int, str]:
-    """(exit code, stdout+stderr) of a shell command in the sandbox; never raises on exit."""
+def run(sbx: Sandbox, cmd: str, timeout: float = 60, user: str | None = None) -> tuple[int, str]:
+    """(exit code, stdout+stderr) of a shell command in the sandbox (as E2B's default `user`,
+    or ``user``); never raises on exit."""
     try:
-        done = sbx.commands.run(cmd, timeout=timeout)
+        done = sbx.commands.run(cmd, timeout=timeout, user=user)  # type: ignore[arg-type]
     except CommandExitException as e:
         return e.exit_code, e.stdout + e.stderr
     return done.exit_code, done.stdout + done.stderr

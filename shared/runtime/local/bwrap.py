@@ -78,7 +78,7 @@ class PodLaunch:
     uid: str
     workload: str
     runtime_root: Path  # the runtime's data dir: marks the pod as ours, masked inside the pod
-    workspace: Path
+    workspace: Path  # bound as /workspace when there is no ``root``
     workdir: str
     mounts: Sequence[Mount]
     env: dict[str, str]
@@ -90,6 +90,26 @@ class PodLaunch:
     id_base: int | None = None
     etc_dir: Path | None = None  # the pod's generated /etc (see .etc); None: the host's /etc
     tmp_size: int | None = None  # bytes for the pod's /tmp and /run tmpfs
+    # The pod's own root filesystem (the rootfs under its writable layer, see .launcher), bound
+    # as ``/``; None (test rigs only): a tmpfs root with the host's read-only system folders.
+    root: Path | None = None
+    # Capabilities sandbox root keeps inside its own user namespace (see CAPABILITIES).
+    capabilities: Sequence[str] = ()
+
+
+# What sandbox root keeps, in its own user namespace only (Docker's default set, less what a pod
+# has no use for): switch users (the daemon runs commands as `user`), own and read their files
+# (dpkg, pip as root), signal their processes. Over the host, whose user namespace holds every
+# other object (its files, processes, the pod's network namespace), these give nothing.
+CAPABILITIES = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+)
 
 
 @dataclass(frozen=True)
@@ -152,35 +172,46 @@ def bwrap_argv(
         launch.hostname,
         "--new-session",
         "--clearenv",
-        # bwrap run by root keeps every capability; sandbox code gets none.
+        # bwrap run by root keeps every capability; sandbox code gets only these, and only
+        # over its own namespaces.
         "--cap-drop",
         "ALL",
+    ]
+    for capability in launch.capabilities:
+        argv += ["--cap-add", capability]
+    size = [] if launch.tmp_size is None else ["--size", str(launch.tmp_size)]
+    system_dirs: list[str] = []
+    if launch.root is not None:
+        # The pod's own root (rootfs + its writable layer): /tmp and /workspace are in it, kept
+        # with the layer; its /etc is the rootfs's, with the generated identity files on top.
+        argv += bind(launch.root, "/", read_only=False)
+        if launch.etc_dir is not None:
+            argv += etc.bwrap_args(launch.etc_dir, bind)
+        argv += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/run"]
+    else:
         # A fresh root: only what is listed below exists, so pods cannot read each other's
         # workspaces or torpor's data dir through the host filesystem.
-        "--tmpfs",
-        "/",
-    ]
-    system_dirs = [d for d in SYSTEM_DIRS if launch.etc_dir is None or d != "/etc"]
-    for folder in system_dirs:
-        if os.path.islink(folder):
-            argv += ["--symlink", os.readlink(folder), folder]
-        elif os.path.isdir(folder):
-            argv += ["--ro-bind", folder, folder]
-    if launch.etc_dir is not None:
-        argv += etc.bwrap_args(launch.etc_dir, bind)
-    size = [] if launch.tmp_size is None else ["--size", str(launch.tmp_size)]
-    argv += [
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        *size,
-        "--tmpfs",
-        "/tmp",  # noqa: S108 - the pod's own /tmp, a fresh tmpfs
-        *size,
-        "--tmpfs",
-        "/run",
-    ]
+        argv += ["--tmpfs", "/"]
+        system_dirs = [d for d in SYSTEM_DIRS if launch.etc_dir is None or d != "/etc"]
+        for folder in system_dirs:
+            if os.path.islink(folder):
+                argv += ["--symlink", os.readlink(folder), folder]
+            elif os.path.isdir(folder):
+                argv += ["--ro-bind", folder, folder]
+        if launch.etc_dir is not None:
+            argv += etc.host_bwrap_args(launch.etc_dir, bind)
+        argv += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            *size,
+            "--tmpfs",
+            "/tmp",  # noqa: S108 - the pod's own /tmp, a fresh tmpfs
+            *size,
+            "--tmpfs",
+            "/run",
+        ]
     # Kernel knobs stay read-only (as Docker does) even for a root that a bug gave capabilities.
     for knob in PROC_READ_ONLY:
         if os.path.exists(knob):
@@ -195,7 +226,8 @@ def bwrap_argv(
             break
     if launch.pycache is not None:  # after the data dir's mask: the cache may live in it
         argv += bind(launch.pycache, str(launch.pycache), read_only=True)
-    argv += bind(launch.workspace, "/workspace", read_only=False)
+    if launch.root is None:
+        argv += bind(launch.workspace, "/workspace", read_only=False)
     for mount in launch.mounts:
         argv += bind(mount.source, mount.target, read_only=mount.read_only)
     argv += ["--chdir", launch.workdir]
@@ -216,7 +248,8 @@ def bwrap_argv(
 
 def bind_sources(launch: PodLaunch) -> list[Path]:
     """The host paths :func:`bwrap_argv` binds by descriptor when it is given them."""
-    paths = [*launch.code_dirs, launch.workspace, *(m.source for m in launch.mounts)]
+    paths = [*launch.code_dirs, *(m.source for m in launch.mounts)]
+    paths.append(launch.workspace if launch.root is None else launch.root)
     if launch.pycache is not None:
         paths.append(launch.pycache)
     if launch.etc_dir is not None:

@@ -1,4 +1,9 @@
-"""The pod's own ``/etc``: generated identity files plus the few host entries ``/usr`` needs.
+"""The pod's own ``/etc``: generated identity files (on the rootfs's ``/etc``, or, on test rigs
+without a rootfs, plus the few host entries ``/usr`` needs).
+
+On the sandbox rootfs (the local runtime's pods) only ``hostname``, ``hosts`` and
+``resolv.conf`` are generated and bound read-only over the rootfs's own ``/etc``; accounts
+(``root``, ``user`` 1000, ``sudo``) are the rootfs's. Without a rootfs (test rigs):
 
 Never the host's ``/etc`` as a whole: it holds ``shadow``, ``gshadow``, ssh host keys, sudoers
 and tool configs with tokens (``pip.conf``, ``npmrc``, ``gitconfig``). The pod gets a tmpfs
@@ -56,18 +61,18 @@ _GROUP = "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n"
 _NSSWITCH = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
 
 
-def write_etc(folder: Path, *, hostname: str, address: str) -> None:
-    """Write the generated files into ``folder`` (a host folder the pod cannot see)."""
+def write_etc(folder: Path, *, hostname: str, address: str, accounts: bool = True) -> None:
+    """Write the generated files into ``folder`` (a host folder the pod cannot see); without
+    ``accounts`` only the network identity (the rootfs brings its own accounts)."""
     folder.mkdir(parents=True, exist_ok=True)
     hosts = f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n{address}\t{hostname}\n"
     files = {
-        "passwd": _ACCOUNTS,
-        "group": _GROUP,
-        "nsswitch.conf": _NSSWITCH,
         "hostname": f"{hostname}\n",
         "hosts": hosts,
         "resolv.conf": _resolv_conf(),
     }
+    if accounts:
+        files |= {"passwd": _ACCOUNTS, "group": _GROUP, "nsswitch.conf": _NSSWITCH}
     for name, text in files.items():
         (folder / name).write_text(text)
 
@@ -83,6 +88,14 @@ def _resolv_conf() -> str:
 
 
 def bwrap_args(folder: Path, bind: Callable[..., list[str]]) -> list[str]:
+    """bwrap options that put the generated files of ``folder`` over the rootfs's ``/etc``."""
+    argv: list[str] = []
+    for name in sorted(os.listdir(folder)):
+        argv += bind(folder / name, f"/etc/{name}", read_only=True)
+    return argv
+
+
+def host_bwrap_args(folder: Path, bind: Callable[..., list[str]]) -> list[str]:
     """bwrap options that build the pod's ``/etc`` from ``folder`` and the allowlist;
     ``bind(source, dest, read_only=True)`` makes one bind's options."""
     argv = ["--tmpfs", "/etc"]

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import stat
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +22,8 @@ from pathlib import Path
 import structlog
 
 from shared.errors import RuntimeFailure
-from shared.runtime.local import bwrap, disk, etc, limits, procfs, userns
+from shared.runtime.local import bwrap, disk, etc, limits, mounts, procfs, userns
+from shared.runtime.local.layers import Layers, Persist
 from shared.runtime.local.records import PodRecord, WorkloadRecord
 from shared.runtime.models import ENVD_PORT
 from shared.runtime.templates import Template, load_template
@@ -34,6 +34,12 @@ ENV_ACCESS_TOKEN = "ENVD_ACCESS_TOKEN"  # noqa: S105 - a variable name, read by 
 _HANDSHAKE_TIMEOUT = 30.0
 # Where each pod's private mount namespace stages its bind sources (see bwrap.stage_prefix).
 STAGE_DIR = Path("/run/torpor-stage")
+# Inside the pod: where the daemon serves `sudo` (deploy/sandbox-base/sudo, services/envd/sudo.py).
+SUDO_SOCKET = "/run/torpor/sudo.sock"
+SANDBOX_USER_ID = 1000  # `user` in the rootfs (deploy/sandbox-base/configure.sh)
+# In a pod folder: which layer the pod holds, so whoever discards the pod (even as a stray after
+# a restart) puts the right one back.
+_LAYER_NOTE = "layer.json"
 
 
 class PodLauncher:
@@ -47,8 +53,11 @@ class PodLauncher:
         stop_grace: float,
         pycache: Path,
         cgroups: limits.Cgroups | None,
+        rootfs: Path,
     ) -> None:
         self._data_dir = data_dir
+        self._rootfs = rootfs
+        self.layers = Layers(data_dir)
         self._template_dirs = template_dirs
         self._bwrap = bwrap_path
         self._python = python
@@ -87,28 +96,39 @@ class PodLauncher:
             nofile=wanted.nofile,
             disk_bytes=wanted.disk_bytes,
         )
+        persist = Persist(template.persist)
         try:
             await asyncio.to_thread(pod_dir.mkdir, 0o700)
-            workspace = pod_dir / "workspace"
-            await asyncio.to_thread(workspace.mkdir, 0o755)
-            if pod_limits.disk_bytes is not None:
-                await asyncio.to_thread(
-                    disk.mount_workspace, workspace, size=pod_limits.disk_bytes, owner=base
-                )
-            else:
-                await asyncio.to_thread(os.chown, workspace, base, base)
-            mounts = await asyncio.to_thread(self._volumes, template, record, base)
             await asyncio.to_thread(
-                etc.write_etc, pod_dir / "etc", hostname=record.name, address=record.address
+                (pod_dir / _LAYER_NOTE).write_text,
+                json.dumps({"name": record.name, "persist": persist.value}),
+            )
+            layer = await asyncio.to_thread(
+                self.layers.open,
+                record.name,
+                base=base,
+                disk_bytes=pod_limits.disk_bytes,
+                persist=persist,
+                holder=uid,
+            )
+            root = pod_dir / "root"
+            await asyncio.to_thread(_mount_root, self._rootfs, layer, pod_dir, base)
+            volumes = await asyncio.to_thread(self._volumes, template, record, base)
+            await asyncio.to_thread(
+                etc.write_etc,
+                pod_dir / "etc",
+                hostname=record.name,
+                address=record.address,
+                accounts=False,
             )
             launch = bwrap.PodLaunch(
                 bwrap=self._bwrap,
                 uid=uid,
                 workload=record.name,
                 runtime_root=self._data_dir,
-                workspace=workspace,
+                workspace=root,
                 workdir=template.workdir,
-                mounts=mounts,
+                mounts=volumes,
                 env=env,
                 command=self._command(template, record),
                 code_dirs=await asyncio.to_thread(bwrap.code_dirs),
@@ -117,6 +137,8 @@ class PodLauncher:
                 id_base=base,
                 etc_dir=pod_dir / "etc",
                 tmp_size=pod_limits.disk_bytes,
+                root=root,
+                capabilities=bwrap.CAPABILITIES,
             )
             if self._cgroups is not None:
                 await asyncio.to_thread(self._cgroups.create, uid, pod_limits)
@@ -201,7 +223,9 @@ class PodLauncher:
                 raise RuntimeFailure(msg)
             source.mkdir(parents=True, exist_ok=True, mode=0o755)
             if inside:  # an operator's absolute host path keeps its owner
-                userns.chown_tree(source, base)
+                # The sandbox's `user` (1000), who runs commands by default, can write it; its
+                # root can anyway.
+                userns.chown_tree(source, base, owner=SANDBOX_USER_ID)
             mounts.append(
                 bwrap.Mount(source=source, target=volume.mount_path, read_only=volume.read_only)
             )
@@ -238,9 +262,26 @@ class PodLauncher:
 
     async def _discard(self, uid: str, pod_dir: Path) -> None:
         await asyncio.to_thread(disk.unmount_workspace, pod_dir)
+        await asyncio.to_thread(self._put_back_layer, uid, pod_dir)
         await asyncio.to_thread(remove_pod_dir, pod_dir)
         if self._cgroups is not None:
             await asyncio.to_thread(self._cgroups.remove, uid)
+
+    def _put_back_layer(self, uid: str, pod_dir: Path) -> None:
+        """Unmount the pod's root and give its layer back (kept, or deleted for ``persist:
+        none``)."""
+        mounts.unmount(pod_dir / "root")
+        mounts.unmount(pod_dir / "lower")
+        try:
+            note = json.loads((pod_dir / _LAYER_NOTE).read_text())
+            name, persist = str(note["name"]), Persist(note["persist"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # the pod never got a layer
+        self.layers.close(name, persist=persist, holder=uid)
+
+    async def delete_layer(self, name: str) -> None:
+        """The workload is gone (kill, retention): its kept files go too."""
+        await asyncio.to_thread(self.layers.delete, name)
 
     async def close(self) -> None:
         if self._cgroups is not None:
@@ -270,10 +311,10 @@ class PodLauncher:
         await self._discard(uid, pod_dir)
 
     def _pod_env(self, template: Template, record: WorkloadRecord) -> dict[str, str]:
-        system_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        path = f"{Path(sys.base_prefix) / 'bin'}:{system_path}"
+        # The rootfs's own programs (its python3, pip, node); the daemon's interpreter is
+        # started by path and stays out of the sandbox's PATH.
         env = {
-            "PATH": path,
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             **template.env,
             **record.envs,
             "E2B_SANDBOX": "true",
@@ -303,7 +344,9 @@ class PodLauncher:
             "--listen",
             f"{record.address}:{ENVD_PORT}",
             "--root",
-            "/workspace",
+            "/home/user",
+            "--sudo-socket",
+            SUDO_SOCKET,
         ]
 
 
@@ -338,7 +381,23 @@ def remove_pod_dir(pod_dir: Path) -> None:
     if not stat.S_ISDIR(st.st_mode):
         log.error("runtime.local.pod_dir_not_a_folder", pod_dir=str(pod_dir))
         return
-    if os.path.ismount(pod_dir / "workspace"):
-        log.error("runtime.local.workspace_still_mounted", pod_dir=str(pod_dir))
-        return
+    for mounted in ("workspace", "root", "lower"):
+        # Never remove through a mount: ``root`` holds the sandbox's kept files.
+        if mounts.is_mounted(pod_dir / mounted):
+            log.error("runtime.local.pod_dir_still_mounted", pod_dir=str(pod_dir), at=mounted)
+            return
     shutil.rmtree(pod_dir, ignore_errors=True)
+
+
+def _mount_root(rootfs: Path, layer: Path, pod_dir: Path, base: int) -> None:
+    """``<pod dir>/root``: the rootfs, id-mapped into the pod's range (read-only), under the
+    layer's ``upper`` (see .layers and .mounts)."""
+    lower, root = pod_dir / "lower", pod_dir / "root"
+    lower.mkdir(mode=0o700, exist_ok=True)
+    root.mkdir(mode=0o755, exist_ok=True)
+    userns_fd = mounts.mapping_userns(base, userns.IDS_PER_POD)
+    try:
+        mounts.idmapped_clone(rootfs, lower, userns_fd=userns_fd)
+    finally:
+        os.close(userns_fd)
+    mounts.mount_overlay(lower, layer / "upper", layer / "work", root)

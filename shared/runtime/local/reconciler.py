@@ -110,6 +110,11 @@ class Reconciler:
             await self._addresses.release_orphans(set(names))
             await self._id_ranges.release_orphans(set(names))
             await self._sweep_network(names)
+            for orphan in await asyncio.to_thread(self._launcher.layers.names):
+                # Its workload was deleted while no runtime ran (looked up again: it may have
+                # been created since ``names`` was read).
+                if orphan not in names and await self._store.get(orphan) is None:
+                    await self._launcher.delete_layer(orphan)
 
     async def _sweep_network(self, names: list[str]) -> None:
         """Keep the network of every pod still running (adopted after a restart); remove the
@@ -206,6 +211,7 @@ class Reconciler:
             return True
         if record.deleting:
             if record.pod is None:
+                await self._launcher.delete_layer(name)  # kept files go with the sandbox
                 with contextlib.suppress(Conflict):
                     await self._store.remove(name, last=revision)
                     await self._addresses.release(record.address)

@@ -124,17 +124,21 @@ async def forbid_nested(child_pid: int) -> None:
         raise RuntimeFailure(msg)
 
 
-def chown_tree(root: Path, base: int) -> None:
-    """Give a host folder to the pod's root (host uid ``base``): the folder itself always, its
-    content only when the folder belongs to someone else (a volume of an older id scheme).
-    Never follows symlinks (a pod may have planted some)."""
+def chown_tree(root: Path, base: int, *, owner: int = 0) -> None:
+    """Give a host folder to the pod's uid ``owner`` (host uid ``base + owner``; the sandbox's
+    ``user`` is 1000): the folder itself always, its content only when the folder belongs to
+    someone else (a volume of an older id scheme). Never follows symlinks (a pod may have
+    planted some)."""
     st = os.lstat(root)
     if not stat.S_ISDIR(st.st_mode):
         msg = f"{root} is not a directory"
         raise RuntimeFailure(msg)
-    if st.st_uid == base and st.st_gid == base:
+    top = base + owner
+    if st.st_uid == top and st.st_gid == top:
         return
-    os.chown(root, base, base, follow_symlinks=False)
+    os.chown(root, top, top, follow_symlinks=False)
+    if valid_owner(st.st_uid, base):
+        return  # the pod's own already (another of its users): only the top changes
     for folder, dirs, files in os.walk(root, followlinks=False):
         for entry in [*dirs, *files]:
             with contextlib.suppress(OSError):

@@ -50,8 +50,10 @@ from shared.errors import Conflict, NotFound, PodNotReady, RuntimeFailure, Unava
 from shared.models.network import NetworkPolicy
 from shared.redaction import redact_text
 from shared.runtime.local import bwrap, bytecode, limits
+from shared.runtime.local import rootfs as rootfs_location
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import STAGE_DIR, PodLauncher
+from shared.runtime.local.layers import Layers
 from shared.runtime.local.network import PodNetwork
 from shared.runtime.local.reconciler import Reconciler
 from shared.runtime.local.records import WorkloadRecord, WorkloadStore
@@ -94,6 +96,7 @@ class LocalRuntime:
         stop_pods_on_close: bool = True,
         pod_cidr: str = "auto",
         poll_interval: float = 1.0,
+        rootfs: Path | None = None,
     ) -> None:
         self._nats_url = nats_url
         self._nats_options = dict(nats_options or {})  # credentials, inbox prefix
@@ -107,6 +110,7 @@ class LocalRuntime:
         self._stop_pods_on_close = stop_pods_on_close
         self._network = PodNetwork(self._data_dir, pod_cidr=pod_cidr)  # ConfigError if bad
         self._poll_interval = poll_interval
+        self._rootfs = rootfs
         self._nc: Client | None = None
         self._store_: WorkloadStore | None = None
         self._addresses_: AddressPool | None = None
@@ -119,6 +123,7 @@ class LocalRuntime:
 
     async def start(self) -> LocalRuntime:
         await bwrap.check_bwrap(self._bwrap)
+        rootfs = await asyncio.to_thread(rootfs_location.locate, self._rootfs)
         await self._network.open()
         (self._data_dir / "pods").mkdir(parents=True, exist_ok=True)
         (self._data_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -136,6 +141,7 @@ class LocalRuntime:
             stop_grace=self._stop_grace,
             pycache=pycache,
             cgroups=cgroups,
+            rootfs=rootfs,
         )
         try:
             self._nc = await nats.connect(
@@ -408,6 +414,49 @@ class LocalRuntime:
                 continue
             out.append(self._view(record, revision))
         return out
+
+    # ---- kept files (the snapshot code's port; see .layers) ------------------------------
+
+    async def export_files(self, name: str, dest: Path) -> None:
+        """Copy the kept files of paused workload ``name`` into ``dest`` (a new folder), with
+        the sandbox's own ids. ``Conflict`` while a pod runs."""
+        record, layers, disk_bytes = await self._stopped(name)
+        assert record.id_base is not None
+        await asyncio.to_thread(
+            layers.export, name, dest, base=record.id_base, disk_bytes=disk_bytes
+        )
+
+    async def import_files(self, name: str, source: Path) -> None:
+        """Start workload ``name`` (created with ``replicas=0``, never run) from files of
+        :meth:`export_files`; scale it to 1 afterwards."""
+        record, layers, disk_bytes = await self._stopped(name)
+        assert record.id_base is not None
+        await asyncio.to_thread(
+            layers.restore, name, source, base=record.id_base, disk_bytes=disk_bytes
+        )
+
+    async def _stopped(self, name: str) -> tuple[WorkloadRecord, Layers, int | None]:
+        current = await self._store.get(name)
+        if current is None or current[0].deleting:
+            msg = f"workload {name} not found"
+            raise NotFound(msg)
+        record = current[0]
+        if (
+            record.pod is not None
+            or record.terminating
+            or record.replicas
+            or self._launcher is None
+        ):
+            msg = f"workload {name} has a pod: its files can be copied only while it is stopped"
+            raise Conflict(msg)
+        if record.id_base is None:
+            msg = f"workload {name} has no id range yet"
+            raise Conflict(msg)
+        template = await asyncio.to_thread(load_template, record.template, self._template_dirs)
+        if template.persist != "layer":
+            msg = f"workload {name} keeps no files (template {record.template}: persist none)"
+            raise Conflict(msg)
+        return record, self._launcher.layers, template.resources.limits.disk_bytes
 
     # ---- views and helpers -----------------------------------------------------------
 

@@ -28,6 +28,8 @@ async def harness(context: HarnessContext) -> AsyncIterator[RuntimeHarness]:
     )
     await runtime.start()
     try:
-        yield RuntimeHarness(runtime=runtime, never_ready_template="sandbox-never-ready")
+        yield RuntimeHarness(
+            runtime=runtime, never_ready_template="sandbox-never-ready", keeps_files=True
+        )
     finally:
         await runtime.close()

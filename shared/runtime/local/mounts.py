@@ -1,0 +1,199 @@
+"""The mount system calls the pod's root filesystem needs, through libc (no helper binaries).
+
+- :func:`idmapped_clone`: a read-only, idmapped copy of the shared rootfs (``open_tree`` +
+  ``mount_setattr(MOUNT_ATTR_IDMAP)`` + ``move_mount``, Linux 5.12+), so files that host root
+  owns appear as owned by the pod's root (host uid ``base``) and uid 1000 as ``base+1000``.
+  Nothing on disk changes and every pod shares one copy of the rootfs.
+- :func:`mount_overlay`: that clone as overlayfs' lower layer (idmapped lower layers: Linux
+  5.19+) under the sandbox's writable layer.
+- :func:`unmount`: lazily, so a pod's leftovers never keep a folder from being removed.
+
+The id mapping is taken from a user namespace made only for it (:func:`mapping_userns`): the
+pod's own namespace does not exist yet when its root is mounted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from shared.errors import RuntimeFailure
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+# x86_64 and aarch64 share these numbers (the new mount API came after the tables were unified).
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_SYS_MOUNT_SETATTR = 442
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_OPEN_TREE_CLONE = 1
+_OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOUNT_ATTR_RDONLY = 0x1
+_MOUNT_ATTR_NOSUID = 0x2
+_MOUNT_ATTR_NODEV = 0x4
+_MOUNT_ATTR_IDMAP = 0x100000
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MNT_DETACH = 0x2
+# Characters overlayfs' option parser would split on.
+_UNSAFE_OPTION_CHARS = frozenset(",:\\\n\0")
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _fail(what: str) -> RuntimeFailure:
+    err = ctypes.get_errno()
+    return RuntimeFailure(f"{what}: {os.strerror(err)}")
+
+
+def mapping_userns(base: int, count: int) -> int:
+    """A descriptor of a new user namespace mapping ids ``0..count-1`` to ``base..`` on the host
+    (its only use: the id mapping of an idmapped mount). The process that made it is gone when
+    this returns; the descriptor keeps the namespace."""
+    own = os.readlink("/proc/self/ns/user")
+    child = subprocess.Popen(
+        ["unshare", "--user", "--", "cat"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # until ``unshare`` has entered its namespace
+            try:
+                if os.readlink(f"/proc/{child.pid}/ns/user") != own:
+                    break
+            except OSError as e:
+                raise RuntimeFailure(f"cannot create an id-mapping namespace ({e})") from e
+            if child.poll() is not None or time.monotonic() > deadline:
+                msg = "cannot create an id-mapping namespace (unshare --user failed)"
+                raise RuntimeFailure(msg)
+            time.sleep(0.001)
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{child.pid}/{name}", "w") as f:
+                f.write(f"0 {base} {count}\n")
+        return os.open(f"/proc/{child.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        with contextlib.suppress(OSError):
+            child.kill()
+        child.wait()
+
+
+def idmapped_clone(source: Path, target: Path, *, userns_fd: int) -> None:
+    """Mount a read-only, nosuid, nodev copy of ``source`` on ``target`` with the ids of
+    ``userns_fd`` (see the module docstring)."""
+    syscall = _libc.syscall
+    syscall.restype = ctypes.c_long
+    fd = syscall(
+        _SYS_OPEN_TREE,
+        _AT_FDCWD,
+        str(source).encode(),
+        _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC,
+    )
+    if fd < 0:
+        raise _fail(f"cannot clone the root filesystem {source}")
+    try:
+        attr = _MountAttr(
+            attr_set=_MOUNT_ATTR_IDMAP
+            | _MOUNT_ATTR_RDONLY
+            | _MOUNT_ATTR_NOSUID
+            | _MOUNT_ATTR_NODEV,
+            userns_fd=userns_fd,
+        )
+        if (
+            syscall(
+                _SYS_MOUNT_SETATTR,
+                fd,
+                b"",
+                _AT_EMPTY_PATH,
+                ctypes.byref(attr),
+                ctypes.sizeof(attr),
+            )
+            != 0
+        ):
+            raise _fail("cannot id-map the root filesystem (needs Linux 5.12+)")
+        if (
+            syscall(
+                _SYS_MOVE_MOUNT,
+                fd,
+                b"",
+                _AT_FDCWD,
+                str(target).encode(),
+                _MOVE_MOUNT_F_EMPTY_PATH,
+            )
+            != 0
+        ):
+            raise _fail(f"cannot mount the root filesystem on {target}")
+    finally:
+        os.close(fd)
+
+
+def check_option_path(path: Path) -> None:
+    if _UNSAFE_OPTION_CHARS & set(str(path)):
+        msg = f"{str(path)[:200]!r}: the data dir path may not contain ',', ':', '\\' or newlines"
+        raise RuntimeFailure(msg)
+
+
+def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
+    """overlayfs on ``target``: ``lower`` read-only under ``upper`` (``work`` on upper's fs)."""
+    for path in (lower, upper, work, target):
+        check_option_path(path)
+    # index/metacopy/redirect_dir off: a kept upper layer stays a plain tree of files, usable
+    # with any later lower layer and readable by the snapshot code without overlayfs.
+    options = f"lowerdir={lower},upperdir={upper},workdir={work},index=off,metacopy=off"
+    flags = _MS_NOSUID | _MS_NODEV
+    if _libc.mount(b"torpor-root", str(target).encode(), b"overlay", flags, options.encode()) != 0:
+        raise _fail("cannot mount the sandbox's root (overlayfs)")
+
+
+def mount_tmpfs(target: Path, *, size: int, owner: int) -> None:
+    options = f"size={size},uid={owner},gid={owner},mode=0755".encode()
+    if _libc.mount(
+        b"torpor-layer", str(target).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options
+    ):
+        raise _fail("cannot mount the sandbox's layer (tmpfs)")
+
+
+def is_mounted(target: Path) -> bool:
+    """Whether something is mounted on ``target``, from the mount table: ``os.path.ismount``
+    compares devices and misses a bind (or idmapped) mount of a folder of the same filesystem."""
+    try:
+        path = os.path.realpath(target)
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                fields = line.split(" ", 5)
+                if len(fields) > 4 and _unescape(fields[4]) == path:
+                    return True
+    except OSError:
+        return os.path.ismount(target)
+    return False
+
+
+def _unescape(field: str) -> str:
+    """mountinfo's octal escapes (space, tab, newline, backslash)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def unmount(target: Path) -> None:
+    """Unmount everything mounted on ``target`` (lazily when still busy)."""
+    while is_mounted(target):
+        if _libc.umount2(str(target).encode(), 0) != 0 and (
+            _libc.umount2(str(target).encode(), _MNT_DETACH) != 0
+        ):
+            raise _fail(f"cannot unmount {target}")
