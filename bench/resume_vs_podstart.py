@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/resume_vs_podstart.py --runtime local --cycles 100
     .venv/bin/python bench/resume_vs_podstart.py --runtime kubernetes --cycles 100
+    .venv/bin/python bench/resume_vs_podstart.py --runtime kubernetes --node real --cycles 30
     .venv/bin/python bench/resume_vs_podstart.py --chart-only
 
 The whole stack runs (nats + api + proxy + scheduler + snapshotter + scaler, each its own
@@ -246,6 +247,50 @@ async def run_local(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, 
         return await measure(stack, raw, cycles, sandboxes, gap)
 
 
+async def run_real_node(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, Any]:
+    """The same measurement on the real node: kubelet + containerd + runc, sandbox-base image
+    (tests/k8s/realnode.py; needs root, scripts/build-k8s.sh and scripts/build-images.sh)."""
+    from tests.k8s.plugin import admin_client, create_namespace
+    from tests.k8s.realnode import RealNode, ensure_images, ensure_node_binaries
+
+    work = Path(tempfile.mkdtemp(prefix="torpor-bench-rn-"))
+    node = RealNode(
+        bin_dir=ensure_node_binaries(build=False),
+        workdir=work,
+        images=ensure_images(build=True),
+    )
+    try:
+        access = await asyncio.to_thread(node.start)
+        kubeconfig = access.cluster.kubeconfig
+        admin = await admin_client(kubeconfig)
+        try:
+            for ns in ("torpor-sandboxes", "bench-raw"):
+                await create_namespace(admin, ns)
+        finally:
+            await admin.close()  # type: ignore[no-untyped-call]
+        env = {
+            "TORPOR_KUBECONFIG": str(kubeconfig),
+            "TORPOR_NAMESPACE": "torpor-sandboxes",
+            "TORPOR_READY_TIMEOUT": "180",
+        }
+        async with (
+            TorporStack(runtime="kubernetes", env=env, root=work / "stack") as stack,
+            raw_kubernetes(kubeconfig, "bench-raw") as raw,
+        ):
+            result = await measure(stack, raw, cycles, sandboxes, gap)
+        result["control_plane"] = (
+            "etcd + kube-apiserver + kube-controller-manager + kube-scheduler, REAL NODE: "
+            "kubelet v1.36.3 + containerd 1.6 + runc + CNI bridge, sandbox-base image "
+            "(tests/k8s/realnode.py)"
+        )
+        result["node"] = "real"
+        return result
+    finally:
+        await asyncio.to_thread(node.stop)
+        if not os.environ.get("TORPOR_BENCH_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
+
+
 async def run_kubernetes(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, Any]:
     from tests.k8s.kubelet import TestKubelet
     from tests.k8s.plugin import admin_client, create_namespace
@@ -320,7 +365,7 @@ def chart() -> Path | None:
 
     found = {
         rt: json.loads(p.read_text())
-        for rt in ("local", "kubernetes")
+        for rt in ("local", "kubernetes", "kubernetes_realnode")
         if (p := RESULTS / f"resume_{rt}.json").exists()
     }
     if not found:
@@ -375,6 +420,13 @@ def main() -> None:
         default=0.0,
         help="seconds of idle before each timed start (resume and bare pod alike)",
     )
+    parser.add_argument(
+        "--node",
+        choices=("test", "real"),
+        default="test",
+        help="kubernetes only: the test kubelet (bubblewrap pods) or the real node "
+        "(kubelet + containerd); real writes resume_kubernetes_realnode<suffix>.json",
+    )
     parser.add_argument("--suffix", default="", help="result file suffix, e.g. _gap1")
     parser.add_argument("--chart-only", action="store_true")
     args = parser.parse_args()
@@ -382,8 +434,11 @@ def main() -> None:
         runtimes = ("local", "kubernetes") if args.runtime == "both" else (args.runtime,)
         for rt in runtimes:
             runner = run_local if rt == "local" else run_kubernetes
+            label = rt
+            if rt == "kubernetes" and args.node == "real":
+                runner, label = run_real_node, "kubernetes_realnode"
             result = asyncio.run(runner(args.cycles, args.sandboxes, args.gap))
-            path = write_result(f"resume_{rt}{args.suffix}", {"runtime": rt, **result})
+            path = write_result(f"resume_{label}{args.suffix}", {"runtime": rt, **result})
             report(rt, result)
             print(f"wrote {path}")
     if (png := chart()) is not None:

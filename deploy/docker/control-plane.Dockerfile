@@ -10,6 +10,9 @@ ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 # ---- build: resolve and install the package into a self-contained virtualenv ----------------
 FROM ${PYTHON_IMAGE} AS build
+# Behind a TLS-intercepting proxy, pip needs its CA: --build-arg PIP_CERT=<path mounted in the
+# build> (scripts/build-images.sh mounts the host's bundle). Unset elsewhere; never in the image.
+ARG PIP_CERT
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/torpor
 # Dependencies first (cached while only the code changes): install from pyproject metadata.

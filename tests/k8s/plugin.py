@@ -7,11 +7,16 @@ Fixtures:
 - ``k8s_kubelet`` (session): the test kubelet running torpor pods as local daemons.
 - ``k8s_namespace``: a fresh namespace, deleted afterwards.
 - ``k8s_runtime``: a ``KubernetesRuntime`` on that namespace with the admin credentials.
+- ``real_node`` (session): a second backend, a real kubelet + containerd node on its own control
+  plane (``tests/k8s/realnode.py``), for tests marked ``realnode``; ``real_namespace`` and
+  ``real_runtime`` are the same as above on it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +28,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
 from tests.k8s.kubelet import TestKubelet
+from tests.k8s.realnode import RealNodeAccess, provide_real_node
 from tests.k8s.rig import ClusterAccess, ClusterUnavailable, provide_cluster
 
 ON_CI_ENV = "CI"
@@ -56,6 +62,55 @@ def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterAcc
         yield access
     finally:
         provider.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNodeAccess]:
+    import os
+
+    on_ci = os.environ.get(ON_CI_ENV, "").lower() == "true"
+    # short path: containerd's socket path must stay under the unix socket limit (108 bytes)
+    workdir = Path(tempfile.mkdtemp(prefix="torpor-rn-"))
+    try:
+        provider = provide_real_node(workdir, on_ci=on_ci)
+        access = provider.__enter__()
+    except ClusterUnavailable as e:
+        shutil.rmtree(workdir, ignore_errors=True)
+        _skip_or_fail(f"no real Kubernetes node: {e}")
+        return
+    try:
+        yield access
+    finally:
+        provider.__exit__(None, None, None)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+async def real_namespace(real_node: RealNodeAccess) -> AsyncIterator[str]:
+    api = await admin_client(real_node.cluster)
+    name = f"torpor-rn-{uuid.uuid4().hex[:8]}"
+    try:
+        await create_namespace(api, name)
+        yield name
+        try:
+            await k8s.CoreV1Api(api).delete_namespace(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+    finally:
+        await api.close()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+async def real_runtime(
+    real_node: RealNodeAccess, real_namespace: str
+) -> AsyncIterator[KubernetesRuntime]:
+    """The adapter with deploy/sandbox-base unchanged: its image is the one built here."""
+    runtime = await KubernetesRuntime.from_kubeconfig(
+        Path(real_node.cluster.kubeconfig), namespace=real_namespace, templates=sandbox_templates()
+    )
+    yield runtime
+    await runtime.close()
 
 
 @pytest.fixture(scope="session")

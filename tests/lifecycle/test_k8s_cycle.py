@@ -1,6 +1,7 @@
 """The seed's Pause & Resume cycle on the kubernetes adapter: a real kube-apiserver and
-controller-manager (ReplicaSets, the scale subresource) with the test kubelet running each pod's
-daemon on 127.0.0.N. Skips on a laptop without the control plane; required on CI."""
+controller-manager (ReplicaSets, the scale subresource), on two nodes: the test kubelet running
+each pod's daemon on 127.0.0.N, and the real node (kubelet + containerd, sandbox-base image,
+marker ``realnode``). Skips on a laptop without them; required on CI."""
 
 from __future__ import annotations
 
@@ -23,11 +24,21 @@ COMMAND = "echo started >> started.log; exec sleep 1000"
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 
+@pytest.fixture(params=["test-kubelet", pytest.param("real-node", marks=[pytest.mark.realnode])])
+def node_runtime(request: pytest.FixtureRequest) -> KubernetesRuntime:
+    """The adapter on the test kubelet or on the real node (a sync fixture: it may set up
+    either backend's async fixtures)."""
+    name = "k8s_runtime" if request.param == "test-kubelet" else "real_runtime"
+    runtime: KubernetesRuntime = request.getfixturevalue(name)
+    return runtime
+
+
 @pytest.fixture
-async def system(fresh_nats, k8s_runtime: KubernetesRuntime) -> AsyncIterator[System]:  # type: ignore[no-untyped-def]
+async def system(fresh_nats, node_runtime: KubernetesRuntime) -> AsyncIterator[System]:  # type: ignore[no-untyped-def]
+    runtime = node_runtime
     envd = ConnectEnvdClient()
     try:
-        async with running_system(fresh_nats.url, k8s_runtime, envd, ready_timeout=90) as s:
+        async with running_system(fresh_nats.url, runtime, envd, ready_timeout=180) as s:
             yield s
     finally:
         await envd.close()

@@ -1,0 +1,611 @@
+"""A real Kubernetes node for tests: kubelet + containerd + runc + CNI bridge, on its own cluster.
+
+Next to the test kubelet (``kubelet.py``: pods as bubblewrap process trees, fast), this is the
+second backend: the kubelet of ``scripts/build-k8s.sh`` runs real containers from the images of
+``scripts/build-images.sh`` through a private containerd. It has its own control plane (etcd,
+kube-apiserver, kube-controller-manager as in ``rig.py``, plus kube-scheduler), so the test
+kubelet never binds its pods.
+
+Everything it makes is private to one rig and removed on ``stop``: containerd's root, state and
+socket under the work dir; a CNI bridge ``tpr<id>`` with a /24 taken from 10.200.0.0/16 that no
+route of the machine uses (no masquerade, no default route: pods reach nothing outside), whose
+gateway address is the node's address (the kubelet refuses a loopback node address); the
+kubelet's cgroup root ``/torpor-rn-<id>`` in every cgroup v1 hierarchy; the kubelet's root dir and
+pod logs under the work dir. The kubelet and containerd listen on 127.0.0.1 / a unix socket only.
+
+What this cgroup v1 host needs (see docs in tests/k8s/README.md): ``failCgroupV1: false``,
+``cgroupDriver: cgroupfs``, ``failSwapOn: false``; containerd ``restrict_oom_score_adj = true``
+(root here lacks CAP_SYS_RESOURCE, so runc cannot set a negative oom_score_adj).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.k8s.rig import (
+    BINARIES,
+    BUILD_SCRIPT,
+    REPO_ROOT,
+    ClusterAccess,
+    ClusterUnavailable,
+    ControlPlane,
+    free_port,
+    k8s_bin_dir,
+    spawn,
+    stop_process,
+)
+
+IMAGES_SCRIPT = REPO_ROOT / "scripts" / "build-images.sh"
+CNI_BIN = Path("/usr/lib/cni")
+NODE_BINARIES = ("kubelet", "kube-scheduler")
+CGROUP_V1 = Path("/sys/fs/cgroup")
+POD_RANGE = ipaddress.ip_network("10.200.0.0/16")  # allocation pool of the rigs' pod /24s
+# The names the manifests use, tagged onto the images built here (no registry is reachable).
+IMAGE_ALIASES = {
+    "sandbox-base": ("ghcr.io/torpor-dev/sandbox-base:latest",),
+    "control-plane": ("ghcr.io/torpor-dev/control-plane:0.1.0",),
+    "nats": ("docker.io/library/nats:2.15.1-alpine",),
+}
+
+
+@dataclass(frozen=True)
+class RealNodeAccess:
+    """How tests reach the real node's cluster."""
+
+    cluster: ClusterAccess
+    node_name: str
+    pod_cidr: ipaddress.IPv4Network
+    containerd_socket: Path
+    images: dict[str, str]  # short name -> the reference pods use (e.g. sandbox-base)
+    started_in: float
+
+
+def missing_prerequisites() -> list[str]:
+    """What this machine lacks for a real node (empty when it can run one)."""
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root (containerd, CNI, cgroups)")
+    for tool in ("containerd", "runc", "ctr", "buildah", "debootstrap", "go", "ip"):
+        if shutil.which(tool) is None:
+            missing.append(tool)
+    for plugin in ("bridge", "host-local", "loopback"):
+        if not (CNI_BIN / plugin).exists():
+            missing.append(f"CNI plugin {CNI_BIN / plugin} (containernetworking-plugins)")
+    if not (CGROUP_V1 / "memory").is_dir() and not (CGROUP_V1 / "cgroup.controllers").exists():
+        missing.append("cgroups")
+    return missing
+
+
+def ensure_node_binaries(*, build: bool) -> Path:
+    """The control plane's binaries plus kubelet and kube-scheduler; builds the missing ones."""
+    folder = k8s_bin_dir()
+    if all(os.access(folder / b, os.X_OK) for b in (*BINARIES, *NODE_BINARIES)):
+        return folder
+    if not build:
+        msg = f"kubelet/kube-scheduler not built in {folder}: run scripts/build-k8s.sh"
+        raise ClusterUnavailable(msg)
+    done = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3 * 3600, check=False
+    )
+    if done.returncode != 0:
+        msg = f"scripts/build-k8s.sh failed ({done.returncode}): {done.stderr[-2000:]}"
+        raise ClusterUnavailable(msg)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def images_folder() -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return Path(os.environ.get("TORPOR_IMAGES_CACHE", cache / "torpor" / "images"))
+
+
+def read_images(folder: Path) -> dict[str, tuple[str, Path]]:
+    listing = folder / "images.txt"
+    if not listing.exists():
+        return {}
+    out: dict[str, tuple[str, Path]] = {}
+    for line in listing.read_text().splitlines():
+        short, ref, archive = line.split()
+        out[short] = (ref, Path(archive))
+    return out
+
+
+def ensure_images(*, build: bool) -> dict[str, tuple[str, Path]]:
+    """The built images (short name -> (reference, OCI archive)); builds them when ``build``."""
+    if build:
+        done = subprocess.run(
+            ["bash", str(IMAGES_SCRIPT)],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            check=False,
+        )
+        if done.returncode != 0:
+            msg = f"scripts/build-images.sh failed ({done.returncode}): {done.stderr[-2000:]}"
+            raise ClusterUnavailable(msg)
+    images = read_images(images_folder())
+    need = {"pause", "sandbox-base", "control-plane", "nats"}
+    if not need <= images.keys() or not all(p.exists() for _, p in images.values()):
+        msg = f"images not built in {images_folder()}: run scripts/build-images.sh"
+        raise ClusterUnavailable(msg)
+    return images
+
+
+def pick_pod_cidr() -> ipaddress.IPv4Network:
+    """A /24 of POD_RANGE that no route and no address of this machine overlaps."""
+    routes = json.loads(
+        subprocess.run(["ip", "-j", "route"], capture_output=True, check=True).stdout
+    )
+    used = []
+    for r in routes:
+        dst = r.get("dst", "")
+        if dst and dst != "default":
+            with contextlib.suppress(ValueError):
+                used.append(ipaddress.ip_network(dst, strict=False))
+    candidates = list(POD_RANGE.subnets(new_prefix=24))
+    random.shuffle(candidates)
+    for net in candidates:
+        if not any(net.overlaps(u) for u in used):
+            return net
+    raise ClusterUnavailable(f"no free /24 in {POD_RANGE}")
+
+
+def _cgroup_hierarchies() -> list[Path]:
+    """The cgroup v1 hierarchies the kubelet uses (one folder per mounted controller set)."""
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        sep = fields.index("-")
+        if fields[sep + 1] == "cgroup":
+            out.append(Path(fields[4]))
+    return out
+
+
+def _remove_cgroup_tree(path: Path) -> None:
+    if not path.is_dir():
+        return
+    for child in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        with contextlib.suppress(OSError):
+            child.rmdir()
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
+@dataclass
+class RealNode:
+    """containerd + kubelet (+ kube-scheduler) against a fresh control plane."""
+
+    bin_dir: Path
+    workdir: Path
+    images: dict[str, tuple[str, Path]]
+    rig_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    plane: ControlPlane | None = None
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    pod_cidr: ipaddress.IPv4Network | None = None
+    cgroups: list[Path] = field(default_factory=list)
+    started_in: float = 0.0
+
+    @property
+    def node_name(self) -> str:
+        return f"torpor-real-{self.rig_id}"
+
+    @property
+    def bridge(self) -> str:
+        return f"tpr{self.rig_id}"
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/torpor-rn-{self.rig_id}"
+
+    @property
+    def socket(self) -> Path:
+        return self.workdir / "containerd" / "containerd.sock"
+
+    def start(self, *, timeout: float = 240.0) -> RealNodeAccess:
+        began = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.plane = ControlPlane(bin_dir=self.bin_dir, workdir=self.workdir / "cp").start()
+            self._start_scheduler()
+            self._start_containerd(began + timeout)
+            self._import_images()
+            self._start_kubelet(began + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.started_in = time.monotonic() - began
+        assert self.pod_cidr is not None
+        return RealNodeAccess(
+            cluster=ClusterAccess(
+                kubeconfig=self.plane.kubeconfig,
+                server=self.plane.server,
+                backend="realnode",
+                ca_file=self.plane.ca_file,
+                started_in=self.plane.started_in,
+            ),
+            node_name=self.node_name,
+            pod_cidr=self.pod_cidr,
+            containerd_socket=self.socket,
+            images={short: ref for short, (ref, _) in self.images.items()},
+            started_in=self.started_in,
+        )
+
+    # ------------------------------------------------------------ pieces
+
+    def _start_scheduler(self) -> None:
+        assert self.plane is not None
+        config = self.plane.kubeconfig
+        self.processes["kube-scheduler"] = spawn(
+            [
+                str(self.bin_dir / "kube-scheduler"),
+                f"--kubeconfig={config}",
+                f"--authentication-kubeconfig={config}",
+                f"--authorization-kubeconfig={config}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+            self.workdir / "kube-scheduler.log",
+        )
+
+    def _ctr(self, *args: str, timeout: float = 300) -> str:
+        done = subprocess.run(
+            ["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            msg = f"ctr {' '.join(args)} failed: {done.stderr.strip()[-1000:]}"
+            raise ClusterUnavailable(msg)
+        return done.stdout
+
+    @property
+    def node_ip(self) -> str:
+        """The bridge's gateway address: the node's address (the kubelet rejects loopback)."""
+        assert self.pod_cidr is not None
+        return str(next(self.pod_cidr.hosts()))
+
+    def _make_bridge(self) -> None:
+        """The pods' bridge, made before the kubelet starts so the node has its address; the
+        CNI bridge plugin adopts it."""
+        assert self.pod_cidr is not None
+        gateway = f"{self.node_ip}/{self.pod_cidr.prefixlen}"
+        for argv in (
+            ["ip", "link", "add", self.bridge, "type", "bridge"],
+            ["ip", "addr", "add", gateway, "dev", self.bridge],
+            ["ip", "link", "set", self.bridge, "up"],
+        ):
+            done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=10)
+            if done.returncode != 0:
+                msg = f"{' '.join(argv)} failed: {done.stderr.strip()}"
+                raise ClusterUnavailable(msg)
+
+    def _start_containerd(self, deadline: float) -> None:
+        self.pod_cidr = pick_pod_cidr()
+        self._make_bridge()
+        base = self.workdir / "containerd"
+        cni_conf = self.workdir / "cni" / "net.d"
+        cni_conf.mkdir(parents=True, exist_ok=True)
+        (cni_conf / "10-torpor.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "0.4.0",
+                    "name": f"torpor-{self.rig_id}",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": self.bridge,
+                            # the bridge gets the gateway address: the host (kubelet probes,
+                            # tests) reaches pods; no masquerade and no default route, so pods
+                            # reach nothing outside the bridge
+                            "isGateway": True,
+                            "ipMasq": False,
+                            "hairpinMode": False,
+                            "ipam": {
+                                "type": "host-local",
+                                "ranges": [[{"subnet": str(self.pod_cidr)}]],
+                                "dataDir": str(self.workdir / "cni" / "ipam"),
+                            },
+                        }
+                    ],
+                }
+            )
+        )
+        pause_ref = self.images["pause"][0]
+        config = f"""version = 2
+root = "{base / "root"}"
+state = "{base / "state"}"
+[grpc]
+  address = "{self.socket}"
+[ttrpc]
+  address = "{base / "containerd.sock.ttrpc"}"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause_ref}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_selinux = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN}"
+    conf_dir = "{cni_conf}"
+    max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+"""
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "config.toml").write_text(config)
+        self.processes["containerd"] = spawn(
+            ["containerd", "--config", str(base / "config.toml")],
+            self.workdir / "containerd.log",
+        )
+        while not self.socket.exists():
+            if self.processes["containerd"].poll() is not None or time.monotonic() > deadline:
+                tail = (self.workdir / "containerd.log").read_text(errors="replace")[-3000:]
+                raise ClusterUnavailable(f"containerd did not start:\n{tail}")
+            time.sleep(0.1)
+        self._ctr("version", timeout=30)
+
+    def _import_images(self) -> None:
+        for short, (ref, archive) in self.images.items():
+            if short == "python":
+                continue
+            self._ctr("images", "import", "--no-unpack", str(archive))
+            for alias in IMAGE_ALIASES.get(short, ()):
+                self._ctr("images", "tag", "--force", ref, alias)
+
+    def _start_kubelet(self, deadline: float) -> None:
+        assert self.plane is not None
+        for hierarchy in _cgroup_hierarchies():
+            folder = hierarchy / self.cgroup_root.lstrip("/")
+            folder.mkdir(exist_ok=True)
+            self.cgroups.append(folder)
+            # cpuset children start empty in v1: give the root its parent's cpus and mems
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                if (hierarchy / knob).exists():
+                    (folder / knob).write_text((hierarchy / knob).read_text())
+        root = self.workdir / "kubelet"
+        root.mkdir(parents=True, exist_ok=True)
+        resolv = self.workdir / "resolv.conf"
+        resolv.write_text("# pods of the test rig resolve nothing outside\n")
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            # this host is cgroup v1: the kubelet refuses to start on v1 unless told otherwise
+            "failCgroupV1": False,
+            "cgroupDriver": "cgroupfs",
+            "failSwapOn": False,
+            "cgroupRoot": self.cgroup_root,
+            "cgroupsPerQOS": True,
+            "address": "127.0.0.1",
+            "port": free_port(),
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": free_port(),
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": str(self.plane.ca_file)},
+            },
+            "authorization": {"mode": "AlwaysAllow"},
+            "containerRuntimeEndpoint": f"unix://{self.socket}",
+            "podLogsDir": str(self.workdir / "pod-logs"),
+            "resolvConf": str(resolv),
+            "clusterDomain": "cluster.local",
+            "registerNode": True,
+            "serializeImagePulls": False,
+            "imageGCHighThresholdPercent": 100,
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%"},
+            "maxPods": 60,
+            "nodeStatusUpdateFrequency": "2s",
+            "syncFrequency": "5s",
+            "fileCheckFrequency": "60s",
+            "shutdownGracePeriod": "0s",
+            "protectKernelDefaults": False,
+            "localStorageCapacityIsolation": True,
+        }
+        (self.workdir / "kubelet.yaml").write_text(yaml.safe_dump(config))
+        self.processes["kubelet"] = spawn(
+            [
+                str(self.bin_dir / "kubelet"),
+                f"--config={self.workdir / 'kubelet.yaml'}",
+                f"--kubeconfig={self.plane.kubeconfig}",
+                f"--root-dir={root}",
+                f"--cert-dir={root / 'pki'}",
+                f"--hostname-override={self.node_name}",
+                f"--node-ip={self.node_ip}",
+                "--v=1",
+            ],
+            self.workdir / "kubelet.log",
+        )
+        self._wait_node_ready(deadline)
+
+    def _api(self, method: str, path: str, body: object = None) -> Any:
+        """One call to the rig's kube-apiserver (127.0.0.1) with the admin certificate."""
+        assert self.plane is not None
+        import ssl
+        import urllib.request
+
+        admin = self.plane.workdir / "pki"
+        ctx = ssl.create_default_context(cafile=str(self.plane.ca_file))
+        ctx.load_cert_chain(str(admin / "admin.crt"), str(admin / "admin.key"))
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"{self.plane.server}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5, context=ctx) as resp:  # loopback only
+            return json.load(resp)
+
+    def _wait_node_ready(self, deadline: float) -> None:
+        while True:
+            for name, proc in self.processes.items():
+                if proc.poll() is not None:
+                    tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
+                    raise ClusterUnavailable(f"{name} exited with {proc.returncode}:\n{tail}")
+            with contextlib.suppress(OSError, ValueError):
+                node = self._api("GET", f"/api/v1/nodes/{self.node_name}")
+                conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+                if conditions.get("Ready") == "True":
+                    return
+            if time.monotonic() > deadline:
+                tail = (self.workdir / "kubelet.log").read_text(errors="replace")[-3000:]
+                raise ClusterUnavailable(f"node {self.node_name} not Ready in time:\n{tail}")
+            time.sleep(0.5)
+
+    # ------------------------------------------------------------ teardown
+
+    def stop(self) -> None:
+        """Stop everything and remove what the rig made (containers, bridge, cgroups, mounts)."""
+        if "kubelet" in self.processes:
+            self._drain()
+        if kubelet := self.processes.pop("kubelet", None):
+            stop_process(kubelet)
+        if "containerd" in self.processes:
+            self._remove_containers()
+        if scheduler := self.processes.pop("kube-scheduler", None):
+            stop_process(scheduler)
+        if containerd := self.processes.pop("containerd", None):
+            stop_process(containerd)
+        self._kill_shims()
+        self._unmount_under(self.workdir)
+        if self.plane is not None:
+            self.plane.stop()
+        subprocess.run(
+            ["ip", "link", "del", self.bridge], capture_output=True, check=False, timeout=10
+        )
+        # the kubelet also makes its tree in the cgroup2 "unified" hierarchy of this hybrid host
+        unified = CGROUP_V1 / "unified" / self.cgroup_root.lstrip("/")
+        for folder in [*self.cgroups, unified]:
+            _remove_cgroup_tree(folder)
+        self.cgroups.clear()
+
+    def _drain(self, timeout: float = 30.0) -> None:
+        """Delete every pod on the node and let the kubelet stop them (CNI DEL, netns gone)."""
+        selector = f"fieldSelector=spec.nodeName%3D{self.node_name}"
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(OSError, ValueError, ClusterUnavailable):
+            for pod in self._api("GET", f"/api/v1/pods?{selector}")["items"]:
+                meta = pod["metadata"]
+                with contextlib.suppress(OSError, ValueError):
+                    self._api(
+                        "DELETE",
+                        f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                        {"gracePeriodSeconds": 0},
+                    )
+            while time.monotonic() < deadline:
+                # force-deleted pods leave the API at once; the kubelet still stops them
+                if not self._ctr("tasks", "ls", "-q", timeout=30).split():
+                    return
+                time.sleep(0.5)
+
+    def _remove_containers(self) -> None:
+        """Pod sandboxes the kubelet left: tear down their network (CRI), kill and remove them."""
+        with contextlib.suppress(ClusterUnavailable, subprocess.TimeoutExpired):
+            listing = self._ctr("tasks", "ls", "-q", timeout=30).split()
+            for task in listing:
+                with contextlib.suppress(ClusterUnavailable, subprocess.TimeoutExpired):
+                    self._ctr("tasks", "kill", "--signal", "SIGKILL", task, timeout=30)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                with contextlib.suppress(ClusterUnavailable, subprocess.TimeoutExpired):
+                    for task in self._ctr("tasks", "ls", "-q", timeout=30).split():
+                        self._ctr("tasks", "delete", task, timeout=30)
+                    break
+                time.sleep(0.5)
+            for container in self._ctr("containers", "ls", "-q", timeout=30).split():
+                with contextlib.suppress(ClusterUnavailable, subprocess.TimeoutExpired):
+                    self._ctr("containers", "delete", container, timeout=30)
+        # Network namespaces of sandboxes the kubelet did not stop (named cni-<uuid>) that hold
+        # a veth on our bridge: delete them (which deletes the veth).
+        netns_dir = Path("/var/run/netns")
+        master = Path(f"/sys/class/net/{self.bridge}/brif")
+        if master.is_dir() and netns_dir.is_dir():
+            for ns in netns_dir.glob("cni-*"):
+                if self._netns_on_bridge(ns.name):
+                    subprocess.run(["ip", "netns", "del", ns.name], check=False)
+
+    def _netns_on_bridge(self, ns: str) -> bool:
+        """True when ``ns``'s eth0 peer is a port of this rig's bridge."""
+        done = subprocess.run(
+            ["ip", "-n", ns, "-j", "link", "show", "eth0"], capture_output=True, check=False
+        )
+        links = json.loads(done.stdout or b"[]")
+        if not links:
+            return False
+        peer_index = links[0].get("link_index")
+        brif = Path(f"/sys/class/net/{self.bridge}/brif")
+        for port in brif.iterdir() if brif.is_dir() else ():
+            index = (Path("/sys/class/net") / port.name / "ifindex").read_text().strip()
+            if str(peer_index) == index:
+                return True
+        return False
+
+    def _kill_shims(self) -> None:
+        """containerd-shim-runc-v2 processes serving our containerd (they outlive it)."""
+        needle = str(self.socket).encode()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"containerd-shim" in cmdline and needle in cmdline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(proc.name), signal.SIGKILL)
+
+    @staticmethod
+    def _unmount_under(folder: Path) -> None:
+        prefix = str(folder.resolve())
+        mounts = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4]
+            if point == prefix or point.startswith(prefix + "/"):
+                mounts.append(point)
+        for point in sorted(mounts, key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def provide_real_node(workdir: Path, *, on_ci: bool) -> Iterator[RealNodeAccess]:
+    """A real node on a fresh control plane; builds binaries and images on CI (or when asked)."""
+    if missing := missing_prerequisites():
+        raise ClusterUnavailable("real node needs: " + ", ".join(missing))
+    build = on_ci or os.environ.get("TORPOR_BUILD_K8S", "") == "1"
+    bin_dir = ensure_node_binaries(build=build)
+    images = ensure_images(build=build or (images_folder() / "images.txt").exists())
+    node = RealNode(bin_dir=bin_dir, workdir=workdir, images=images)
+    access = node.start()
+    try:
+        yield access
+    finally:
+        node.stop()
