@@ -19,7 +19,8 @@ from testcontainers.core.container import DockerContainer
 from tests.images.podman import Podman
 from tests.k8s.rig import free_port
 
-pytestmark = [pytest.mark.realnode, pytest.mark.timeout(300)]
+# 1200 s: the first test also pays for a rebuild of the images when their inputs changed
+pytestmark = [pytest.mark.realnode, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,9 @@ from shared.runtime.models import Endpoint, WorkloadSpec
 from tests.k8s.realnode import RealNodeAccess
 from tests.k8s.test_runtime_kubernetes import health, pods_of
 
-pytestmark = [pytest.mark.k8s, pytest.mark.realnode, pytest.mark.timeout(300)]
+# 1200 s: the first test also pays for the session fixture, which rebuilds the images when
+# their inputs changed (scripts/build-images.sh, minutes) and starts the node (about a minute)
+pytestmark = [pytest.mark.k8s, pytest.mark.realnode, pytest.mark.timeout(1200)]
 
 TOKEN = "rn-t0ken"
 

@@ -24,7 +24,13 @@ COMMAND = "echo started >> started.log; exec sleep 1000"
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 
-@pytest.fixture(params=["test-kubelet", pytest.param("real-node", marks=[pytest.mark.realnode])])
+@pytest.fixture(
+    params=[
+        "test-kubelet",
+        # 1200 s: the real node's session fixture may rebuild the images, then starts the node
+        pytest.param("real-node", marks=[pytest.mark.realnode, pytest.mark.timeout(1200)]),
+    ]
+)
 def node_runtime(request: pytest.FixtureRequest) -> KubernetesRuntime:
     """The adapter on the test kubelet or on the real node (a sync fixture: it may set up
     either backend's async fixtures)."""
