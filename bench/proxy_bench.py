@@ -71,6 +71,9 @@ def serve_proxy(port: int, pod_host: str) -> None:
         async def get(self, sandbox_id: str) -> SandboxRecord | None:
             return record if sandbox_id == SANDBOX else None
 
+        def peek(self, sandbox_id: str) -> SandboxRecord | None:
+            return record if sandbox_id == SANDBOX else None
+
         def remember(self, record: SandboxRecord) -> None:
             pass
 

@@ -28,6 +28,7 @@ from prometheus_client import (
     generate_latest,
 )
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from services.proxy.activity import ActivityThrottle, Toucher
 from services.proxy.forwarding import (
@@ -140,6 +141,12 @@ class ProxyApp:
             "Time until the sandbox answered (response headers), wake-up included",
             registry=self.registry,
         )
+        self._proxied = self._requests.labels("proxied")
+        self.fast_exchanges = Counter(
+            "torpor_proxy_fast_path",
+            "Proxied HTTP exchanges served by the fast path (services.proxy.fastpath)",
+            registry=self.registry,
+        )
         if wiring is not None:
             self.attach(wiring)
 
@@ -153,7 +160,27 @@ class ProxyApp:
         )
         self.activity = ActivityThrottle(wiring.lifecycle, interval=self.settings.touch_interval)
 
-    def _upstream(self) -> UpstreamPool:
+    @property
+    def wiring(self) -> ProxyWiring | None:
+        return self._wiring
+
+    def http_protocol(self, limits: HttpLimits) -> type[HttpToolsProtocol]:
+        """The connection protocol to serve this app with: the guarded protocol plus the fast
+        path for ordinary proxied requests (``services.proxy.fastpath``)."""
+        from services.proxy.fastpath import fast_protocol
+
+        return fast_protocol(self, limits)
+
+    def count_refusal(self, status: int) -> None:
+        self._requests.labels(f"refused_{status}").inc()
+
+    def observe_proxied(self, seconds: float, *, fast: bool = False) -> None:
+        self._proxied.inc()
+        self._ttfb.observe(seconds)
+        if fast:
+            self.fast_exchanges.inc()
+
+    def upstream_pool(self) -> UpstreamPool:
         if self._pool is None:
             self._pool = UpstreamPool(connect_timeout=self.settings.connect_timeout)
         return self._pool
@@ -235,7 +262,7 @@ class ProxyApp:
     async def _refuse(
         self, scope: Scope, send: Send, status: int, message: str, retry_after: int | None = None
     ) -> None:
-        self._requests.labels(f"refused_{status}").inc()
+        self.count_refusal(status)
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008 if status < 500 else 1011})
             return
@@ -342,12 +369,11 @@ class ProxyApp:
                 open_timeout=self.settings.connect_timeout,
             )
             return
-        async with self._slot(host, target.port):
+        async with self.slot(host, target.port):
             status = await forward_http(
-                self._upstream(), scope, receive, send, body, host=host, port=target.port
+                self.upstream_pool(), scope, receive, send, body, host=host, port=target.port
             )
-        self._requests.labels("proxied").inc()
-        self._ttfb.observe(time.perf_counter() - started)
+        self.observe_proxied(time.perf_counter() - started)
         log.debug("proxied", port=target.port, status=status)
 
     def _body_reader(self, scope: Scope, receive: Receive) -> Receive:
@@ -361,7 +387,7 @@ class ProxyApp:
             total=self.settings.body_timeout,
         )
 
-    def _slot(self, host: str, port: int) -> asyncio.Semaphore:
+    def slot(self, host: str, port: int) -> asyncio.Semaphore:
         """Bound concurrent exchanges per upstream (host, port); see ``max_connections``."""
         key = (host, port)
         slot = self._slots.get(key)
@@ -385,6 +411,11 @@ class ProxyApp:
             if not user.admin and user.name != record.owner:
                 raise RefusedError(404, f"sandbox {target.sandbox_id} not found")
             return True
+        return self.authorise_by_token(scope, target, record)
+
+    def authorise_by_token(self, scope: Scope, target: Target, record: SandboxRecord) -> bool:
+        """The part of ``_authorise`` after the API key (which needs a KV read): the sandbox's
+        tokens and its public-traffic setting. No I/O, so the fast path calls it directly."""
         envd_token = record.envd_access_token
         given = _header(scope, b"x-access-token") or ""
         if envd_token and hmac.compare_digest(given.encode(), envd_token.encode()):

@@ -22,6 +22,11 @@ _NEGATIVE_TTL = 1.0  # seconds an unknown id is remembered (bounds KV reads for 
 class RecordSource(Protocol):
     async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
 
+    def peek(self, sandbox_id: str) -> SandboxRecord | None:
+        """The record when it is known without any I/O (the fast path's lookup); ``None`` means
+        "ask ``get``", not "no such sandbox"."""
+        ...
+
     def remember(self, record: SandboxRecord) -> None:
         """A fresher record learnt another way (e.g. a resume result)."""
         ...
@@ -59,6 +64,9 @@ class KvRecordCache:
         else:
             self.remember(record)
         return record
+
+    def peek(self, sandbox_id: str) -> SandboxRecord | None:
+        return self._records.get(sandbox_id) if self._ready else None
 
     def remember(self, record: SandboxRecord) -> None:
         current = self._records.get(record.sandbox_id)

@@ -22,6 +22,10 @@ import httptools
 IDLE_EXPIRY = 4.0
 _HIGH_WATER = 1 << 20  # buffered response bytes before reading from the sandbox pauses
 _LOW_WATER = 1 << 18
+# A sandbox is untrusted: llhttp buffers a response head of any size, so bound it (bytes and
+# header count); a longer head is a broken response (502), not proxy memory.
+MAX_RESPONSE_HEAD = 64 * 1024
+MAX_RESPONSE_HEADERS = 256
 
 
 class UpstreamError(Exception):
@@ -36,6 +40,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.reused = False
         self._parser = httptools.HttpResponseParser(self)
         self._headers: list[tuple[bytes, bytes]] = []
+        self._header_size = 0
         self._head: asyncio.Future[tuple[int, list[tuple[bytes, bytes]]]] | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -48,6 +53,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._writable: asyncio.Future[None] | None = None
         self._reading_paused = False
         self.got_response_bytes = False
+        self._head_bytes = 0
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
 
@@ -60,12 +66,20 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_response_bytes = True
+        if self._head is not None and not self._head.done():
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_RESPONSE_HEAD + _HIGH_WATER:  # head + what came with it
+                self._fail(UpstreamError("response head from the sandbox is too large"))
+                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(UpstreamError("upgrade responses are not proxied over plain HTTP"))
         except httptools.HttpParserError as e:
-            self._fail(UpstreamError(f"bad response from the sandbox: {e}"))
+            if isinstance(e.__context__, UpstreamError):  # raised by a callback of ours
+                self._fail(e.__context__)
+            else:
+                self._fail(UpstreamError(f"bad response from the sandbox: {e}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -89,11 +103,15 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
+        self._header_size += len(name) + len(value)
+        if self._header_size > MAX_RESPONSE_HEAD or len(self._headers) > MAX_RESPONSE_HEADERS:
+            raise UpstreamError("response head from the sandbox is too large")
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
         if 100 <= status < 200:  # interim (100 Continue): the real head follows
             self._headers = []
+            self._header_size = 0
             return
         self._keep_alive = self._parser.should_keep_alive()
         names = {name.lower() for name, _ in self._headers}
@@ -142,6 +160,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     def start_request(self) -> None:
         self._headers = []
+        self._header_size = 0
+        self._head_bytes = 0
         self._head = asyncio.get_running_loop().create_future()
         self._chunks.clear()
         self._buffered = 0

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shared.web.limits import HttpLimits
 from shared.web.protocol import guarded_protocol
+
+
+@runtime_checkable
+class ServesItsOwnProtocol(Protocol):
+    """An app that brings its connection protocol (built on the guarded one), e.g. the proxy's
+    fast path."""
+
+    def http_protocol(self, limits: HttpLimits) -> type[HttpToolsProtocol]: ...
 
 
 def server_config(
@@ -21,7 +30,11 @@ def server_config(
         app,
         host=host,
         port=port,
-        http=guarded_protocol(limits),
+        http=(
+            app.http_protocol(limits)
+            if isinstance(app, ServesItsOwnProtocol)
+            else guarded_protocol(limits)
+        ),
         proxy_headers=bool(trusted),
         forwarded_allow_ips=trusted or None,
         log_config=None,

@@ -193,5 +193,8 @@ class FakeRecords:
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
         return self._lifecycle.records.get(sandbox_id)
 
+    def peek(self, sandbox_id: str) -> SandboxRecord | None:
+        return self._lifecycle.records.get(sandbox_id)
+
     def remember(self, record: SandboxRecord) -> None:
         pass

@@ -7,9 +7,11 @@ import pytest
 
 from services.proxy.app import ProxyApp, ProxyWiring
 from services.proxy.settings import ENVD_PORT, ProxySettings
+from shared.web.limits import HttpLimits
 from tests.api.fakes import FakeKeys, FakeLifecycle, FakeRecords
 from tests.api.servers import serve
 from tests.proxy.upstream import UpstreamState, build_upstream
+from tests.security.rawhttp import serve_guarded  # the production server: protocol and limits
 
 # A loopback address of its own, so the stand-in can listen on the daemon's real port.
 POD_HOST = "127.0.3.213"
@@ -40,7 +42,7 @@ def rig() -> Iterator[Rig]:
     with (
         serve(upstream, host=POD_HOST, port=ENVD_PORT),
         serve(upstream, host=POD_HOST) as user_url,
-        serve(app, backlog=2048, limit_concurrency=None) as proxy_url,
+        serve_guarded(app, HttpLimits(), backlog=2048) as proxy_url,
     ):
         yield Rig(
             proxy=proxy_url,

@@ -1,0 +1,299 @@
+"""The proxy's fast path (``services.proxy.fastpath``) with hostile inputs, over real sockets and
+the production server (protocol + limits): request smuggling attempts, NUL bytes, oversized and
+trickled heads, pipelining, and hostile answers from the sandbox side (conflicting framing, NUL
+bytes, an endless head, a body cut short). The fast path must answer exactly what the ASGI path
+answers, never forward an ambiguous request, and never let one exchange spill into the next."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+import socketserver
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from services.proxy.app import ProxyApp, ProxyWiring
+from services.proxy.settings import ProxySettings
+from shared.lifecycle.ports import CreateRequest
+from shared.models.sandboxes import SandboxRecord
+from shared.web.limits import HttpLimits
+from tests.api.fakes import FakeLifecycle, FakeRecords
+from tests.api.servers import serve
+from tests.proxy.conftest import Rig
+from tests.proxy.upstream import UpstreamState, build_upstream
+from tests.security.rawhttp import (
+    Answer,
+    authority,
+    closed_by_peer,
+    connect,
+    exchange,
+    head,
+    read_answer,
+    serve_guarded,
+)
+
+from .test_proxy import make, to
+
+HOSTILE_HOST = "127.0.3.214"  # this file's raw upstream (other proxy tests use .213)
+
+
+def fast_count(app: ProxyApp) -> float:
+    return app.fast_exchanges._value.get()
+
+
+def routed(rig: Rig, sbx: SandboxRecord, port: int | None = None) -> list[tuple[str, str]]:
+    return list(to(sbx, port or rig.user_port).items())
+
+
+def test_ordinary_requests_take_the_fast_path_and_keep_their_meaning(rig: Rig) -> None:
+    sbx = make(rig)
+    before = fast_count(rig.app)
+    with httpx.Client(timeout=30) as client:
+        r = client.get(f"{rig.proxy}/echo?a=1&b=%20", headers=to(sbx, rig.user_port))
+        assert r.status_code == 200, r.text
+        seen = r.json()
+        assert seen["query"] == "a=1&b=%20"
+        assert seen["headers"]["x-forwarded-for"] == "127.0.0.1"
+        assert "x-access-token" in seen["headers"]  # the app's own header, on a user port
+        assert "e2b-sandbox-id" not in seen["headers"]
+        body = b"\x00binary\xff" * 1000
+        r = client.post(f"{rig.proxy}/digest", content=body, headers=to(sbx, rig.user_port))
+        assert r.json() == {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
+        r = client.head(f"{rig.proxy}/echo", headers=to(sbx, rig.user_port))
+        assert r.status_code == 405 or r.status_code == 200
+        assert r.content == b""
+        r = client.get(f"{rig.proxy}/echo", headers=to(sbx, rig.user_port))  # after the HEAD
+        assert r.status_code == 200
+        # streamed (no Content-Length) answers are re-chunked to the client
+        r = client.get(f"{rig.proxy}/big?size=300000", headers=to(sbx, rig.user_port))
+        assert len(r.content) == 300000
+    assert fast_count(rig.app) - before >= 5
+
+
+def test_pipelined_requests_are_answered_in_order(rig: Rig) -> None:
+    sbx = make(rig)
+    host = authority(rig.proxy)
+    one = head("GET", "/echo?n=1", host, routed(rig, sbx))
+    two = head("GET", "/echo?n=2", host, routed(rig, sbx))
+    with connect(rig.proxy) as sock:
+        sock.sendall(one + two)
+        first, second = read_answer(sock), read_answer(sock)
+    assert first.json()["query"] == "n=1"
+    assert second.json()["query"] == "n=2"
+
+
+def test_connection_close_is_honoured(rig: Rig) -> None:
+    sbx = make(rig)
+    raw = head("GET", "/echo", authority(rig.proxy), [*routed(rig, sbx), ("Connection", "close")])
+    with connect(rig.proxy) as sock:
+        sock.sendall(raw)
+        answer = read_answer(sock)
+        assert answer.status == 200
+        assert answer.headers.get("connection") == "close"
+        assert closed_by_peer(sock)
+
+
+SMUGGLING = [
+    # CL.TE: the front end reads 4 bytes, a back end honouring TE would see a second request
+    [("Content-Length", "4"), ("Transfer-Encoding", "chunked")],
+    [("Transfer-Encoding", "chunked"), ("Content-Length", "4")],
+    # two different lengths
+    [("Content-Length", "4"), ("Content-Length", "40")],
+    [("Content-Length", "4, 40")],
+    [("Content-Length", "-4")],
+    [("Content-Length", "+4")],
+    [("Content-Length", "0x4")],
+]
+
+
+@pytest.mark.parametrize("framing", SMUGGLING, ids=repr)
+def test_request_smuggling_attempts_are_400_and_reach_nobody(
+    rig: Rig, framing: list[tuple[str, str]]
+) -> None:
+    sbx = make(rig)
+    before = rig.upstream.requests
+    smuggled = b"0\r\n\r\nGET /echo?smuggled=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+    raw = head("POST", "/echo", authority(rig.proxy), [*routed(rig, sbx), *framing]) + smuggled
+    with connect(rig.proxy) as sock:
+        sock.sendall(raw)
+        answer = read_answer(sock)
+        assert answer.status == 400, (answer.status, answer.body[:200])
+        assert answer.json()["code"] == 400
+        assert closed_by_peer(sock)
+    assert rig.upstream.requests == before  # neither the request nor the smuggled one
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("X-Evil", "a\x00b"),
+        ("X-Evil\x00", "a"),
+        ("X-Evil", "a\rInjected: yes"),
+        ("Bad Name", "a"),
+    ],
+    ids=["nul-value", "nul-name", "bare-cr", "space-in-name"],
+)
+def test_nul_bytes_and_broken_headers_are_400(rig: Rig, bad: tuple[str, str]) -> None:
+    sbx = make(rig)
+    before = rig.upstream.requests
+    answer = exchange(
+        rig.proxy, head("GET", "/echo", authority(rig.proxy), [*routed(rig, sbx), bad])
+    )
+    assert answer.status == 400
+    assert answer.json()["code"] == 400
+    assert rig.upstream.requests == before
+
+
+def test_oversized_and_numerous_headers_are_431_before_the_fast_path(rig: Rig) -> None:
+    sbx = make(rig)
+    before = rig.upstream.requests
+    huge = head("GET", "/echo", authority(rig.proxy), [*routed(rig, sbx), ("X-Big", "a" * 20000)])
+    assert exchange(rig.proxy, huge).status == 431
+    many = [*routed(rig, sbx), *((f"X-{i}", "v") for i in range(150))]
+    assert exchange(rig.proxy, head("GET", "/echo", authority(rig.proxy), many)).status == 431
+    assert rig.upstream.requests == before
+
+
+# ---- small limits: slow heads and bodies ----------------------------------------------------
+
+SMALL = HttpLimits(header_timeout=1.0, body_idle_timeout=1.0)
+
+
+@pytest.fixture
+def small() -> Iterator[tuple[str, SandboxRecord, int, UpstreamState]]:
+    state = UpstreamState()
+    lifecycle = FakeLifecycle(host=HOSTILE_HOST)
+    app = ProxyApp(
+        ProxySettings(body_timeout=5.0),
+        wiring=ProxyWiring(records=FakeRecords(lifecycle), lifecycle=lifecycle, keys=None),
+        limits=SMALL,
+    )
+    with (
+        serve(build_upstream(state), host=HOSTILE_HOST) as upstream,
+        serve_guarded(app, SMALL) as url,
+    ):
+        record = asyncio.run(lifecycle.create(CreateRequest(owner="alice")))
+        yield url, record, int(upstream.rsplit(":", 1)[1]), state
+
+
+def test_slowloris_head_is_408_while_fast_requests_flow(
+    small: tuple[str, SandboxRecord, int, UpstreamState],
+) -> None:
+    url, sbx, port, _ = small
+    headers = to(sbx, port)
+    with connect(url) as slow:
+        slow.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\nX-A: ")
+        with httpx.Client(timeout=30) as client:
+            assert client.get(f"{url}/echo", headers=headers).status_code == 200
+        answer = read_answer(slow)
+    assert answer.status == 408
+    assert answer.json()["code"] == 408
+
+
+def test_a_body_that_stops_short_is_408_and_the_sandbox_sees_nothing(
+    small: tuple[str, SandboxRecord, int, UpstreamState],
+) -> None:
+    url, sbx, port, state = small
+    raw = head("POST", "/echo", authority(url), [*to(sbx, port).items(), ("Content-Length", "10")])
+    with connect(url) as sock:
+        sock.sendall(raw + b"12345")  # then nothing: the body idle deadline (1 s)
+        answer = read_answer(sock)
+    assert answer.status == 408
+    assert answer.json()["code"] == 408
+    assert state.requests == 0  # a small body is read in full before anything is forwarded
+
+
+# ---- a hostile sandbox ----------------------------------------------------------------------
+
+HOSTILE = {
+    b"/conflict": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nspoof!",
+    b"/nul": b"HTTP/1.1 200 OK\r\nX-Evil: a\x00b\r\nContent-Length: 2\r\n\r\nok",
+    b"/split": b"HTTP/1.1 200 OK\r\nX-Evil: a\rSet-Cookie: x=1\r\nContent-Length: 2\r\n\r\nok",
+    b"/endless-head": b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * (2 * 1024 * 1024),
+    b"/short": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this",
+    b"/garbage": b"\x00\x01\x02 not http at all\r\n\r\n",
+}
+
+
+class _Hostile(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        sock.settimeout(10)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return
+            data += chunk
+        path = data.split(b" ", 2)[1].split(b"?")[0]
+        answer = HOSTILE.get(path, b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nfine")
+        try:
+            sock.sendall(answer)
+        except OSError:
+            return
+        if path != b"/":
+            sock.close()  # answered once: nothing to reuse
+
+
+@pytest.fixture
+def hostile(rig: Rig) -> Iterator[tuple[Rig, SandboxRecord, int]]:
+    server = socketserver.ThreadingTCPServer(("127.0.3.213", 0), _Hostile)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield rig, make(rig), server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("path", ["/conflict", "/nul", "/split", "/endless-head", "/garbage"])
+def test_a_hostile_answer_is_502_and_does_not_poison_the_connection(
+    hostile: tuple[Rig, SandboxRecord, int], path: str
+) -> None:
+    rig, sbx, port = hostile
+    host = authority(rig.proxy)
+    with connect(rig.proxy) as sock:
+        sock.sendall(head("GET", path, host, list(to(sbx, port).items())))
+        answer = read_answer(sock)
+        assert answer.status == 502, (answer.status, answer.body[:200])
+        assert answer.json()["code"] == 502
+        assert b"spoof" not in answer.body
+        assert "set-cookie" not in answer.headers
+        # the same client connection still speaks clean HTTP: nothing of the hostile answer
+        # (a smuggled second response) is left in it
+        if answer.headers.get("connection") == "close":
+            assert closed_by_peer(sock)
+        else:
+            sock.sendall(head("GET", "/", host, list(to(sbx, port).items())))
+            after = read_answer(sock)
+            assert (after.status, after.body) == (200, b"fine")
+
+
+def test_a_body_cut_short_closes_the_client_connection(
+    hostile: tuple[Rig, SandboxRecord, int],
+) -> None:
+    rig, sbx, port = hostile
+    with connect(rig.proxy) as sock:
+        sock.sendall(head("GET", "/short", authority(rig.proxy), list(to(sbx, port).items())))
+        answer = _read_all(sock)
+    # the head says 100 bytes; the client gets fewer and a closed connection, never a body
+    # padded or completed by the next exchange
+    assert answer.status == 200
+    assert answer.body == b"only this"
+
+
+def _read_all(sock: socket.socket) -> Answer:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head_part, _, body = data.partition(b"\r\n\r\n")
+    lines = head_part.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    return Answer(int(lines[0].split()[1]), headers, body)
