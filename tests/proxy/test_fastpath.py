@@ -18,8 +18,8 @@ import pytest
 
 from services.proxy.app import ProxyApp, ProxyWiring
 from services.proxy.settings import ProxySettings
+from shared.domain.record import SandboxRecord
 from shared.lifecycle.ports import CreateRequest
-from shared.models.sandboxes import SandboxRecord
 from shared.web.limits import HttpLimits
 from tests.api.fakes import FakeLifecycle, FakeRecords
 from tests.api.servers import serve
