@@ -13,9 +13,7 @@ from shared.lifecycle.spec import document
 
 def app() -> FastStream:
     inert: Any = None
-    router = build_router(
-        Scaler(store=inert, runtime=inert, envd=inert, publisher=inert), give_up_after=5
-    )
+    router = build_router(Scaler(store=inert, runtime=inert, envd=inert, publisher=inert))
     return document(
         router,
         title="torpor scaler",

@@ -7,15 +7,13 @@ from faststream.nats import NatsRouter
 from services.scaler.handlers import build_router
 from services.scaler.scaling import Scaler
 from services.scaler.settings import ScalerSettings
-from shared.envd.ports import Envd
-from shared.lifecycle.hosting import Parts, WorkerHost
-from shared.runtime.ports import Runtime
-from shared.settings import BusSettings
+from shared.bus.topology import SCALER_LIFECYCLE
+from shared.lifecycle.hosting import Context, Parts, WorkerHost
 
 
-def scaler_host(
-    *, bus: BusSettings, settings: ScalerSettings, runtime: Runtime, envd: Envd
-) -> WorkerHost:
+def scaler_host(ctx: Context, settings: ScalerSettings) -> WorkerHost:
+    runtime, envd = ctx.pods()
+
     def build(parts: Parts) -> NatsRouter:
         scaler = Scaler(
             store=parts.store,
@@ -28,11 +26,9 @@ def scaler_host(
             retention=settings.retention,
             tombstone_for=settings.tombstone_for,
         )
-        return build_router(
-            scaler,
-            give_up_after=settings.give_up_after,
-            max_workers=settings.max_workers,
-            heartbeat_every=settings.heartbeat_seconds,
+        retry = SCALER_LIFECYCLE.retry.tuned(
+            give_up_after=settings.give_up_after, heartbeat=settings.heartbeat_seconds
         )
+        return build_router(scaler, retry=retry, max_workers=settings.max_workers)
 
-    return WorkerHost(service="scaler", bus=bus, build=build)
+    return WorkerHost(service="scaler", bus=ctx.bus, build=build)

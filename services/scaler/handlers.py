@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,9 +19,15 @@ from pydantic import BaseModel
 from services.scaler.scaling import Scaler
 from shared.bus import subjects
 from shared.bus.broker import subscriber_args
-from shared.bus.middleware import PoisonMessage
+from shared.bus.retry import PoisonMessage, RetryPolicy
 from shared.bus.topology import SCALER_LIFECYCLE, SCALER_ON_SNAPSHOTTED
-from shared.lifecycle.worker import guarded, header_msg_id, heartbeat
+from shared.lifecycle.worker import (
+    FailFn,
+    SandboxLocks,
+    checked_sandbox_id,
+    header_msg_id,
+    run_guarded,
+)
 from shared.models.messages import (
     CreateSandbox,
     KillSandbox,
@@ -37,7 +44,6 @@ from shared.models.messages import (
 
 log = structlog.get_logger()
 
-HEARTBEAT_EVERY = SCALER_LIFECYCLE.backoff[0] / 3
 _EVENTS: tuple[tuple[str, type[BaseModel], str], ...] = (
     (subjects.EVT_CREATED, SandboxCreated, "The sandbox's first pod is ready; it is running."),
     (subjects.EVT_PAUSED, SandboxPaused, "The workload is at 0 replicas with its snapshot stored."),
@@ -60,20 +66,17 @@ def _queued_ms(msg: NatsMessage) -> float | None:
     return round((datetime.now(UTC) - stored).total_seconds() * 1000, 1)
 
 
-def _sandbox_id_checked(msg: NatsMessage, body_sid: str) -> str:
-    if subjects.sandbox_id_of(msg.raw_message.subject) != body_sid:
-        raise PoisonMessage("subject and body name different sandboxes")
-    return body_sid
-
-
 def build_router(
-    scaler: Scaler,
-    *,
-    give_up_after: int,
-    max_workers: int = 8,
-    heartbeat_every: float = HEARTBEAT_EVERY,
+    scaler: Scaler, *, retry: RetryPolicy = SCALER_LIFECYCLE.retry, max_workers: int = 8
 ) -> NatsRouter:
     router = NatsRouter()
+    locks = SandboxLocks()
+
+    async def run(
+        msg: NatsMessage, sid: str, work: Callable[[], Awaitable[Any]], fail: FailFn
+    ) -> None:
+        await run_guarded(work, msg=msg, retry=retry, fail=fail, lock=locks.hold(sid))
+
     for subject, schema, description in _EVENTS:  # documentation of what the scaler emits
         router.publisher(
             subjects.all_of(subject), title=subject, description=description, schema=schema
@@ -94,73 +97,41 @@ def build_router(
         verb = subject.split(".")[2] if subject.count(".") >= 3 else ""
         if verb == "create":
             create = CreateSandbox.model_validate(body)
-            sid = _sandbox_id_checked(msg, create.sandbox_id)
+            sid = checked_sandbox_id(msg, create.sandbox_id)
             cmd_id = header_msg_id(msg, msg_id("create", sid, 0))
 
             async def fail_create(reason: str) -> None:
                 await scaler.give_up("create", sid, reason, cmd_msg_id=cmd_id)
 
-            await _run(
-                scaler,
-                msg,
-                sid,
-                lambda: scaler.create(create, cmd_id),
-                fail_create,
-                give_up_after=give_up_after,
-                every=heartbeat_every,
-            )
+            await run(msg, sid, lambda: scaler.create(create, cmd_id), fail_create)
         elif verb == "resume":
             resume = ResumeSandbox.model_validate(body)
-            sid = _sandbox_id_checked(msg, resume.sandbox_id)
+            sid = checked_sandbox_id(msg, resume.sandbox_id)
             structlog.contextvars.bind_contextvars(queued_ms=_queued_ms(msg))
             cmd_id = header_msg_id(msg, msg_id("resume", sid, resume.generation))
 
             async def fail_resume(reason: str) -> None:
                 await scaler.give_up("resume", sid, reason, cmd_msg_id=cmd_id)
 
-            await _run(
-                scaler,
-                msg,
-                sid,
-                lambda: scaler.resume(resume, cmd_id, msg.in_progress),
-                fail_resume,
-                give_up_after=give_up_after,
-                every=heartbeat_every,
-            )
+            await run(msg, sid, lambda: scaler.resume(resume, cmd_id, msg.in_progress), fail_resume)
         elif verb == "kill":
             kill = KillSandbox.model_validate(body)
-            sid = _sandbox_id_checked(msg, kill.sandbox_id)
+            sid = checked_sandbox_id(msg, kill.sandbox_id)
             cmd_id = header_msg_id(msg, msg_id("kill", sid, kill.generation))
 
             async def fail_kill(reason: str) -> None:
                 await scaler.give_up("kill", sid, reason, cmd_msg_id=cmd_id)
 
-            await _run(
-                scaler,
-                msg,
-                sid,
-                lambda: scaler.kill(kill, cmd_id),
-                fail_kill,
-                give_up_after=give_up_after,
-                every=heartbeat_every,
-            )
+            await run(msg, sid, lambda: scaler.kill(kill, cmd_id), fail_kill)
         elif verb == "network":
             network = SetSandboxNetwork.model_validate(body)
-            sid = _sandbox_id_checked(msg, network.sandbox_id)
+            sid = checked_sandbox_id(msg, network.sandbox_id)
 
             async def fail_network(reason: str) -> None:
                 # The sandbox keeps running with its previous policy: say so loudly.
                 log.error("network_apply_gave_up", sandbox_id=sid, reason=reason)
 
-            await _run(
-                scaler,
-                msg,
-                sid,
-                lambda: scaler.apply_network(network),
-                fail_network,
-                give_up_after=give_up_after,
-                every=heartbeat_every,
-            )
+            await run(msg, sid, lambda: scaler.apply_network(network), fail_network)
         else:
             raise PoisonMessage(f"the scaler does not handle {subject}")
 
@@ -170,33 +141,11 @@ def build_router(
         description="Second half of a pause: check the stored snapshot, scale to 0, mark paused.",
     )
     async def on_snapshotted(body: SandboxSnapshotted, msg: NatsMessage) -> None:
-        sid = _sandbox_id_checked(msg, body.sandbox_id)
+        sid = checked_sandbox_id(msg, body.sandbox_id)
 
         async def fail_pause(reason: str) -> None:
             await scaler.give_up("pause", sid, reason, generation=body.generation)
 
-        await _run(
-            scaler,
-            msg,
-            sid,
-            lambda: scaler.finish_pause(body, msg.in_progress),
-            fail_pause,
-            give_up_after=give_up_after,
-            every=heartbeat_every,
-        )
+        await run(msg, sid, lambda: scaler.finish_pause(body, msg.in_progress), fail_pause)
 
     return router
-
-
-async def _run(
-    scaler: Scaler,
-    msg: NatsMessage,
-    sid: str,
-    work: Any,
-    fail: Any,
-    *,
-    give_up_after: int,
-    every: float,
-) -> None:
-    async with heartbeat(msg, every=every), scaler.lock(sid):
-        await guarded(work, msg=msg, give_up_after=give_up_after, fail=fail)

@@ -4,20 +4,15 @@ from __future__ import annotations
 
 from services.scaler.bootstrap import scaler_host
 from services.scaler.settings import ScalerSettings
-from shared.envd.ports import Envd
-from shared.lifecycle.entry import run_worker
-from shared.lifecycle.hosting import WorkerHost
-from shared.runtime.ports import Runtime
-from shared.settings import BusSettings, load
+from shared.lifecycle.entry import WorkerSpec, run_worker
+from shared.settings import load
+
+# The scaler supervises the local runtime's pods (one reconciler per machine).
+SPEC = WorkerSpec("scaler", lambda: load(ScalerSettings), scaler_host, runtime="supervise")
 
 
 def main(argv: list[str] | None = None) -> int:
-    del argv  # configured by environment variables only
-
-    def make_host(bus: BusSettings, runtime: Runtime, envd: Envd) -> WorkerHost:
-        return scaler_host(bus=bus, settings=load(ScalerSettings), runtime=runtime, envd=envd)
-
-    return run_worker("scaler", make_host, supervise_runtime=True)
+    return run_worker(SPEC, argv)
 
 
 if __name__ == "__main__":

@@ -19,19 +19,16 @@ a crash between the CAS and the publish never loses an event.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Literal
 
 import structlog
 
 from services.scaler import metrics
-from shared.bus import subjects
-from shared.bus.middleware import Retry
-from shared.bus.ports import Publisher, SandboxStore
+from shared.bus.ports import Publisher, SandboxStore, emit
+from shared.bus.retry import Retry
 from shared.domain import states
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
@@ -52,7 +49,6 @@ from shared.models.messages import (
     SandboxResumed,
     SandboxSnapshotted,
     SetSandboxNetwork,
-    msg_id,
 )
 from shared.models.snapshots import Snapshot
 from shared.runtime.models import ANNOTATION_REPLAYED, ANNOTATION_SNAPSHOT, Endpoint
@@ -108,21 +104,6 @@ class Scaler:
         self._start_timeout = start_timeout
         self._retention = retention
         self._tombstone_for = tombstone_for
-        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
-
-    @contextlib.asynccontextmanager
-    async def lock(self, sandbox_id: str) -> AsyncIterator[None]:
-        """Serialises this replica's handlers per sandbox (replicas race through CAS instead)."""
-        entry = self._locks.setdefault(sandbox_id, (asyncio.Lock(), [0]))
-        lock, users = entry
-        users[0] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if users[0] == 0 and self._locks.get(sandbox_id) is entry:
-                del self._locks[sandbox_id]  # keep the table to sandboxes in flight
 
     # ---- create -------------------------------------------------------------------------
 
@@ -162,10 +143,9 @@ class Scaler:
 
     async def _publish_created(self, record: SandboxRecord) -> None:
         sid = record.sandbox_id
-        await self._publisher.publish(
+        await emit(
+            self._publisher,
             SandboxCreated(sandbox_id=sid, generation=record.generation, at=t.now()),
-            subjects.of(subjects.EVT_CREATED, sid),
-            msg_id=msg_id("created", sid, record.generation),
         )
 
     # ---- pause (second half) ------------------------------------------------------------
@@ -216,15 +196,14 @@ class Scaler:
 
     async def _publish_paused(self, record: SandboxRecord) -> None:
         sid = record.sandbox_id
-        await self._publisher.publish(
+        await emit(
+            self._publisher,
             SandboxPaused(
                 sandbox_id=sid,
                 generation=record.generation,
                 at=t.now(),
                 snapshot_id=record.snapshot.id if record.snapshot else None,
             ),
-            subjects.of(subjects.EVT_PAUSED, sid),
-            msg_id=msg_id("paused", sid, record.generation),
         )
 
     # ---- resume -------------------------------------------------------------------------
@@ -346,12 +325,11 @@ class Scaler:
 
     async def _publish_resumed(self, record: SandboxRecord, outcomes: list[ProcessOutcome]) -> None:
         sid = record.sandbox_id
-        await self._publisher.publish(
+        await emit(
+            self._publisher,
             SandboxResumed(
                 sandbox_id=sid, generation=record.generation, at=t.now(), processes=outcomes
             ),
-            subjects.of(subjects.EVT_RESUMED, sid),
-            msg_id=msg_id("resumed", sid, record.generation),
         )
 
     # ---- network ------------------------------------------------------------------------
@@ -407,10 +385,9 @@ class Scaler:
 
     async def _publish_killed(self, record: SandboxRecord) -> None:
         sid = record.sandbox_id
-        await self._publisher.publish(
+        await emit(
+            self._publisher,
             SandboxKilled(sandbox_id=sid, generation=record.generation, at=t.now()),
-            subjects.of(subjects.EVT_KILLED, sid),
-            msg_id=msg_id("killed", sid, record.generation),
         )
 
     async def _clean_up_if_killed(self, sandbox_id: str) -> bool:
@@ -437,7 +414,8 @@ class Scaler:
         )
         metrics.observe(op, "failed", None)
         log.error("transition_failed", op=op, reason=reason)
-        await self._publisher.publish(
+        await emit(
+            self._publisher,
             SandboxFailed(
                 sandbox_id=sandbox_id,
                 generation=record.generation,
@@ -445,6 +423,4 @@ class Scaler:
                 op=op,
                 reason=reason,
             ),
-            subjects.of(subjects.EVT_FAILED, sandbox_id),
-            msg_id=msg_id("failed", sandbox_id, record.generation),
         )

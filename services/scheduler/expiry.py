@@ -43,12 +43,11 @@ from typing import Literal
 from pydantic import BaseModel
 
 from services.scheduler.schedules import Holder, Timer
-from shared.bus import subjects
 from shared.domain import states
 from shared.domain.record import Mutation, SandboxRecord
 from shared.domain.states import SandboxState
 from shared.domain.timing import deadline_after, is_retained, retained_until
-from shared.models.messages import KillSandbox, PauseSandbox, SandboxExpired, msg_id
+from shared.models.messages import KillSandbox, PauseSandbox, SandboxExpired, address
 from shared.settings import FeatureFlags
 
 Decision = Literal["pause", "kill"]
@@ -66,6 +65,12 @@ class Outgoing:
     subject: str
     message: BaseModel
     msg_id: str
+
+    @classmethod
+    def of(cls, message: BaseModel, *id_extra: str) -> Outgoing:
+        """Addressed by the message itself (``shared.models.messages.address``)."""
+        subject, mid = address(message, *id_extra)
+        return cls(subject, message, mid)
 
 
 @dataclass(frozen=True)
@@ -137,11 +142,7 @@ def _on_timeout(
     sid, gen = record.sandbox_id, record.generation
     command: Outgoing
     if decision == "pause":
-        command = Outgoing(
-            subjects.of(subjects.CMD_PAUSE, sid),
-            PauseSandbox(sandbox_id=sid, generation=gen, reason="timeout"),
-            msg_id("pause", sid, gen),
-        )
+        command = Outgoing.of(PauseSandbox(sandbox_id=sid, generation=gen, reason="timeout"))
         check = pause_check_timer(record, attempt=1, due=now + check_delay(policy, 1))
         arm: tuple[Timer, ...] = (check,)
     else:
@@ -149,7 +150,7 @@ def _on_timeout(
         arm = ()
     return Plan(
         "expired",
-        publish=(_expired(record, decision, now, msg_id("expired", sid, gen), command), command),
+        publish=(_expired(record, decision, now, command), command),
         arm=arm,
         decision=decision,
         deadline=record.deadline,
@@ -173,10 +174,9 @@ def _on_pause_check(timer: Timer, record: SandboxRecord, *, policy: Policy, now:
     if not states.is_running(record.state):
         return Plan("pause_in_progress", arm=(check,))  # pausing (or resuming): look again later
     sid, gen = record.sandbox_id, record.generation
-    retry = Outgoing(
-        subjects.of(subjects.CMD_PAUSE, sid),
+    retry = Outgoing.of(
         PauseSandbox(sandbox_id=sid, generation=gen, reason="timeout"),
-        msg_id("pause", sid, gen, f"a{attempt}"),  # a fresh id: the first one is deduplicated
+        f"a{attempt}",  # a fresh id: the first one is deduplicated
     )
     return Plan("pause_retried", publish=(retry,), arm=(check,))
 
@@ -195,11 +195,10 @@ def _failed_our_pause(record: SandboxRecord, timer: Timer) -> bool:
 
 
 def _give_up(record: SandboxRecord, now: datetime, outcome: str) -> Plan:
-    sid, gen = record.sandbox_id, record.generation
     kill = _kill(record, "timeout")
     return Plan(
         outcome,
-        publish=(_expired(record, "kill", now, msg_id("expired", sid, gen, "kill"), kill), kill),
+        publish=(_expired(record, "kill", now, kill, "kill"), kill),
         decision="kill",
     )
 
@@ -325,10 +324,9 @@ def retention_timer(record: SandboxRecord, due: datetime) -> Timer:
 
 
 def _expired(
-    record: SandboxRecord, decision: Decision, now: datetime, mid: str, command: Outgoing
+    record: SandboxRecord, decision: Decision, now: datetime, command: Outgoing, *id_extra: str
 ) -> Outgoing:
-    return Outgoing(
-        subjects.of(subjects.EVT_EXPIRED, record.sandbox_id),
+    return Outgoing.of(
         SandboxExpired(
             sandbox_id=record.sandbox_id,
             generation=record.generation,
@@ -337,17 +335,13 @@ def _expired(
             deadline=record.deadline or now,
             command=f"{command.subject} {command.msg_id}",
         ),
-        mid,
+        *id_extra,
     )
 
 
 def _kill(record: SandboxRecord, reason: Literal["timeout", "retention"]) -> Outgoing:
     sid, gen = record.sandbox_id, record.generation
-    return Outgoing(
-        subjects.of(subjects.CMD_KILL, sid),
-        KillSandbox(sandbox_id=sid, generation=gen, reason=reason),
-        msg_id("kill", sid, gen),
-    )
+    return Outgoing.of(KillSandbox(sandbox_id=sid, generation=gen, reason=reason))
 
 
 def extend_deadline(wanted: datetime) -> Mutation:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.settings import BusSettings, FeatureFlags, LoggingSettings, load
+from shared.settings import FeatureFlags, load
 
 DAY = 86400
 
@@ -23,8 +23,6 @@ class TimerSettings(BaseSettings):
     pause_attempts: int = Field(default=4, ge=1)
     # Fired timer messages delete themselves after this (``Nats-Schedule-TTL``).
     fired_ttl: str = "1h"
-    health_host: str = "0.0.0.0"
-    health_port: int = Field(default=8083, ge=0, le=65535)
     # Concurrent handlers per durable, and messages fetched per pull request.
     max_workers: int = Field(default=16, ge=1)
     fetch_batch: int = Field(default=64, ge=1, le=256)
@@ -34,16 +32,9 @@ class TimerSettings(BaseSettings):
 class SchedulerSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    bus: BusSettings
     flags: FeatureFlags
-    logging: LoggingSettings
     timers: TimerSettings
 
 
 def load_settings() -> SchedulerSettings:
-    return SchedulerSettings(
-        bus=load(BusSettings),
-        flags=load(FeatureFlags),
-        logging=load(LoggingSettings),
-        timers=load(TimerSettings),
-    )
+    return SchedulerSettings(flags=load(FeatureFlags), timers=load(TimerSettings))

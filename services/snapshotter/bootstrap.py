@@ -7,15 +7,13 @@ from faststream.nats import NatsRouter
 from services.snapshotter.handlers import build_router
 from services.snapshotter.pausing import Snapshotter
 from services.snapshotter.settings import SnapshotterSettings
-from shared.envd.ports import Envd
-from shared.lifecycle.hosting import Parts, WorkerHost
-from shared.runtime.ports import Runtime
-from shared.settings import BusSettings
+from shared.bus.topology import SNAPSHOTTER_PAUSE
+from shared.lifecycle.hosting import Context, Parts, WorkerHost
 
 
-def snapshotter_host(
-    *, bus: BusSettings, settings: SnapshotterSettings, runtime: Runtime, envd: Envd
-) -> WorkerHost:
+def snapshotter_host(ctx: Context, settings: SnapshotterSettings) -> WorkerHost:
+    runtime, envd = ctx.pods()
+
     def build(parts: Parts) -> NatsRouter:
         snapshotter = Snapshotter(
             store=parts.store,
@@ -24,11 +22,9 @@ def snapshotter_host(
             publisher=parts.publisher,
             envd_timeout=settings.envd_timeout,
         )
-        return build_router(
-            snapshotter,
-            give_up_after=settings.give_up_after,
-            max_workers=settings.max_workers,
-            heartbeat_every=settings.heartbeat_seconds,
+        retry = SNAPSHOTTER_PAUSE.retry.tuned(
+            give_up_after=settings.give_up_after, heartbeat=settings.heartbeat_seconds
         )
+        return build_router(snapshotter, retry=retry, max_workers=settings.max_workers)
 
-    return WorkerHost(service="snapshotter", bus=bus, build=build)
+    return WorkerHost(service="snapshotter", bus=ctx.bus, build=build)

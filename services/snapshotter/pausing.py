@@ -23,15 +23,14 @@ from typing import Literal
 import structlog
 
 from services.snapshotter import metrics
-from shared.bus import subjects
-from shared.bus.ports import Publisher, SandboxStore
+from shared.bus.ports import Publisher, SandboxStore, emit
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord, SnapshotRef
 from shared.envd.ports import Envd
 from shared.errors import EnvdUnavailable, IllegalTransition, NotFound
 from shared.lifecycle.pods import current_endpoint
 from shared.lifecycle.replay import replay_key
-from shared.models.messages import PauseSandbox, SandboxFailed, SandboxSnapshotted, msg_id
+from shared.models.messages import PauseSandbox, SandboxFailed, SandboxSnapshotted
 from shared.models.snapshots import MAX_SNAPSHOT_ANNOTATION_BYTES, Snapshot
 from shared.runtime.models import ANNOTATION_REPLAYED, ANNOTATION_SNAPSHOT
 from shared.runtime.ports import Runtime
@@ -73,7 +72,8 @@ class Snapshotter:
         ref = t.snapshot_of_this_pause(record)
         if ref is None:  # not captured yet (a redelivery after step 4 skips to the publish)
             record, ref = await self._capture(record, cmd_msg_id)
-        await self._publisher.publish(
+        await emit(
+            self._publisher,
             SandboxSnapshotted(
                 sandbox_id=sid,
                 generation=record.generation,
@@ -81,8 +81,6 @@ class Snapshotter:
                 snapshot_id=ref.id,
                 process_count=ref.process_count,
             ),
-            subjects.of(subjects.EVT_SNAPSHOTTED, sid),
-            msg_id=msg_id("snapshotted", sid, record.generation),
         )
         metrics.SNAPSHOT_SECONDS.observe(time.monotonic() - started)
         metrics.SNAPSHOTS.labels("snapshotted").inc()
@@ -126,7 +124,8 @@ class Snapshotter:
         )
         metrics.SNAPSHOTS.labels("failed").inc()
         log.error("pause_failed", reason=reason)
-        await self._publisher.publish(
+        await emit(
+            self._publisher,
             SandboxFailed(
                 sandbox_id=cmd.sandbox_id,
                 generation=record.generation,
@@ -134,6 +133,4 @@ class Snapshotter:
                 op="pause",
                 reason=reason,
             ),
-            subjects.of(subjects.EVT_FAILED, cmd.sandbox_id),
-            msg_id=msg_id("failed", cmd.sandbox_id, record.generation),
         )

@@ -3,23 +3,22 @@
 - ``LogContextMiddleware`` binds correlation id, causation id, subject, sandbox id and delivery
   count into structlog's contextvars for the duration of one message, so every log line and every
   publish made while handling it carries them.
-- ``RetryDlqMiddleware`` turns exceptions into acknowledgements: poison → dead-letter copy + TERM;
-  ``Retry``/transient → NAK with exponential delay; after ``max_attempts`` → dead-letter + TERM.
-  NAK with delay because consumer ``backoff`` does not apply to NAKs (pitfall 2).
+- ``RetryDlqMiddleware`` turns exceptions into acknowledgements by the durable's retry policy
+  (``shared.bus.retry``): permanent → dead-letter copy + TERM; ``Retry``/transient → NAK with
+  exponential delay; after ``dead_letter_after`` deliveries → dead-letter + TERM.
 """
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import structlog
 from faststream import BaseMiddleware
 from faststream.exceptions import AckMessage, NackMessage, RejectMessage, SkipMessage
-from pydantic import ValidationError
 
 from shared.bus import subjects
-from shared.bus.topology import STREAM_DLQ
+from shared.bus.retry import Retry
+from shared.bus.topology import STREAM_DLQ, retry_policy_of
 from shared.errors import IllegalTransition
 from shared.redaction import redact_json_bytes, redact_text, redact_value
 
@@ -28,18 +27,6 @@ log = structlog.get_logger()
 CORRELATION_HEADER = "correlation_id"
 CAUSATION_HEADER = "causation_id"
 MSG_ID_HEADER = "Nats-Msg-Id"
-
-
-class PoisonMessage(Exception):
-    """The message can never be handled: dead-letter it at once."""
-
-
-class Retry(Exception):
-    """Handle again later (e.g. the sandbox is mid-transition). ``delay`` in seconds."""
-
-    def __init__(self, reason: str, *, delay: float = 2.0) -> None:
-        super().__init__(reason)
-        self.delay = delay
 
 
 def _headers(msg: Any) -> dict[str, str]:
@@ -72,18 +59,19 @@ class LogContextMiddleware(BaseMiddleware):  # type: ignore[type-arg]
             return await call_next(msg)
 
 
-class RetryDlqMiddleware(BaseMiddleware):  # type: ignore[type-arg]
-    max_attempts = 8
-    max_delay = 60.0
+def _consumer(msg: Any) -> str | None:
+    try:
+        return str(msg.raw_message.metadata.consumer)
+    except Exception:
+        return None
 
+
+class RetryDlqMiddleware(BaseMiddleware):  # type: ignore[type-arg]
     async def consume_scope(self, call_next: Any, msg: Any) -> Any:
         try:
             return await call_next(msg)
         except (AckMessage, NackMessage, RejectMessage, SkipMessage):
             raise
-        except (ValidationError, PoisonMessage, ValueError) as e:
-            await dead_letter(msg, e)
-            raise RejectMessage from e
         except IllegalTransition as e:
             # Redelivery or a race already settled by another replica: nothing left to do.
             log.info("transition_not_applicable", error=str(e))
@@ -93,11 +81,11 @@ class RetryDlqMiddleware(BaseMiddleware):  # type: ignore[type-arg]
             raise NackMessage(delay=e.delay) from e
         except Exception as e:
             n = _num_delivered(msg)
-            if n >= self.max_attempts:
+            action, delay = retry_policy_of(_consumer(msg)).on_error(e, n)
+            if action == "dead_letter":
                 log.error("giving_up", error=redact_text(repr(e)), deliveries=n)
                 await dead_letter(msg, e)
                 raise RejectMessage from e
-            delay = min(self.max_delay, 2.0**n) * random.uniform(0.8, 1.2)
             log.warning(
                 "handler_failed_will_retry", error=redact_text(repr(e)), deliveries=n, delay=delay
             )

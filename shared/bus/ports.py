@@ -11,12 +11,22 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from shared.domain.record import SandboxRecord
+from shared.models.messages import address
 
 
 class Publisher(Protocol):
     async def publish(self, message: BaseModel, subject: str, *, msg_id: str) -> bool:
         """Publish durably; ``True`` if stored, ``False`` if deduplicated."""
         ...
+
+
+async def emit(
+    publisher: Publisher, message: BaseModel, *id_extra: str, generation: int | None = None
+) -> bool:
+    """Publish a command or event to the subject, and with the message id, derived from it
+    (``shared.models.messages.address``): the one way torpor's services publish."""
+    subject, mid = address(message, *id_extra, generation=generation)
+    return await publisher.publish(message, subject, msg_id=mid)
 
 
 Mutation = Callable[[SandboxRecord], SandboxRecord]

@@ -22,6 +22,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import BadRequestError
 
 from shared.bus import subjects as s
+from shared.bus.retry import DEFAULT, RetryPolicy
 
 STREAM_CMD = "SANDBOX_CMD"
 STREAM_EVT = "SANDBOX_EVT"
@@ -93,8 +94,7 @@ class Durable:
     stream: str
     name: str
     filters: tuple[str, ...]
-    backoff: tuple[float, ...] = (30, 60, 120, 240)
-    max_deliver: int = 12
+    retry: RetryPolicy = DEFAULT
     max_ack_pending: int = 256
 
     def config(self) -> ConsumerConfig:
@@ -102,18 +102,20 @@ class Durable:
             durable_name=self.name,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
-            # backoff[0] silently replaces ack_wait (pitfall 3): state it explicitly.
-            ack_wait=self.backoff[0],
+            ack_wait=self.retry.ack_wait,
             # No consumer ``backoff`` list: with one set, nats-server 2.15 ignores the delay of
             # every NAK after the first (observed: NAK(delay=4s) on delivery 2 redelivered at
             # +34s), which breaks the retry middleware's exponential delays. Crash/hang
             # redeliveries come after ``ack_wait``; retries are paced by the middleware.
             backoff=None,
-            max_deliver=self.max_deliver,
+            max_deliver=self.retry.max_deliver,
             max_ack_pending=self.max_ack_pending,
             filter_subjects=list(self.filters),
         )
 
+
+# The scheduler's handlers are short (no pods to wait for): a hung one is redelivered sooner.
+SCHEDULER_RETRY = RetryPolicy(ack_wait=10, max_deliver=10)
 
 SNAPSHOTTER_PAUSE = Durable(STREAM_CMD, "snapshotter-pause", (s.all_of(s.CMD_PAUSE),))
 SCALER_LIFECYCLE = Durable(
@@ -142,15 +144,10 @@ SCHEDULER_LIFECYCLE = Durable(
             s.EVT_FAILED,
         )
     ),
-    backoff=(10, 30, 60),
-    max_deliver=10,
+    retry=SCHEDULER_RETRY,
 )
 SCHEDULER_FIRED = Durable(
-    STREAM_TIMERS,
-    "scheduler-fired",
-    (s.all_of(s.TIMER_FIRED),),
-    backoff=(10, 30, 60),
-    max_deliver=10,
+    STREAM_TIMERS, "scheduler-fired", (s.all_of(s.TIMER_FIRED),), retry=SCHEDULER_RETRY
 )
 
 DURABLES = (
@@ -160,6 +157,12 @@ DURABLES = (
     SCHEDULER_LIFECYCLE,
     SCHEDULER_FIRED,
 )
+_RETRY_BY_DURABLE = {d.name: d.retry for d in DURABLES}
+
+
+def retry_policy_of(durable_name: str | None) -> RetryPolicy:
+    """The retry policy of the durable a message came through (the default for any other)."""
+    return _RETRY_BY_DURABLE.get(durable_name or "", DEFAULT)
 
 
 def kv_buckets(replicas: int) -> list[KeyValueConfig]:

@@ -1,20 +1,27 @@
-"""The ``main()`` shared by the snapshotter and the scaler: settings, logging, health, runtime,
-envd client, worker, until SIGTERM. Each service passes its own host factory."""
+"""The ``main()`` of every worker: settings, logging, health, runtime and daemon client (for the
+services that move pods), the ``WorkerHost``, until SIGTERM.
+
+A service states what it needs in a ``WorkerSpec`` and its ``main`` is ``run_worker(SPEC, argv)``.
+Bad configuration is one line on stderr and exit code 2, before anything starts.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import io
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
 
 import structlog
 
 from shared.envd.ports import Envd
 from shared.errors import ConfigError, TorporError
 from shared.health import HealthServer, HealthSettings
-from shared.lifecycle.hosting import WorkerHost, until_signalled
+from shared.lifecycle.hosting import Context, WorkerHost, until_signalled
 from shared.logging import configure
 from shared.runtime.factory import LocalRuntimeSettings, open_runtime
 from shared.runtime.ports import Runtime
@@ -22,22 +29,54 @@ from shared.settings import BusSettings, LoggingSettings, RuntimeSettings, load
 
 log = structlog.get_logger()
 
-HostFactory = Callable[[BusSettings, Runtime, Envd], WorkerHost]
+S = TypeVar("S")
+
+# none: no pods (the scheduler); client: reaches the runtime; supervise: also runs its reconciler
+# (one service per machine supervises the local runtime's pods: the scaler).
+RuntimeUse = Literal["none", "client", "supervise"]
 
 
-def run_worker(service: str, make_host: HostFactory, *, supervise_runtime: bool) -> int:
+@dataclass(frozen=True)
+class WorkerSpec(Generic[S]):
+    service: str
+    settings: Callable[[], S]  # reads the service's own settings (ConfigError: exit 2)
+    host: Callable[[Context, S], WorkerHost]
+    runtime: RuntimeUse = "none"
+    health_port: int = 8080  # when neither TORPOR_HEALTH_PORT nor --health-port is given
+
+
+@dataclass(frozen=True)
+class _Config(Generic[S]):
+    bus: BusSettings
+    settings: S
+    health_host: str
+    health_port: int
+    runtime: RuntimeSettings | None
+    local: LocalRuntimeSettings | None
+
+
+def run_worker(spec: WorkerSpec[S], argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"torpor-{spec.service}")
+    parser.add_argument("--health-port", type=int, help="health/metrics port (TORPOR_HEALTH_PORT)")
+    args = parser.parse_args(argv)
     try:
-        bus = load(BusSettings)
-        runtime_settings = load(RuntimeSettings)
         health = load(HealthSettings)
-        configure(load(LoggingSettings), service=service)
+        port = health.health_port if "health_port" in health.model_fields_set else spec.health_port
+        pods = spec.runtime != "none"
+        config = _Config(
+            bus=load(BusSettings),
+            settings=spec.settings(),
+            health_host=health.health_host,
+            health_port=args.health_port if args.health_port is not None else port,
+            runtime=load(RuntimeSettings) if pods else None,
+            local=load(LocalRuntimeSettings) if pods else None,
+        )
+        configure(load(LoggingSettings), service=spec.service)
     except ConfigError as e:
-        print(f"torpor {service}: {e}", file=sys.stderr)
+        print(f"torpor {spec.service}: {e}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(
-            _serve(service, bus, runtime_settings, health, make_host, supervise_runtime)
-        )
+        return asyncio.run(_serve(spec, config))
     except TorporError as e:
         log.error("fatal", error=str(e))
         return 1
@@ -45,40 +84,43 @@ def run_worker(service: str, make_host: HostFactory, *, supervise_runtime: bool)
         return 0
 
 
-async def _serve(  # noqa: PLR0917 - private, called once
-    service: str,
-    bus: BusSettings,
-    runtime_settings: RuntimeSettings,
-    health: HealthSettings,
-    make_host: HostFactory,
-    supervise_runtime: bool,
-) -> int:
+async def _serve(spec: WorkerSpec[S], config: _Config[S]) -> int:
+    runtime, envd = await _open_pods(spec, config)
+    try:
+        host = spec.host(Context(bus=config.bus, runtime=runtime, envd=envd), config.settings)
+        server = HealthServer(host=config.health_host, port=config.health_port, ready=host.ready)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
+        try:
+            await server.start()
+            await host.start()
+            await until_signalled()
+        finally:
+            await host.stop()
+            await server.stop()
+    finally:
+        if envd is not None:
+            await envd.close()
+        if runtime is not None:
+            await runtime.close()
+    log.info("worker_stopped", service=spec.service)
+    return 0
+
+
+async def _open_pods(spec: WorkerSpec[S], config: _Config[S]) -> tuple[Runtime | None, Envd | None]:
+    if config.runtime is None:
+        return None, None
     from shared.bus.broker import connect_options
     from shared.envd.client import ConnectEnvdClient  # type: ignore[import-untyped]
 
-    nats_url = bus.nats_url.split(",")[0]
     runtime = await open_runtime(
-        runtime_settings,
-        nats_url=nats_url,
+        config.runtime,
+        nats_url=config.bus.nats_url.split(",")[0],
         # Its replies under the service's own inbox prefix (the only one its NATS user may read).
-        nats_options={**connect_options(bus), "inbox_prefix": f"_INBOX_{service}"},
-        supervise=supervise_runtime,
-        local=load(LocalRuntimeSettings),
+        nats_options={**connect_options(config.bus), "inbox_prefix": f"_INBOX_{spec.service}"},
+        supervise=spec.runtime == "supervise",
+        local=config.local,
     )
-    envd = ConnectEnvdClient()
-    host = make_host(bus, runtime, envd)
-    server = HealthServer(host=health.health_host, port=health.health_port, ready=host.ready)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
-    try:
-        await server.start()
-        await host.start()
-        await until_signalled()
-    finally:
-        await host.stop()
-        await server.stop()
-        await envd.close()
-        await runtime.close()
-    return 0
+    return runtime, ConnectEnvdClient()
 
 
 def _dump_tasks() -> None:

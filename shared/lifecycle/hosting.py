@@ -1,8 +1,11 @@
-"""Running a lifecycle worker (snapshotter, scaler): broker, topology, router, health, SIGTERM.
+"""One host for every worker (snapshotter, scaler, scheduler, and whatever service comes next).
 
-``WorkerHost`` is the shared composition skeleton: each service's ``bootstrap`` gives it a
-function that builds the service's router from the connected parts, so tests can run the very
-same wiring in-process with fakes or real adapters.
+``WorkerHost`` owns the broker: it connects, converges the topology, gives the service's
+``build`` function the connected parts (the record store and the publisher, as ports; the broker
+for adapters such as the scheduler's timers), includes the router it returns, and starts
+consuming. ``shared.lifecycle.entry.run_worker`` adds settings, logging, health, the runtime and
+the shutdown on SIGTERM. A service is thus ``main`` (a ``WorkerSpec``) + ``bootstrap`` (ports in,
+router out) + handlers + its decisions; tests run the very same ``build`` in-process.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ import structlog
 from faststream.nats import NatsBroker, NatsRouter
 
 from shared.bus.broker import key_value, make_broker, prepare
+from shared.bus.ports import Publisher, SandboxStore
 from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import KvSandboxStore
 from shared.bus.topology import KV_SANDBOXES
+from shared.envd.ports import Envd
+from shared.runtime.ports import Runtime
 from shared.settings import BusSettings
 
 log = structlog.get_logger()
@@ -30,16 +36,31 @@ class Parts:
     """What a worker's router is built from once the bus is up."""
 
     broker: NatsBroker
-    store: KvSandboxStore
-    publisher: BrokerPublisher
+    store: SandboxStore
+    publisher: Publisher
 
 
 RouterFactory = Callable[[Parts], NatsRouter]
 
 
+@dataclass(frozen=True)
+class Context:
+    """What a worker's host is made from: the bus, and the runtime and daemon client if asked."""
+
+    bus: BusSettings
+    runtime: Runtime | None = None
+    envd: Envd | None = None
+
+    def pods(self) -> tuple[Runtime, Envd]:
+        if self.runtime is None or self.envd is None:
+            msg = "this worker was declared without a runtime (WorkerSpec.runtime)"
+            raise RuntimeError(msg)
+        return self.runtime, self.envd
+
+
 class WorkerHost:
     def __init__(self, *, service: str, bus: BusSettings, build: RouterFactory) -> None:
-        self._service = service
+        self.service = service
         self._bus = bus
         self._build = build
         self.broker = make_broker(bus, service=service)
@@ -53,13 +74,14 @@ class WorkerHost:
         )
         self.broker.include_router(self._build(parts))
         await self.broker.start()
-        log.info("worker_started", service=self._service)
+        log.info("worker_started", service=self.service)
         return parts
 
     async def ready(self) -> bool:
         return bool(await self.broker.ping(timeout=1.0))
 
     async def stop(self) -> None:
+        """In-flight messages finish (the broker's graceful timeout); the rest stay queued."""
         with contextlib.suppress(Exception):
             await self.broker.stop()
 

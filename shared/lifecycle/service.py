@@ -23,8 +23,7 @@ from datetime import UTC, datetime
 
 import structlog
 
-from shared.bus import subjects
-from shared.bus.ports import Publisher, SandboxStore
+from shared.bus.ports import Publisher, SandboxStore, emit
 from shared.domain import states
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
@@ -41,7 +40,6 @@ from shared.models.messages import (
     SandboxActivity,
     SandboxTimeoutSet,
     SetSandboxNetwork,
-    msg_id,
 )
 from shared.models.network import NetworkPolicy
 
@@ -129,11 +127,7 @@ class SandboxLifecycle:
         try:
             if self._admission is not None:
                 await self._admission(record)
-            await self._publisher.publish(
-                command,
-                subjects.of(subjects.CMD_CREATE, sandbox_id),
-                msg_id=msg_id("create", sandbox_id, record.generation),
-            )
+            await emit(self._publisher, command, generation=record.generation)
         except Exception:
             # Refused, or nobody will ever act on this record: remove it so the id can be
             # used again.
@@ -179,10 +173,9 @@ class SandboxLifecycle:
         if states.is_gone(record.state):
             raise NotFound(f"sandbox {sandbox_id} not found")
         if t.can_pause(record.state):
-            await self._publisher.publish(
+            await emit(
+                self._publisher,
                 PauseSandbox(sandbox_id=sandbox_id, generation=record.generation, reason="user"),
-                subjects.of(subjects.CMD_PAUSE, sandbox_id),
-                msg_id=msg_id("pause", sandbox_id, record.generation),
             )
         elif record.state != SandboxState.PAUSING:
             raise IllegalTransition(
@@ -219,15 +212,14 @@ class SandboxLifecycle:
             if record.state == SandboxState.RUNNING:  # the pause failed back to running
                 return ResumeResult(record=record, resumed=False)
         if t.can_resume(record.state):
-            await self._publisher.publish(
+            await emit(
+                self._publisher,
                 ResumeSandbox(
                     sandbox_id=sandbox_id,
                     generation=record.generation,
                     timeout=timeout,
                     reason="user",
                 ),
-                subjects.of(subjects.CMD_RESUME, sandbox_id),
-                msg_id=msg_id("resume", sandbox_id, record.generation),
             )
         start_gen = record.generation
         done = await self._wait(
@@ -240,10 +232,9 @@ class SandboxLifecycle:
     async def kill(self, sandbox_id: str, *, owner: str | None, wait: float = 30.0) -> None:
         record = await self.get(sandbox_id, owner=owner)
         if record.state != SandboxState.KILLING:
-            await self._publisher.publish(
+            await emit(
+                self._publisher,
                 KillSandbox(sandbox_id=sandbox_id, generation=record.generation, reason="user"),
-                subjects.of(subjects.CMD_KILL, sandbox_id),
-                msg_id=msg_id("kill", sandbox_id, record.generation),
             )
         try:
             await self._wait(sandbox_id, lambda r: r.state == SandboxState.KILLED, wait)
@@ -264,10 +255,10 @@ class SandboxLifecycle:
 
         record = await self._store.update(sandbox_id, mutate)
         # Unique per write (updated_at): setting A, B, then A again must apply A again.
-        await self._publisher.publish(
+        await emit(
+            self._publisher,
             SetSandboxNetwork(sandbox_id=sandbox_id, generation=record.generation),
-            subjects.of(subjects.CMD_NETWORK, sandbox_id),
-            msg_id=msg_id("network", sandbox_id, record.generation, record.updated_at.isoformat()),
+            record.updated_at.isoformat(),
         )
         return record
 
@@ -294,10 +285,10 @@ class SandboxLifecycle:
             sandbox_id, timeout=None, only_later=True, announce=False
         )
         bucket = int(time.time())  # one activity event per sandbox per second at most
-        await self._publisher.publish(
+        await emit(
+            self._publisher,
             SandboxActivity(sandbox_id=sandbox_id, generation=updated.generation, at=_now()),
-            subjects.of(subjects.EVT_ACTIVITY, sandbox_id),
-            msg_id=msg_id("activity", sandbox_id, updated.generation, str(bucket)),
+            str(bucket),
         )
 
     async def _move_deadline(
@@ -328,17 +319,15 @@ class SandboxLifecycle:
 
         record = await self._store.update(sandbox_id, mutate)
         if announce and changed and record.deadline is not None:
-            await self._publisher.publish(
+            await emit(
+                self._publisher,
                 SandboxTimeoutSet(
                     sandbox_id=sandbox_id,
                     generation=record.generation,
                     at=_now(),
                     deadline=record.deadline,
                 ),
-                subjects.of(subjects.EVT_TIMEOUT_SET, sandbox_id),
-                msg_id=msg_id(
-                    "timeout_set", sandbox_id, record.generation, record.deadline.isoformat()
-                ),
+                record.deadline.isoformat(),
             )
         return record
 

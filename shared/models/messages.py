@@ -139,6 +139,20 @@ class SandboxActivity(_Event):
     type: Literal["sandbox.evt.activity"] = "sandbox.evt.activity"
 
 
+def address(message: BaseModel, *extra: str, generation: int | None = None) -> tuple[str, str]:
+    """The subject and the message id of a command or event, derived from it: its ``type`` is the
+    subject's prefix and its last word the id's kind (``PauseSandbox`` of generation 3 goes to
+    ``sandbox.cmd.pause.<sid>`` as ``pause:<sid>:g3``). ``generation`` for a message without one
+    (``CreateSandbox``: the record's)."""
+    kind = str(getattr(message, "type", ""))
+    sid = getattr(message, "sandbox_id", None)
+    gen = generation if generation is not None else getattr(message, "generation", None)
+    if not kind.startswith("sandbox.") or sid is None or gen is None:
+        msg = f"{type(message).__name__} has no type, sandbox or generation to address it by"
+        raise TypeError(msg)
+    return f"{kind}.{sid}", msg_id(kind.rsplit(".", 1)[-1], sid, int(gen), *extra)
+
+
 def msg_id(kind: str, sandbox_id: str, generation: int, *extra: str) -> str:
     """``msg_id("pause", "sbx1", 3) == "pause:sbx1:g3"``."""
     tail = "".join(f":{e}" for e in extra)

@@ -22,6 +22,7 @@ from services.snapshotter.handlers import build_router as snapshotter_router
 from services.snapshotter.pausing import Snapshotter
 from shared.bus.broker import make_broker
 from shared.bus.middleware import MSG_ID_HEADER
+from shared.bus.retry import RetryPolicy
 from shared.lifecycle.service import SandboxLifecycle
 from shared.settings import BusSettings
 from tests.fakes.publisher import Published, RecordingPublisher
@@ -55,8 +56,9 @@ async def in_memory_system(*, give_up_after: int = 3) -> AsyncIterator[InMemoryS
         stop_timeout=5,
     )
     broker = make_broker(BusSettings(), service="unit")  # never connected: TestNatsBroker
-    broker.include_router(snapshotter_router(snapshotter, give_up_after=give_up_after))
-    broker.include_router(scaler_router(scaler, give_up_after=give_up_after))
+    retry = RetryPolicy(give_up_after=give_up_after)
+    broker.include_router(snapshotter_router(snapshotter, retry=retry))
+    broker.include_router(scaler_router(scaler, retry=retry))
     async with TestNatsBroker(broker) as bus:
 
         async def deliver(out: Published) -> Any:

@@ -11,7 +11,7 @@ import nats
 from faststream.nats import NatsMessage
 
 from shared.bus.broker import make_broker, prepare, subscriber_args
-from shared.bus.middleware import PoisonMessage
+from shared.bus.retry import PoisonMessage
 from shared.bus.server import EmbeddedNats
 from shared.bus.topology import SNAPSHOTTER_PAUSE, STREAM_CMD, STREAM_DLQ
 from shared.settings import BusSettings

@@ -15,7 +15,7 @@ from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import KvSandboxStore
 from shared.bus.topology import KV_SANDBOXES
 from shared.envd.ports import Envd
-from shared.lifecycle.hosting import WorkerHost
+from shared.lifecycle.hosting import Context, WorkerHost
 from shared.lifecycle.service import SandboxLifecycle
 from shared.runtime.ports import Runtime
 from shared.settings import BusSettings
@@ -48,24 +48,20 @@ async def running_system(
     store = KvSandboxStore(await key_value(client, KV_SANDBOXES))
     publisher = BrokerPublisher(client)
     hosts: list[WorkerHost] = []
+    ctx = Context(bus=bus, runtime=runtime, envd=envd)
     try:
         for _ in range(replicas):
             hosts.append(
                 snapshotter_host(
-                    bus=bus,
-                    settings=SnapshotterSettings(give_up_after=give_up_after, envd_timeout=5),
-                    runtime=runtime,
-                    envd=envd,
+                    ctx, SnapshotterSettings(give_up_after=give_up_after, envd_timeout=5)
                 )
             )
             hosts.append(
                 scaler_host(
-                    bus=bus,
-                    settings=ScalerSettings(
+                    ctx,
+                    ScalerSettings(
                         give_up_after=give_up_after, ready_timeout=ready_timeout, stop_timeout=30
                     ),
-                    runtime=runtime,
-                    envd=envd,
                 )
             )
         for host in hosts:

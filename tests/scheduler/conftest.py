@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 from pydantic import BaseModel
 
-from services.scheduler.bootstrap import SchedulerApp
+from services.scheduler.bootstrap import scheduler_host
 from services.scheduler.settings import SchedulerSettings, TimerSettings
 from shared.bus import subjects
 from shared.bus.records import KvSandboxStore
@@ -32,8 +32,9 @@ from shared.bus.topology import (
 )
 from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
+from shared.lifecycle.hosting import Context, WorkerHost
 from shared.models.messages import SandboxCreated, SandboxPaused, SandboxResumed, msg_id
-from shared.settings import BusSettings, FeatureFlags, LoggingSettings
+from shared.settings import BusSettings, FeatureFlags
 from tests.fakes.records import running_record
 
 
@@ -186,23 +187,18 @@ async def bus(fresh_nats: EmbeddedNats) -> AsyncIterator[Bus]:
 
 
 def scheduler_settings(
-    url: str,
     *,
     pause_resume: str = "true",
     retention_seconds: int = 3600,
     pause_check_seconds: float = 30.0,
     pause_attempts: int = 4,
-    health_port: int = 0,
 ) -> SchedulerSettings:
     return SchedulerSettings(
-        bus=BusSettings(NATS_URL=url),
         flags=FeatureFlags(PAUSE_RESUME=pause_resume),
-        logging=LoggingSettings(),
         timers=TimerSettings(
             retention_seconds=retention_seconds,
             pause_check_seconds=pause_check_seconds,
             pause_attempts=pause_attempts,
-            health_port=health_port,
         ),
     )
 
@@ -213,10 +209,12 @@ StartScheduler = Callable[..., Any]
 @pytest.fixture
 async def start_scheduler(bus: Bus) -> AsyncIterator[StartScheduler]:
     """``await start_scheduler(pause_resume="alice")``: an in-process scheduler on the test bus."""
-    apps: list[SchedulerApp] = []
+    apps: list[WorkerHost] = []
 
-    async def start(**kwargs: Any) -> SchedulerApp:
-        app = SchedulerApp(scheduler_settings(bus.url, **kwargs))
+    async def start(**kwargs: Any) -> WorkerHost:
+        app = scheduler_host(
+            Context(bus=BusSettings(NATS_URL=bus.url)), scheduler_settings(**kwargs)
+        )
         await app.start()
         apps.append(app)
         return app
