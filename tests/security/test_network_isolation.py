@@ -72,17 +72,24 @@ def opts(stack: Stack, user: str) -> dict[str, object]:
 
 
 def pod_address(sbx: Sandbox) -> str:
-    out = sbx.commands.run("ip -4 -o addr show dev eth0").stdout
-    match = re.search(r"inet (\d+\.\d+\.\d+\.\d+)/32", out)
-    assert match, out
-    return match.group(1)
+    # The sandbox rootfs has no iproute2: `hostname -I` here, the kernel's route table below.
+    out = sbx.commands.run("hostname -I").stdout.split()
+    assert len(out) == 1 and re.fullmatch(r"\d+\.\d+\.\d+\.\d+", out[0]), out
+    return out[0]
 
 
 def gateway(sbx: Sandbox) -> str:
-    out = sbx.commands.run("ip -4 route show default").stdout
-    match = re.search(r"default via (\d+\.\d+\.\d+\.\d+)", out)
-    assert match, out
-    return match.group(1)
+    read = (
+        "import socket, struct\n"
+        "for line in open('/proc/net/route').read().splitlines()[1:]:\n"
+        "    f = line.split()\n"
+        "    if f[1] == '00000000':\n"
+        "        print(socket.inet_ntoa(struct.pack('<L', int(f[2], 16))))\n"
+    )
+    sbx.files.write("/tmp/gateway.py", read)
+    out = sbx.commands.run("python3 /tmp/gateway.py").stdout.split()
+    assert len(out) == 1 and re.fullmatch(r"\d+\.\d+\.\d+\.\d+", out[0]), out
+    return out[0]
 
 
 def probe(sbx: Sandbox, targets: list[str]) -> dict[str, str]:
