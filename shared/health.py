@@ -14,8 +14,6 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 log = structlog.get_logger()
 
@@ -118,12 +116,3 @@ class HealthServer:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
-
-
-class HealthSettings(BaseSettings):
-    """Where a worker serves its probes: ``TORPOR_HEALTH_HOST`` / ``TORPOR_HEALTH_PORT``."""
-
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", env_prefix="TORPOR_")
-
-    health_host: str = "0.0.0.0"
-    health_port: int = Field(default=8080, ge=0, le=65535)

@@ -1,11 +1,16 @@
 """Settings read once from the environment into pydantic-settings objects and passed in.
 
-Each service composes the pieces it needs (``services/<name>/settings.py``). No module-level
-singletons: call ``load(SomeSettings)`` in the entrypoint and hand the object down.
+``SettingsBase`` is the base of every settings class. The sections every service shares are
+defined once, here: bus, logging, runtime, health, retention, feature flags. Each service's own
+knobs are in ``services/<name>/settings.py`` and carry the service in their name
+(``TORPOR_SCALER_MAX_WORKERS``). docs/configuration.md is generated from these classes
+(``python -m services.cli.settings_doc``); a field's docstring is its documentation.
+No module-level singletons: call ``load(SomeSettings)`` in the entrypoint and hand it down.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -22,11 +27,34 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from shared.errors import ConfigError
 
 
-class _Base(BaseSettings):
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", env_prefix="TORPOR_")
+class SettingsBase(BaseSettings):
+    model_config = SettingsConfigDict(
+        frozen=True,
+        extra="ignore",
+        env_prefix="TORPOR_",
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+    )
 
 
-class BusSettings(_Base):
+def prefixed(section: str) -> SettingsConfigDict:
+    """The config of a service's own settings, or of a section of them: ``TORPOR_<SECTION>_``
+    names (``TORPOR_SCALER_MAX_WORKERS``, ``TORPOR_HTTP_MAX_HEADERS``)."""
+    prefix = f"TORPOR_{section.upper()}_"
+    return SettingsConfigDict(**{**SettingsBase.model_config, "env_prefix": prefix})
+
+
+FORMER_NAMES: set[str] = set()
+
+
+def formerly(field: str, *, service: str, old: str) -> AliasChoices:
+    """``TORPOR_<SERVICE>_<FIELD>``, else the name the knob had before it was split by service
+    (still read, so existing deployments keep working; documented as deprecated)."""
+    FORMER_NAMES.add(old)
+    return AliasChoices(f"TORPOR_{service.upper()}_{field.upper()}", old)
+
+
+class BusSettings(SettingsBase):
     """How to reach NATS, and as whom: ``NATS_USER``/``NATS_PASSWORD``, or a credentials file
     ``NATS_CREDS`` (JWT + nkey), or credentials in ``NATS_URL`` (``nats://user:pass@host:4222``).
     Without any, the client is anonymous (and warns if the bus lets it in)."""
@@ -35,22 +63,29 @@ class BusSettings(_Base):
         default="nats://127.0.0.1:4222",
         validation_alias=AliasChoices("NATS_URL", "TORPOR_NATS_URL"),
     )
+    """NATS server(s), comma-separated; schemes `nats`, `tls`, `ws`, `wss`; may carry
+    credentials (`nats://user:pass@host:4222`)."""
     nats_creds: Path | None = Field(
         default=None, validation_alias=AliasChoices("NATS_CREDS", "TORPOR_NATS_CREDS")
     )
+    """NATS credentials file (JWT/NKEY auth). Not together with `NATS_USER`."""
     nats_user: str | None = Field(
         default=None,
         validation_alias=AliasChoices("NATS_USER", "TORPOR_NATS_USER"),
         pattern=r"^[A-Za-z0-9_.-]{1,64}$",
     )
+    """The service's NATS user and password (set both, or neither). Under `torpor up` each
+    service gets its own; on Kubernetes the password is in `NATS_URL`. Never logged."""
     nats_password: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("NATS_PASSWORD", "TORPOR_NATS_PASSWORD")
     )
-    # Stream and KV replicas: 1 for the embedded broker, 3 for a production cluster.
+    """The service's NATS user and password (set both, or neither). Under `torpor up` each
+    service gets its own; on Kubernetes the password is in `NATS_URL`. Never logged."""
     bus_replicas: int = Field(default=1, ge=1, le=5)
-    # false: streams/KV/durables are created by someone else (deploy/: a provisioning Job with
-    # the admin user), because least-privilege service users may not create them.
+    """Replicas of streams and KV buckets, 1-5 (3 on a production NATS cluster)."""
     bus_provision: bool = True
+    """`false`: do not create or change streams, KV buckets and durables at start-up (on
+    Kubernetes the provisioning Job does that, because service NATS users may not)."""
 
     @field_validator("nats_url")
     @classmethod
@@ -79,31 +114,77 @@ class BusSettings(_Base):
         return self.nats_user is not None or self.nats_creds is not None or in_url
 
 
-class LoggingSettings(_Base):
+class LoggingSettings(SettingsBase):
     log_format: Literal["console", "json"] = "console"
+    """`console` or `json`."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """`debug`, `info`, `warning`, `error`."""
 
 
-class RuntimeSettings(_Base):
+class RuntimeSettings(SettingsBase):
     """Which runtime moves the workloads, and where."""
 
     runtime: Literal["local", "kubernetes"] = "local"
+    """`local` (bubblewrap-isolated process trees) or `kubernetes` (one ReplicaSet per sandbox)."""
     namespace: str = "torpor-sandboxes"  # kubernetes: where sandbox ReplicaSets live
-    # kubernetes: the namespace of the proxy/scaler/snapshotter when it is not ``namespace``
-    # (sandbox pods accept connections only from their pods; see the per-sandbox NetworkPolicy).
+    """kubernetes: namespace of the sandbox ReplicaSets (`deploy/` sets the pod's own namespace,
+    `torpor`)."""
     control_plane_namespace: str | None = None
+    """kubernetes: namespace of the proxy, scaler and snapshotter, when sandboxes live
+    elsewhere. Each sandbox's NetworkPolicy admits connections only from pods labelled
+    `torpor.dev/sandbox-access: "true"` in it."""
     kubeconfig: Path | None = None  # kubernetes: None = in-cluster config
+    """kubernetes: kubeconfig file; unset means the in-cluster ServiceAccount. `KUBECONFIG` is
+    not read."""
     templates_dir: Path | None = None  # None = the packaged templates
+    """Sandbox templates (`<name>.yaml`), searched before the packaged
+    `shared/runtime/templates/` (local) or `deploy/sandbox-base/` (kubernetes)."""
     data_dir: Path = Path.home() / ".local" / "share" / "torpor"  # local runtime: pod dirs, volumes
+    """State of `torpor up` and of the local runtime: NATS store, logs, `torpor.json`,
+    `admin-api-key`, pod dirs, volumes."""
 
 
-class FeatureFlags(_Base):
+class HealthSettings(SettingsBase):
+    """Where a worker serves ``/livez``, ``/readyz`` and ``/metrics``."""
+
+    health_host: str = "0.0.0.0"
+    """Listen address of the probes and metrics."""
+    health_port: int = Field(default=8080, ge=0, le=65535)
+    """Their port (0: any free port). The scheduler's default is 8083; ``--health-port`` wins."""
+
+
+DAY = 86400
+
+
+class RetentionSettings(SettingsBase):
+    """How long records are kept; read by the scaler (which writes ``retain_until``) and the
+    scheduler (which deletes at it), so one value serves both."""
+
+    retention_seconds: int = Field(default=30 * DAY, ge=1)
+    """Paused sandboxes (and sandboxes whose create failed) are deleted this long after."""
+    tombstone_seconds: int = Field(default=DAY, ge=0)
+    """Killed sandboxes stay in KV as tombstones this long."""
+
+    @property
+    def retention(self) -> timedelta:
+        return timedelta(seconds=self.retention_seconds)
+
+    @property
+    def tombstone_for(self) -> timedelta:
+        return timedelta(seconds=self.tombstone_seconds)
+
+
+class FeatureFlags(SettingsBase):
     """``PAUSE_RESUME``: ``true`` for everyone, ``false``/unset for no one, or a comma-separated
     list of user names. Gates only auto-pause on timeout, never manual pause/resume."""
 
     pause_resume: str = Field(
         default="false", validation_alias=AliasChoices("PAUSE_RESUME", "TORPOR_PAUSE_RESUME")
     )
+    """Auto-pause on timeout. `true`/`1`/`yes`/`on`/`*` = everyone; `false`/`0`/`no`/`off`/empty
+    = no one; otherwise a comma-separated list of user names. The scheduler uses it to decide
+    pause or delete on expiry. The api only shows it on the dashboard. Manual pause/resume
+    and auto-resume never depend on it."""
 
     def pause_resume_enabled_for(self, user: str) -> bool:
         raw = self.pause_resume.strip()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from shared.settings import BusSettings, FeatureFlags, LoggingSettings, _Base
+from shared.settings import BusSettings, FeatureFlags, LoggingSettings, SettingsBase
 
 # The envd protocol version the in-sandbox daemon implements; must equal
 # ``services/envd/version.py: ENVD_VERSION`` (a test checks it). Copied, not imported: the API
@@ -12,34 +12,41 @@ from shared.settings import BusSettings, FeatureFlags, LoggingSettings, _Base
 ENVD_VERSION = "0.6.4"
 
 
-class ApiSettings(_Base):
+class ApiSettings(SettingsBase):
     host: str = Field(default="127.0.0.1", description="TORPOR_HOST: listen address")
     port: int = Field(default=3000, ge=0, le=65535, description="TORPOR_PORT: listen port")
-    # The sandbox domain returned as ``domain``: the SDK then dials
-    # ``https://{port}-{id}.{domain}`` unless E2B_SANDBOX_URL is set. "localhost" keeps a
-    # misconfigured client on loopback instead of sending traffic to the E2B cloud.
     sandbox_domain: str = "localhost"
+    """`domain` returned to the SDK. Without `E2B_SANDBOX_URL` the SDK dials
+    `https://{port}-{id}.{domain}`. `localhost` keeps a misconfigured client on loopback."""
     client_id: str = "torpor"
-    # Resources reported by get_info (the local runtime does not enforce them).
+    """`clientID` in E2B responses."""
     cpu_count: int = 2
+    """Resources reported by get_info (reported only, not enforced)."""
     memory_mb: int = 512
+    """Resources reported by get_info (reported only, not enforced)."""
     disk_size_mb: int = 1024
+    """Resources reported by get_info (reported only, not enforced)."""
     default_timeout: int = Field(default=300, ge=1)
+    """Seconds; E2B create without a timeout. The native API's default is also 300."""
     max_timeout: int = Field(default=86400, ge=1)
-    # How long a request waits for a transition (create / pause / resume / kill) to finish.
+    """Largest accepted timeout (400 on E2B paths, 422 on native paths)."""
     create_wait: float = 60.0
+    """Seconds a create request waits for the sandbox to run (then 504; the create still
+    completes)."""
     transition_wait: float = 55.0
+    """The same for pause / resume / kill."""
     list_max_limit: int = 100
-    # TORPOR_MAX_BODY_BYTES: the largest request body (413 beyond); TORPOR_BODY_TIMEOUT: how long
-    # a body may take to arrive in full (408 beyond). Both checked before any route runs.
+    """Largest page of `GET /v2/sandboxes`."""
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Request body limits (see "HTTP limits" below)."""
     body_timeout: float = Field(default=30.0, gt=0)
-    # TORPOR_COOKIE_SECURE: always mark the dashboard cookie Secure. Otherwise it is Secure when
-    # the request came over HTTPS (directly, or per X-Forwarded-Proto from a trusted proxy).
+    """Request body limits (see "HTTP limits" below)."""
     cookie_secure: bool = False
-    # TORPOR_DEFAULT_TEMPLATE: what E2B's default template name "base" (the SDK's default when
-    # no template is given) creates.
+    """`true`: always mark the dashboard session cookie `Secure`. Otherwise it is `Secure` when
+    the request came over HTTPS, directly or through a proxy listed in
+    `TORPOR_HTTP_TRUSTED_PROXIES` that sends `X-Forwarded-Proto: https`."""
     default_template: str = "sandbox-base"
+    """What E2B's default template name ``base`` (the SDK's default) creates."""
 
     def resolve_template(self, name: str) -> str:
         return self.default_template if name == "base" else name

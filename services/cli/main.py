@@ -138,8 +138,8 @@ def run_service(name: str, argv: list[str]) -> int:
         msg = f"unknown service {name!r}; choose one of: {', '.join(catalog.NAMES)}"
         raise ConfigError(msg)
     from services.cli import placeholder
-    from shared.health import HealthSettings
     from shared.logging import configure
+    from shared.settings import HealthSettings
 
     bus = load(BusSettings)
     configure(load(LoggingSettings), service=name)

@@ -12,8 +12,8 @@ import signal
 import structlog
 
 from shared.bus.broker import make_broker, prepare
-from shared.health import HealthServer, HealthSettings
-from shared.settings import BusSettings
+from shared.health import HealthServer
+from shared.settings import BusSettings, HealthSettings
 
 log = structlog.get_logger()
 

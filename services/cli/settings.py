@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.settings import SettingsBase
 
 
-class UpSettings(BaseSettings):
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", env_prefix="TORPOR_")
-
+class UpSettings(SettingsBase):
     api_port: int = Field(default=3000, ge=1, le=65535)
+    """API port (`--api-port`), `E2B_API_URL`."""
     proxy_port: int = Field(default=3001, ge=1, le=65535)
+    """Listen port; `/health`, `/livez`, `/readyz` and `/metrics` are on it."""
     nats_port: int = Field(default=4222, ge=0, le=65535)  # 0 = pick a free port
-    # Seconds a service gets between SIGTERM and SIGKILL on shutdown.
+    """Embedded NATS port (`--nats-port`; 0 = any free port)."""
     stop_grace: float = Field(default=10.0, ge=0)
+    """Seconds between SIGTERM and SIGKILL on shutdown."""

@@ -23,8 +23,8 @@ def scaler_host(ctx: Context, settings: ScalerSettings) -> WorkerHost:
             ready_timeout=settings.ready_timeout,
             stop_timeout=settings.stop_timeout,
             start_timeout=settings.start_timeout,
-            retention=settings.retention,
-            tombstone_for=settings.tombstone_for,
+            retention=ctx.retention.retention,
+            tombstone_for=ctx.retention.tombstone_for,
         )
         retry = SCALER_LIFECYCLE.retry.tuned(
             give_up_after=settings.give_up_after, heartbeat=settings.heartbeat_seconds

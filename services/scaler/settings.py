@@ -1,33 +1,53 @@
-"""Scaler settings (environment, ``TORPOR_`` prefix)."""
+"""The scaler's own settings (``TORPOR_SCALER_*``). Bus, runtime, logging, health and retention
+are the shared sections (``shared.settings``)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from pydantic import Field
 
-from shared.settings import _Base
-
-DAY = 86400
+from shared.settings import SettingsBase, formerly, prefixed
 
 
-class ScalerSettings(_Base):
-    # Paused sandboxes are kept this long, then deleted (TORPOR_RETENTION_SECONDS, 30 days).
-    retention_seconds: int = Field(default=30 * DAY, ge=60)
-    # Killed sandboxes stay in KV as tombstones this long (TORPOR_TOMBSTONE_SECONDS).
-    tombstone_seconds: int = Field(default=DAY, ge=0)
-    ready_timeout: float = Field(default=60.0, gt=0)  # TORPOR_READY_TIMEOUT: new pod Ready
-    stop_timeout: float = Field(default=60.0, gt=0)  # TORPOR_STOP_TIMEOUT: pod gone after scale 0
-    start_timeout: float = Field(default=10.0, gt=0)  # TORPOR_START_TIMEOUT: one replayed Start
-    give_up_after: int = Field(default=5, ge=1, le=10)  # TORPOR_GIVE_UP_AFTER deliveries
-    # TORPOR_HEARTBEAT_SECONDS: in_progress() interval of long handlers; below the ack_wait (30 s)
-    heartbeat_seconds: float = Field(default=10.0, gt=0)
-    max_workers: int = Field(default=8, ge=1)  # TORPOR_MAX_WORKERS per subscriber per replica
+class ScalerSettings(SettingsBase):
+    model_config = prefixed("scaler")
 
-    @property
-    def retention(self) -> timedelta:
-        return timedelta(seconds=self.retention_seconds)
-
-    @property
-    def tombstone_for(self) -> timedelta:
-        return timedelta(seconds=self.tombstone_seconds)
+    ready_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        validation_alias=formerly("ready_timeout", service="scaler", old="TORPOR_READY_TIMEOUT"),
+    )
+    """Seconds for a new pod to become ready (create, resume)."""
+    stop_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        validation_alias=formerly("stop_timeout", service="scaler", old="TORPOR_STOP_TIMEOUT"),
+    )
+    """Seconds for the pod to be gone after a scale to 0."""
+    start_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        validation_alias=formerly("start_timeout", service="scaler", old="TORPOR_START_TIMEOUT"),
+    )
+    """Seconds for one replayed process ``Start``."""
+    give_up_after: int = Field(
+        default=5,
+        ge=1,
+        le=10,
+        validation_alias=formerly("give_up_after", service="scaler", old="TORPOR_GIVE_UP_AFTER"),
+    )
+    """Deliveries of one command before its transition is failed on the record. At 8 or more
+    the command is dead-lettered first (``shared/bus/retry.py``)."""
+    heartbeat_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        validation_alias=formerly(
+            "heartbeat_seconds", service="scaler", old="TORPOR_HEARTBEAT_SECONDS"
+        ),
+    )
+    """``in_progress()`` interval of long handlers; below the durables' ``ack_wait`` (30 s)."""
+    max_workers: int = Field(
+        default=8,
+        ge=1,
+        validation_alias=formerly("max_workers", service="scaler", old="TORPOR_MAX_WORKERS"),
+    )
+    """Concurrent messages per subscriber per replica."""

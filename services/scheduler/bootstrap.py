@@ -15,32 +15,32 @@ from services.scheduler.handlers import SchedulerHandlers, build_router
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.timers import NatsTimers
 from shared.lifecycle.hosting import Context, Parts, WorkerHost
+from shared.settings import RetentionSettings
 
 
-def policy_of(settings: SchedulerSettings) -> expiry.Policy:
-    t = settings.timers
+def policy_of(settings: SchedulerSettings, retention: RetentionSettings) -> expiry.Policy:
     return expiry.Policy(
-        retention=timedelta(seconds=t.retention_seconds),
-        pause_check=timedelta(seconds=t.pause_check_seconds),
-        pause_attempts=t.pause_attempts,
+        retention=retention.retention,
+        pause_check=timedelta(seconds=settings.pause_check_seconds),
+        pause_attempts=settings.pause_attempts,
     )
 
 
 def scheduler_host(ctx: Context, settings: SchedulerSettings) -> WorkerHost:
     def build(parts: Parts) -> NatsRouter:
-        t = settings.timers
+        js = parts.broker.config.connection_state.stream
         handlers = SchedulerHandlers(
             store=parts.store,
             publisher=parts.publisher,
-            timers=NatsTimers(parts.broker.config.connection_state.stream, fired_ttl=t.fired_ttl),
-            flags=settings.flags,
-            policy=policy_of(settings),
+            timers=NatsTimers(js, fired_ttl=settings.fired_ttl),
+            flags=ctx.flags,
+            policy=policy_of(settings, ctx.retention),
         )
         return build_router(
             handlers,
-            max_workers=t.max_workers,
-            fetch_batch=t.fetch_batch,
-            fetch_wait=t.fetch_wait_seconds,
+            max_workers=settings.max_workers,
+            fetch_batch=settings.fetch_batch,
+            fetch_wait=settings.fetch_wait_seconds,
         )
 
     return WorkerHost(service="scheduler", bus=ctx.bus, build=build)

@@ -8,10 +8,11 @@ finish; the rest stay in the durables).
 from __future__ import annotations
 
 from services.scheduler.bootstrap import scheduler_host
-from services.scheduler.settings import load_settings
+from services.scheduler.settings import SchedulerSettings
 from shared.lifecycle.entry import WorkerSpec, run_worker
+from shared.settings import load
 
-SPEC = WorkerSpec("scheduler", load_settings, scheduler_host, health_port=8083)
+SPEC = WorkerSpec("scheduler", lambda: load(SchedulerSettings), scheduler_host, health_port=8083)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,40 +1,57 @@
-"""The scheduler's configuration (environment, read once in ``main``)."""
+"""The scheduler's own settings (``TORPOR_SCHEDULER_*``): the pause-retry policy
+(``services.scheduler.expiry``) and how it consumes. Retention, feature flags, bus, logging and
+health are the shared sections (``shared.settings``)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
 
-from shared.settings import FeatureFlags, load
-
-DAY = 86400
+from shared.settings import SettingsBase, formerly, prefixed
 
 
-class TimerSettings(BaseSettings):
-    """``TORPOR_RETENTION_SECONDS`` and the pause-retry policy (``services.scheduler.expiry``)."""
+class SchedulerSettings(SettingsBase):
+    model_config = prefixed("scheduler")
 
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", env_prefix="TORPOR_")
-
-    # Paused sandboxes are deleted this long after they were paused.
-    retention_seconds: int = Field(default=30 * DAY, ge=1)
-    # How long a timeout pause may take before the scheduler looks again; doubles per attempt.
-    pause_check_seconds: float = Field(default=30.0, gt=0)
-    # Pause attempts before the scheduler gives up and deletes the sandbox instead.
-    pause_attempts: int = Field(default=4, ge=1)
-    # Fired timer messages delete themselves after this (``Nats-Schedule-TTL``).
-    fired_ttl: str = "1h"
-    # Concurrent handlers per durable, and messages fetched per pull request.
-    max_workers: int = Field(default=16, ge=1)
-    fetch_batch: int = Field(default=64, ge=1, le=256)
-    fetch_wait_seconds: float = Field(default=0.25, gt=0, le=30)
-
-
-class SchedulerSettings(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    flags: FeatureFlags
-    timers: TimerSettings
-
-
-def load_settings() -> SchedulerSettings:
-    return SchedulerSettings(flags=load(FeatureFlags), timers=load(TimerSettings))
+    pause_check_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        validation_alias=formerly(
+            "pause_check_seconds", service="scheduler", old="TORPOR_PAUSE_CHECK_SECONDS"
+        ),
+    )
+    """How long a timeout pause may take before the scheduler looks again; doubles per attempt."""
+    pause_attempts: int = Field(
+        default=4,
+        ge=1,
+        validation_alias=formerly(
+            "pause_attempts", service="scheduler", old="TORPOR_PAUSE_ATTEMPTS"
+        ),
+    )
+    """Timeout pause attempts before the sandbox is deleted instead."""
+    fired_ttl: str = Field(
+        default="1h",
+        validation_alias=formerly("fired_ttl", service="scheduler", old="TORPOR_FIRED_TTL"),
+    )
+    """Fired timer messages delete themselves after this (``Nats-Schedule-TTL``)."""
+    max_workers: int = Field(
+        default=16,
+        ge=1,
+        validation_alias=formerly("max_workers", service="scheduler", old="TORPOR_MAX_WORKERS"),
+    )
+    """Concurrent handlers per durable."""
+    fetch_batch: int = Field(
+        default=64,
+        ge=1,
+        le=256,
+        validation_alias=formerly("fetch_batch", service="scheduler", old="TORPOR_FETCH_BATCH"),
+    )
+    """Messages fetched per pull request."""
+    fetch_wait_seconds: float = Field(
+        default=0.25,
+        gt=0,
+        le=30,
+        validation_alias=formerly(
+            "fetch_wait_seconds", service="scheduler", old="TORPOR_FETCH_WAIT_SECONDS"
+        ),
+    )
+    """Longest wait of an idle pull (bounds the extra latency of a lone fired timer)."""

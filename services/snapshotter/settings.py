@@ -1,17 +1,43 @@
-"""Snapshotter settings (environment, ``TORPOR_`` prefix). Bus, runtime, logging and health
-settings are the shared ones (``shared.settings``, ``shared.health``)."""
+"""The snapshotter's own settings (``TORPOR_SNAPSHOTTER_*``). Bus, runtime, logging and health
+are the shared sections (``shared.settings``)."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from shared.settings import _Base
+from shared.settings import SettingsBase, formerly, prefixed
 
 
-class SnapshotterSettings(_Base):
-    # Deliveries of one pause command before the pause is failed on the record (daemon down, ...).
-    give_up_after: int = Field(default=5, ge=1, le=10)  # TORPOR_GIVE_UP_AFTER
-    envd_timeout: float = Field(default=10.0, gt=0)  # TORPOR_ENVD_TIMEOUT: one List call
-    # TORPOR_HEARTBEAT_SECONDS: in_progress() interval of long handlers; below the ack_wait (30 s)
-    heartbeat_seconds: float = Field(default=10.0, gt=0)
-    max_workers: int = Field(default=8, ge=1)  # TORPOR_MAX_WORKERS: concurrent pauses per replica
+class SnapshotterSettings(SettingsBase):
+    model_config = prefixed("snapshotter")
+
+    give_up_after: int = Field(
+        default=5,
+        ge=1,
+        le=10,
+        validation_alias=formerly(
+            "give_up_after", service="snapshotter", old="TORPOR_GIVE_UP_AFTER"
+        ),
+    )
+    """Deliveries of one pause command before the pause is failed on the record (the pod keeps
+    running). At 8 or more the command is dead-lettered first (``shared/bus/retry.py``)."""
+    envd_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        validation_alias=formerly("envd_timeout", service="snapshotter", old="TORPOR_ENVD_TIMEOUT"),
+    )
+    """Seconds for one envd ``List`` call."""
+    heartbeat_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        validation_alias=formerly(
+            "heartbeat_seconds", service="snapshotter", old="TORPOR_HEARTBEAT_SECONDS"
+        ),
+    )
+    """``in_progress()`` interval of long handlers; below the durable's ``ack_wait`` (30 s)."""
+    max_workers: int = Field(
+        default=8,
+        ge=1,
+        validation_alias=formerly("max_workers", service="snapshotter", old="TORPOR_MAX_WORKERS"),
+    )
+    """Concurrent pauses per replica."""

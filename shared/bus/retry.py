@@ -60,9 +60,12 @@ class RetryPolicy:
     heartbeat: float | None = None  # None: a third of ack_wait
 
     def __post_init__(self) -> None:
-        if not 1 <= self.give_up_after < self.dead_letter_after <= self.max_deliver:
+        # give_up_after >= dead_letter_after is allowed: the worker then never gives up (a failing
+        # command is dead-lettered first and its sandbox stays mid-transition; crash tests use it).
+        if not (self.give_up_after >= 1 and 1 <= self.dead_letter_after <= self.max_deliver):
             msg = (
-                "retry limits must satisfy 1 <= give_up_after < dead_letter_after <= max_deliver"
+                "retry limits must satisfy give_up_after >= 1 and"
+                " 1 <= dead_letter_after <= max_deliver"
                 f" (got {self.give_up_after}, {self.dead_letter_after}, {self.max_deliver})"
             )
             raise ValueError(msg)

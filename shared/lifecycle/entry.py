@@ -20,12 +20,20 @@ import structlog
 
 from shared.envd.ports import Envd
 from shared.errors import ConfigError, TorporError
-from shared.health import HealthServer, HealthSettings
+from shared.health import HealthServer
 from shared.lifecycle.hosting import Context, WorkerHost, until_signalled
 from shared.logging import configure
 from shared.runtime.factory import LocalRuntimeSettings, open_runtime
 from shared.runtime.ports import Runtime
-from shared.settings import BusSettings, LoggingSettings, RuntimeSettings, load
+from shared.settings import (
+    BusSettings,
+    FeatureFlags,
+    HealthSettings,
+    LoggingSettings,
+    RetentionSettings,
+    RuntimeSettings,
+    load,
+)
 
 log = structlog.get_logger()
 
@@ -48,6 +56,8 @@ class WorkerSpec(Generic[S]):
 @dataclass(frozen=True)
 class _Config(Generic[S]):
     bus: BusSettings
+    retention: RetentionSettings
+    flags: FeatureFlags
     settings: S
     health_host: str
     health_port: int
@@ -65,6 +75,8 @@ def run_worker(spec: WorkerSpec[S], argv: list[str] | None = None) -> int:
         pods = spec.runtime != "none"
         config = _Config(
             bus=load(BusSettings),
+            retention=load(RetentionSettings),
+            flags=load(FeatureFlags),
             settings=spec.settings(),
             health_host=health.health_host,
             health_port=args.health_port if args.health_port is not None else port,
@@ -87,7 +99,14 @@ def run_worker(spec: WorkerSpec[S], argv: list[str] | None = None) -> int:
 async def _serve(spec: WorkerSpec[S], config: _Config[S]) -> int:
     runtime, envd = await _open_pods(spec, config)
     try:
-        host = spec.host(Context(bus=config.bus, runtime=runtime, envd=envd), config.settings)
+        ctx = Context(
+            bus=config.bus,
+            retention=config.retention,
+            flags=config.flags,
+            runtime=runtime,
+            envd=envd,
+        )
+        host = spec.host(ctx, config.settings)
         server = HealthServer(host=config.health_host, port=config.health_port, ready=host.ready)
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
         try:

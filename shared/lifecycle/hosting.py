@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 from faststream.nats import NatsBroker, NatsRouter
@@ -26,7 +26,7 @@ from shared.bus.records import KvSandboxStore
 from shared.bus.topology import KV_SANDBOXES
 from shared.envd.ports import Envd
 from shared.runtime.ports import Runtime
-from shared.settings import BusSettings
+from shared.settings import BusSettings, FeatureFlags, RetentionSettings
 
 log = structlog.get_logger()
 
@@ -45,9 +45,12 @@ RouterFactory = Callable[[Parts], NatsRouter]
 
 @dataclass(frozen=True)
 class Context:
-    """What a worker's host is made from: the bus, and the runtime and daemon client if asked."""
+    """What a worker's host is made from: the shared settings sections, and the runtime and the
+    daemon client if its ``WorkerSpec`` asks for them."""
 
     bus: BusSettings
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
+    flags: FeatureFlags = field(default_factory=FeatureFlags)
     runtime: Runtime | None = None
     envd: Envd | None = None
 

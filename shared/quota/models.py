@@ -4,25 +4,27 @@ effective quota of a user. 0 means unlimited."""
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic_settings import SettingsConfigDict
 
-from shared.settings import _Base
+from shared.settings import SettingsBase, prefixed
 
 _LIMIT = Field(default=None, ge=0, le=1_000_000)
 
 
-class QuotaSettings(_Base):
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", env_prefix="TORPOR_QUOTA_")
+class QuotaSettings(SettingsBase):
+    model_config = prefixed("quota")
 
-    # Sandboxes a user holds (every state but killed: running and paused alike).
     max_sandboxes: int = Field(default=100, ge=0)
-    # Sandboxes a user has creating, running, resuming or pausing at once.
+    """Sandboxes a user holds, running and paused together."""
     max_running: int = Field(default=50, ge=0)
-    # Token buckets: a steady rate per minute, and how many may come at once.
+    """Sandboxes a user has creating, running, resuming or pausing."""
     creates_per_minute: float = Field(default=60.0, ge=0)
+    """Create rate (token bucket: the steady rate and how many at once)."""
     create_burst: int = Field(default=30, ge=1)
+    """Create rate (token bucket: the steady rate and how many at once)."""
     resumes_per_minute: float = Field(default=120.0, ge=0)
+    """Resume rate (API resume/connect, dashboard, proxy auto-resume)."""
     resume_burst: int = Field(default=60, ge=1)
+    """Resume rate (API resume/connect, dashboard, proxy auto-resume)."""
 
 
 class QuotaOverride(BaseModel):

@@ -10,15 +10,19 @@ from pydantic import field_validator
 
 from shared.errors import ConfigError
 from shared.runtime.ports import Runtime
-from shared.settings import RuntimeSettings, _Base
+from shared.settings import RuntimeSettings, SettingsBase
 
 
-class LocalRuntimeSettings(_Base):
+class LocalRuntimeSettings(SettingsBase):
     """Local-runtime knobs beyond ``RuntimeSettings``."""
 
-    # TORPOR_POD_CIDR: the private IPv4 range of the pods' addresses; "auto" takes a free /20
-    # of 10.224.0.0/12 (see shared/runtime/local/network/subnet.py).
     pod_cidr: str = "auto"
+    """local: the private IPv4 range pods take their addresses from (each pod has its own
+    network namespace; its daemon listens on `<pod address>:49983`). `auto` takes the first
+    `/20` of `10.224.0.0/12` that no route or address of the host overlaps; an explicit range
+    (private, `/16`-`/28`) that overlaps one is refused with one line, exit 2. Kept by the
+    instance while its pods may run (see [security.md](security.md#local-runtime-network)).
+    Needs root, `ip` and `nft`."""
 
     @field_validator("pod_cidr")
     @classmethod

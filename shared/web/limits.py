@@ -9,32 +9,37 @@ import ipaddress
 from functools import cached_property
 
 from pydantic import Field, field_validator
-from pydantic_settings import SettingsConfigDict
 
-from shared.settings import _Base
+from shared.settings import SettingsBase, prefixed
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
-class HttpLimits(_Base):
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", env_prefix="TORPOR_HTTP_")
+class HttpLimits(SettingsBase):
+    model_config = prefixed("http")
 
-    # The request line plus every header, in bytes; more is 431 (and the connection closes).
     max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
+    """Request line plus headers, in bytes; more is 431 and the connection closes."""
     max_headers: int = Field(default=100, ge=8, le=1000)
-    # A request's head must be complete this many seconds after its first byte (or after the
-    # connection opened): a client that trickles headers gets 408 and is disconnected.
+    """Headers per request; more is 431."""
     header_timeout: float = Field(default=10.0, gt=0)
-    # The longest pause between two pieces of a request body; more is 408.
+    """Seconds from a connection's opening (or a request's first byte) until its head is
+    complete; later is 408 and the connection closes."""
     body_idle_timeout: float = Field(default=30.0, gt=0)
-    # Open connections per process / per client address; more are answered 503 and closed.
+    """Longest pause, in seconds, between two pieces of a request body; longer is 408."""
     max_connections: int = Field(default=4096, ge=1)
+    """Open connections per process; more are answered 503 and closed."""
     max_connections_per_client: int = Field(default=256, ge=1)
-    # Requests in progress per client address; more are answered 429 (Retry-After: 1).
+    """Open connections per client address (not counted for trusted proxies, nor once upgraded
+    to WebSocket); more are 503."""
     max_requests_per_client: int = Field(default=512, ge=1)
-    # Comma-separated addresses or networks of reverse proxies (TLS ingress) whose
-    # X-Forwarded-For / X-Forwarded-Proto are believed. Empty: nobody's (the default).
+    """Requests in progress per client address (per process); more are 429 with `Retry-After:
+    1`."""
     trusted_proxies: str = ""
+    """Comma-separated addresses/networks of reverse proxies (a TLS ingress) whose
+    `X-Forwarded-For` and `X-Forwarded-Proto` are believed: the client address then comes from
+    `X-Forwarded-For` (per-client limits, logs) and the scheme from `X-Forwarded-Proto` (the
+    dashboard cookie's `Secure`). Empty: forwarded headers are ignored."""
 
     @field_validator("trusted_proxies")
     @classmethod

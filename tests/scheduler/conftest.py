@@ -19,7 +19,7 @@ from nats.js.client import JetStreamContext
 from pydantic import BaseModel
 
 from services.scheduler.bootstrap import scheduler_host
-from services.scheduler.settings import SchedulerSettings, TimerSettings
+from services.scheduler.settings import SchedulerSettings
 from shared.bus import subjects
 from shared.bus.records import KvSandboxStore
 from shared.bus.server import EmbeddedNats
@@ -34,7 +34,7 @@ from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
 from shared.lifecycle.hosting import Context, WorkerHost
 from shared.models.messages import SandboxCreated, SandboxPaused, SandboxResumed, msg_id
-from shared.settings import BusSettings, FeatureFlags
+from shared.settings import BusSettings, FeatureFlags, RetentionSettings
 from tests.fakes.records import running_record
 
 
@@ -186,20 +186,13 @@ async def bus(fresh_nats: EmbeddedNats) -> AsyncIterator[Bus]:
     await nc.close()
 
 
-def scheduler_settings(
-    *,
-    pause_resume: str = "true",
-    retention_seconds: int = 3600,
-    pause_check_seconds: float = 30.0,
-    pause_attempts: int = 4,
-) -> SchedulerSettings:
-    return SchedulerSettings(
+def scheduler_context(
+    url: str, *, pause_resume: str = "true", retention_seconds: int = 3600
+) -> Context:
+    return Context(
+        bus=BusSettings(NATS_URL=url),
         flags=FeatureFlags(PAUSE_RESUME=pause_resume),
-        timers=TimerSettings(
-            retention_seconds=retention_seconds,
-            pause_check_seconds=pause_check_seconds,
-            pause_attempts=pause_attempts,
-        ),
+        retention=RetentionSettings(retention_seconds=retention_seconds),
     )
 
 
@@ -212,9 +205,8 @@ async def start_scheduler(bus: Bus) -> AsyncIterator[StartScheduler]:
     apps: list[WorkerHost] = []
 
     async def start(**kwargs: Any) -> WorkerHost:
-        app = scheduler_host(
-            Context(bus=BusSettings(NATS_URL=bus.url)), scheduler_settings(**kwargs)
-        )
+        pause = {k: kwargs.pop(k) for k in ("pause_check_seconds", "pause_attempts") if k in kwargs}
+        app = scheduler_host(scheduler_context(bus.url, **kwargs), SchedulerSettings(**pause))
         await app.start()
         apps.append(app)
         return app
