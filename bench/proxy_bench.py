@@ -6,7 +6,7 @@ sandbox (auto-resume).
 Part 1 runs the real in-sandbox daemon (``python -m services.envd``) on its own loopback
 address and the proxy (``ProxyApp``, the production ASGI app under uvicorn) in a separate
 process with a static record, then drives both with the same client: ``GET /health`` and the
-Connect unary ``process.Process/List``. Part 2 starts the whole system (tests/e2e/stack.py:
+Connect unary ``process.Process/List``. Part 2 starts the whole system (tests/support/stack.py:
 nats + api + proxy + scheduler + snapshotter + scaler, local runtime), pauses a sandbox running
 ``python3 -m http.server`` and times the first request through the proxy. Prints a table and
 writes bench/results/proxy_bench.json. Loopback only; every loop is bounded.
@@ -27,7 +27,6 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -244,19 +243,14 @@ def first_request(rounds: int) -> dict[str, object]:
     from e2b import Sandbox
 
     from shared.bus.server import free_port
-    from tests.e2e.stack import running_stack
+    from tests.support.stack import SEED_TEMPLATE, Stack
 
     samples: list[float] = []
     with (
         tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp,
-        running_stack(Path(tmp)) as stack,
+        Stack(Path(tmp), templates={"sandbox-base": SEED_TEMPLATE}).running() as stack,
     ):
-        env = stack.sdk_env()
-        opts: dict[str, Any] = {
-            "api_key": env["E2B_API_KEY"],
-            "api_url": env["E2B_API_URL"],
-            "sandbox_url": env["E2B_SANDBOX_URL"],
-        }
+        opts = stack.sdk_opts()
         port = free_port()
         sbx = Sandbox.create(
             template="sandbox-base", lifecycle={"on_timeout": "pause", "auto_resume": True}, **opts

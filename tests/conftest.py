@@ -20,7 +20,8 @@ import pytest
 
 from shared.bus.server import EmbeddedNats
 
-pytest_plugins = ["tests.k8s.plugin"]  # k8s_cluster, k8s_kubelet, k8s_namespace, k8s_runtime
+# k8s_cluster, k8s_kubelet, k8s_namespace, k8s_runtime; the shared systems (stack, up)
+pytest_plugins = ["tests.k8s.plugin", "tests.support.fixtures"]
 
 ON_CI = os.environ.get("CI", "").lower() == "true"
 

@@ -16,7 +16,7 @@ from services.api.deps import Wiring
 from services.api.settings import ApiSettings
 from tests.api.conftest import ALICE, BOB
 from tests.api.fakes import SNAPSHOT_JSON, FakeKeys, FakeLifecycle
-from tests.api.servers import serve
+from tests.support.serving import serve
 
 
 @pytest.fixture

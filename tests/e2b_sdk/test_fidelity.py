@@ -15,7 +15,7 @@ import pytest
 from e2b import FilesystemEventType, FileType, Sandbox, TimeoutException
 from e2b.exceptions import NotFoundException
 
-from tests.e2e.stack import Stack
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 

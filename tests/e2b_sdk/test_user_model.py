@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from e2b import CommandExitException, Sandbox
 
-from tests.e2e.stack import Stack
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 

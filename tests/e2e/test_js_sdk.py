@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import skip_or_fail
-from tests.e2e.stack import Stack
+from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.node]
 

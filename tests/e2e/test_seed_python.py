@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.stack import Stack
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 

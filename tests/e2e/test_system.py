@@ -12,18 +12,9 @@ from e2b import Sandbox
 from e2b.exceptions import AuthenticationException
 
 from shared.bus.server import free_port
-from tests.e2e.stack import Stack
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
-
-
-def opts(stack: Stack, user: str = "alice") -> dict[str, object]:
-    env = stack.sdk_env(user)
-    return {
-        "api_key": env["E2B_API_KEY"],
-        "api_url": env["E2B_API_URL"],
-        "sandbox_url": env["E2B_SANDBOX_URL"],
-    }
 
 
 def test_sdk_pause_timeout_list_kill(stack: Stack) -> None:
@@ -31,22 +22,22 @@ def test_sdk_pause_timeout_list_kill(stack: Stack) -> None:
         template="sandbox-base",
         timeout=300,
         lifecycle={"on_timeout": "pause", "auto_resume": True},
-        **opts(stack),
+        **stack.sdk_opts(),
     )
     assert sbx.commands.run("echo hi").stdout == "hi\n"
     assert sbx.pause() is True
-    assert Sandbox.pause(sbx.sandbox_id, **opts(stack)) is False  # 409: already paused
+    assert Sandbox.pause(sbx.sandbox_id, **stack.sdk_opts()) is False  # 409: already paused
     assert sbx.get_info().state.value == "paused"
-    ids = {s.sandbox_id: s.state.value for s in Sandbox.list(**opts(stack)).next_items()}
+    ids = {s.sandbox_id: s.state.value for s in Sandbox.list(**stack.sdk_opts()).next_items()}
     assert ids[sbx.sandbox_id] == "paused"
-    resumed = Sandbox.connect(sbx.sandbox_id, **opts(stack))
+    resumed = Sandbox.connect(sbx.sandbox_id, **stack.sdk_opts())
     assert resumed.commands.run("echo back").stdout == "back\n"
     resumed.set_timeout(60)
     info = resumed.get_info()
     assert info.state.value == "running"
     assert 0 < (info.end_at - info.started_at).total_seconds() <= 400
     assert resumed.kill() is True
-    assert Sandbox.kill(sbx.sandbox_id, **opts(stack)) is False
+    assert Sandbox.kill(sbx.sandbox_id, **stack.sdk_opts()) is False
 
 
 def test_auto_resume_200_concurrent_requests(stack: Stack) -> None:
@@ -55,7 +46,7 @@ def test_auto_resume_200_concurrent_requests(stack: Stack) -> None:
         template="sandbox-base",
         timeout=300,
         lifecycle={"on_timeout": "pause", "auto_resume": True},
-        **opts(stack),
+        **stack.sdk_opts(),
     )
     sbx.commands.run(f"python3 -m http.server {port}", background=True, timeout=0, cwd="/workspace")
     headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": str(port)}
@@ -91,8 +82,8 @@ def _resume_count(stack: Stack) -> float:
 def test_security(stack: Stack) -> None:
     assert httpx.get(stack.api_url + "/v2/sandboxes").status_code == 401
     with pytest.raises(AuthenticationException):
-        Sandbox.list(**{**opts(stack), "api_key": "torpor_nope"}).next_items()
-    sbx = Sandbox.create(template="sandbox-base", **opts(stack))
+        Sandbox.list(**{**stack.sdk_opts(), "api_key": "torpor_nope"}).next_items()
+    sbx = Sandbox.create(template="sandbox-base", **stack.sdk_opts())
     bob = {"X-API-KEY": stack.keys["bob"]}
     for method, path in [
         ("GET", f"/sandboxes/{sbx.sandbox_id}"),

@@ -9,9 +9,9 @@ from services.proxy.app import ProxyApp, ProxyWiring
 from services.proxy.settings import ENVD_PORT, ProxySettings
 from shared.web.limits import HttpLimits
 from tests.api.fakes import FakeKeys, FakeLifecycle, FakeRecords
-from tests.api.servers import serve
 from tests.proxy.upstream import UpstreamState, build_upstream
 from tests.security.rawhttp import serve_guarded  # the production server: protocol and limits
+from tests.support.serving import serve
 
 # A loopback address of its own, so the stand-in can listen on the daemon's real port.
 POD_HOST = "127.0.3.213"

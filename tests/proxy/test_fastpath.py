@@ -22,7 +22,6 @@ from shared.domain.record import SandboxRecord
 from shared.lifecycle.ports import CreateRequest
 from shared.web.limits import HttpLimits
 from tests.api.fakes import FakeLifecycle, FakeRecords
-from tests.api.servers import serve
 from tests.proxy.conftest import Rig
 from tests.proxy.upstream import UpstreamState, build_upstream
 from tests.security.rawhttp import (
@@ -35,6 +34,7 @@ from tests.security.rawhttp import (
     read_answer,
     serve_guarded,
 )
+from tests.support.serving import serve
 
 from .test_proxy import make, to
 

@@ -1,7 +1,7 @@
-"""Fixtures of tests/security. One real torpor stack (nats-server + the five services on the
-local runtime) shared by the security tests that need real sandboxes (quotas are set per user in
-the tests themselves); and real ``torpor up`` instances (temp data dir, free ports) for the bus
-and secrets tests, which are about what ``torpor up`` itself sets up."""
+"""Fixtures of tests/security. The security tests that need real sandboxes use the shared stack
+(``stack``, tests/support/fixtures.py; quotas are set per user in the tests themselves); the bus
+and secrets tests use real ``torpor up`` instances of their own (temp data dir, free ports),
+being about what ``torpor up`` itself sets up."""
 
 from __future__ import annotations
 
@@ -11,22 +11,10 @@ import pytest
 
 from tests.conftest import skip_or_fail
 from tests.dashboard.upstack import Up, need_up, torpor_up
-from tests.e2e.stack import Stack, need_bwrap, running_stack
 from tests.security.embedded import EmbeddedBus, placeholder_up
 from tests.security.network_support import outside_host
 
 __all__ = ["outside_host"]  # the pod network tests' fixture
-
-
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    if reason := need_bwrap():
-        skip_or_fail(reason)
-    try:
-        with running_stack(tmp_path_factory.mktemp("security")) as s:
-            yield s
-    except RuntimeError as e:
-        skip_or_fail(f"the torpor stack did not start: {e}")
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 from e2b import CommandExitException, Sandbox
 
 from shared.runtime.local import limits, procfs
-from tests.e2e.stack import Stack
+from tests.support.stack import Stack
 
 # Small limits, so an attack hits them in a second instead of exhausting the shared machine.
 SMALL = "podhard-small"
@@ -33,20 +33,11 @@ PIDS_LIMIT = 64
 
 
 def install_templates(stack: Stack) -> None:
-    (stack.root / "templates" / f"{SMALL}.yaml").write_text(SMALL_TEMPLATE)
-
-
-def opts(stack: Stack, user: str = "alice") -> dict[str, object]:
-    env = stack.sdk_env(user)
-    return {
-        "api_key": env["E2B_API_KEY"],
-        "api_url": env["E2B_API_URL"],
-        "sandbox_url": env["E2B_SANDBOX_URL"],
-    }
+    (stack.templates_dir / f"{SMALL}.yaml").write_text(SMALL_TEMPLATE)
 
 
 def create(stack: Stack, template: str = "sandbox-base", user: str = "alice") -> Sandbox:
-    return Sandbox.create(template=template, timeout=300, **opts(stack, user))
+    return Sandbox.create(template=template, timeout=300, **stack.sdk_opts(user))
 
 
 def run(sbx: Sandbox, cmd: str, timeout: float = 60, user: str | None = None) -> tuple[int, str]:
@@ -59,12 +50,8 @@ def run(sbx: Sandbox, cmd: str, timeout: float = 60, user: str | None = None) ->
     return done.exit_code, done.stdout + done.stderr
 
 
-def data_dir(stack: Stack) -> Path:
-    return stack.root / "data"
-
-
 def pod_of(stack: Stack, sandbox_id: str) -> procfs.FoundPod:
-    [pod] = [p for p in procfs.scan_pods(data_dir(stack)) if p.workload == sandbox_id]
+    [pod] = [p for p in procfs.scan_pods(stack.data_dir) if p.workload == sandbox_id]
     return pod
 
 
@@ -84,20 +71,20 @@ def host_uids(pid: int) -> list[int]:
 
 
 def cgroups(stack: Stack) -> limits.Cgroups | None:
-    return limits.Cgroups.detect(limits.instance_name(data_dir(stack).resolve()))
+    return limits.Cgroups.detect(limits.instance_name(stack.data_dir.resolve()))
 
 
 def no_pod_left(stack: Stack, pod_uid: str) -> list[str]:
     """What is left on the host of pod ``pod_uid`` (empty when it is entirely gone)."""
     left = []
-    if any(p.uid == pod_uid for p in procfs.scan_pods(data_dir(stack))):
+    if any(p.uid == pod_uid for p in procfs.scan_pods(stack.data_dir)):
         left.append("bwrap processes")
     groups = cgroups(stack)
     if groups is not None and groups.procs(pod_uid):
         left.append(f"processes in its cgroups: {sorted(groups.procs(pod_uid))}")
     if groups is not None and any(f.exists() for f in groups.folders(pod_uid)):
         left.append("cgroup folders")
-    if (data_dir(stack) / "pods" / pod_uid).exists():
+    if (stack.data_dir / "pods" / pod_uid).exists():
         left.append("pod folder")
     return left
 

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import uvicorn
-
 from shared.bus.server import free_port
 from shared.web.limits import HttpLimits
 from shared.web.serving import server_config
+from tests.support.serving import serve_config
 
 
 @dataclass
@@ -99,20 +96,6 @@ def closed_by_peer(sock: socket.socket) -> bool:
 @contextmanager
 def serve_guarded(app: Any, limits: HttpLimits, **extra: Any) -> Iterator[str]:
     """``app`` under uvicorn with the production protocol and limits, on 127.0.0.1."""
-    port = free_port()
-    server = uvicorn.Server(
-        server_config(app, limits, host="127.0.0.1", port=port, lifespan="on", **extra)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            msg = "uvicorn did not start"
-            raise RuntimeError(msg)
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    config = server_config(app, limits, host="127.0.0.1", port=free_port(), lifespan="on", **extra)
+    with serve_config(config) as url:
+        yield url

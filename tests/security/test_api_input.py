@@ -19,7 +19,8 @@ from nats.js.errors import KeyNotFoundError
 from shared.bus.kv import key_names
 from shared.bus.topology import KV_SANDBOXES
 from shared.runtime.local.workloads import DEFAULT_BUCKET
-from tests.e2e.stack import Stack, _make_keys
+from tests.support.keys import make_keys
+from tests.support.stack import Stack
 
 USER = "mallory"
 E2B = ("/v2/sandboxes", "/sandboxes")
@@ -53,7 +54,7 @@ HOSTILE_TEMPLATES = ["--ro-bind", "../etc/passwd", "a/b", "UPPER", "a\0b", "x" *
 
 @pytest.fixture(scope="module")
 def key(stack: Stack) -> str:
-    return asyncio.run(_make_keys(stack.nats_url, {USER: False}))[USER]
+    return asyncio.run(make_keys(stack.nats_url, {USER: False}))[USER]
 
 
 @pytest.fixture(scope="module")

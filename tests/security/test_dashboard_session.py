@@ -6,6 +6,7 @@ headless Chromium sign-in."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,16 +18,12 @@ import pytest
 from services.api.app import create_app
 from services.api.deps import Wiring
 from services.api.settings import ApiSettings
-from shared.auth.keys import KvApiKeys, KvUsers
-from shared.bus.broker import key_value, make_broker, prepare
-from shared.bus.kv import NatsBucket
-from shared.bus.topology import KV_API_KEYS, KV_USERS
-from shared.settings import BusSettings
 from shared.web.limits import HttpLimits
 from tests.api.fakes import FakeKeys, FakeLifecycle
 from tests.conftest import skip_or_fail
-from tests.e2e.stack import Stack
 from tests.security.rawhttp import serve_guarded
+from tests.support.keys import key_store
+from tests.support.stack import Stack
 
 COOKIE = "torpor_dashboard"
 KEY = "e2b_" + "2" * 40
@@ -106,18 +103,15 @@ def test_cookie_is_a_revocable_session_id_with_strict_attributes(stack: Stack) -
 
 
 async def _issue_and_revoke(nats_url: str, user: str) -> tuple[str, Any]:
-    bus = BusSettings(nats_url=nats_url)
-    broker = make_broker(bus, service="test")
-    await prepare(broker, bus)
-    users = KvUsers(NatsBucket(await key_value(broker, KV_USERS)))
-    keys = KvApiKeys(NatsBucket(await key_value(broker, KV_API_KEYS)), users)
+    held = contextlib.AsyncExitStack()
+    keys = await held.enter_async_context(key_store(nats_url))
     key_id, secret = await keys.create(user)
 
     async def revoke() -> None:
         try:
             await keys.revoke(key_id)
         finally:
-            await broker.stop()
+            await held.aclose()
 
     return secret, revoke
 

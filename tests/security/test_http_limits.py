@@ -26,8 +26,6 @@ from services.proxy.settings import ENVD_PORT, ProxySettings
 from shared.lifecycle.ports import CreateRequest
 from shared.web.limits import HttpLimits
 from tests.api.fakes import FakeKeys, FakeLifecycle, FakeRecords
-from tests.api.servers import serve
-from tests.e2e.stack import Stack
 from tests.proxy.upstream import UpstreamState, build_upstream
 from tests.security.rawhttp import (
     Answer,
@@ -39,6 +37,8 @@ from tests.security.rawhttp import (
     read_answer,
     serve_guarded,
 )
+from tests.support.serving import serve
+from tests.support.stack import Stack
 
 OTHER_CLIENT = "127.0.0.2"  # loopback, a different client address than 127.0.0.1
 POD_HOST = "127.0.9.77"  # this file's stand-in sandbox (unique: other test files use others)

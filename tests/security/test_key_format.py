@@ -17,8 +17,8 @@ from shared.bus.kv import NatsBucket
 from shared.bus.server import EmbeddedNats
 from shared.bus.topology import KV_API_KEYS, KV_USERS, ensure_topology
 from tests.conftest import skip_or_fail
-from tests.e2e.stack import Stack
 from tests.security.pinned_sdk import pinned_sdk_python
+from tests.support.stack import Stack
 
 E2B_KEY = re.compile(r"e2b_[0-9a-f]{40}")
 PINNED = "2.45.1"  # the last SDK release that validates the key format client-side

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from shared.ids import owned_sandbox_id
-from tests.e2e.stack import Stack
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 P = "/api/v1/sandbox"

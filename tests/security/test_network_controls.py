@@ -25,18 +25,9 @@ from shared.domain.record import SandboxRecord
 from shared.models.network import NetworkPolicy
 from shared.runtime.local.records import WorkloadRecord, workload_key
 from shared.runtime.local.workloads import DEFAULT_BUCKET
-from tests.e2e.stack import Stack
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
-
-
-def opts(stack: Stack, user: str = "alice") -> dict[str, object]:
-    env = stack.sdk_env(user)
-    return {
-        "api_key": env["E2B_API_KEY"],
-        "api_url": env["E2B_API_URL"],
-        "sandbox_url": env["E2B_SANDBOX_URL"],
-    }
 
 
 async def _read(nats_url: str, bucket: str, key: str) -> bytes | None:
@@ -79,7 +70,7 @@ def closed(stack: Stack) -> Iterator[Sandbox]:
             "allow_public_traffic": False,
         },
         lifecycle={"on_timeout": "pause", "auto_resume": True},
-        **opts(stack),
+        **stack.sdk_opts(),
     )
     yield sbx
     sbx.kill()
@@ -125,11 +116,11 @@ def test_update_network_is_live_and_kept_across_pause_resume(stack: Stack, close
     Sandbox.update_network(
         closed.sandbox_id,
         {"deny_out": ["10.0.0.0/8"], "allow_internet_access": True},
-        **opts(stack),
+        **stack.sdk_opts(),
     )
     paused = NetworkPolicy(deny_out=("10.0.0.0/8",), allow_public_traffic=False)
     eventually_network(stack, closed.sandbox_id, paused)  # the workload at 0 replicas keeps it
-    again = Sandbox.connect(closed.sandbox_id, **opts(stack))
+    again = Sandbox.connect(closed.sandbox_id, **stack.sdk_opts())
     assert again.commands.run("echo up").stdout == "up\n"
     assert workload_network(stack, closed.sandbox_id) == paused
     assert record_of(stack, closed.sandbox_id).network == paused
@@ -186,7 +177,7 @@ def test_private_ports_need_the_traffic_token(stack: Stack, closed: Sandbox) -> 
     # The daemon port is unaffected: the SDK's own calls go through with the envd token.
     assert closed.commands.run("echo daemon").stdout == "daemon\n"
     # Connect returns the same token (derived, never stored).
-    again = Sandbox.connect(closed.sandbox_id, **opts(stack))
+    again = Sandbox.connect(closed.sandbox_id, **stack.sdk_opts())
     assert again.traffic_access_token == token
     logs = stack.all_logs()
     assert token not in logs
@@ -197,7 +188,7 @@ def test_public_sandbox_anonymous_traffic_wakes_it_by_default(stack: Stack) -> N
         template="sandbox-base",
         timeout=300,
         lifecycle={"on_timeout": "pause", "auto_resume": True},
-        **opts(stack),
+        **stack.sdk_opts(),
     )
     try:
         assert sbx.traffic_access_token is None  # public: no token needed, none returned

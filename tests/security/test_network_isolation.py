@@ -20,8 +20,8 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from tests.e2e.stack import Stack
 from tests.security.network_support import require_root_network
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -60,15 +60,6 @@ USER_SERVER = (
     "import http.server as h; h.HTTPServer(('0.0.0.0', 8080), h.SimpleHTTPRequestHandler)"
     ".serve_forever()"
 )
-
-
-def opts(stack: Stack, user: str) -> dict[str, object]:
-    env = stack.sdk_env(user)
-    return {
-        "api_key": env["E2B_API_KEY"],
-        "api_url": env["E2B_API_URL"],
-        "sandbox_url": env["E2B_SANDBOX_URL"],
-    }
 
 
 def pod_address(sbx: Sandbox) -> str:
@@ -135,8 +126,8 @@ def host_listener(host: str) -> Iterator[tuple[int, list[object]]]:
 
 def test_a_sandbox_reaches_nothing_of_the_host_or_other_sandboxes(stack: Stack) -> None:
     require_root_network()
-    alice = Sandbox.create(template="sandbox-base", timeout=300, **opts(stack, "alice"))
-    bob = Sandbox.create(template="sandbox-base", timeout=300, **opts(stack, "bob"))
+    alice = Sandbox.create(template="sandbox-base", timeout=300, **stack.sdk_opts("alice"))
+    bob = Sandbox.create(template="sandbox-base", timeout=300, **stack.sdk_opts("bob"))
     try:
         bob.commands.run(f'python3 -c "{USER_SERVER}"', background=True, timeout=0)
         bob_ip, alice_gw = pod_address(bob), gateway(alice)
@@ -178,8 +169,8 @@ def test_a_sandbox_reaches_nothing_of_the_host_or_other_sandboxes(stack: Stack) 
 
 def test_nobody_receives_on_a_paused_sandboxs_address(stack: Stack) -> None:
     require_root_network()
-    alice = Sandbox.create(template="sandbox-base", timeout=300, **opts(stack, "alice"))
-    bob = Sandbox.create(template="sandbox-base", timeout=300, **opts(stack, "bob"))
+    alice = Sandbox.create(template="sandbox-base", timeout=300, **stack.sdk_opts("alice"))
+    bob = Sandbox.create(template="sandbox-base", timeout=300, **stack.sdk_opts("bob"))
     try:
         bob_ip = pod_address(bob)
         bob.pause()
@@ -196,7 +187,7 @@ def test_nobody_receives_on_a_paused_sandboxs_address(stack: Stack) -> None:
             socket.create_connection((bob_ip, 49983), timeout=3).close()
         assert "nothing" in squat.wait().stdout
 
-        resumed = Sandbox.connect(bob.sandbox_id, **opts(stack, "bob"))
+        resumed = Sandbox.connect(bob.sandbox_id, **stack.sdk_opts("bob"))
         assert pod_address(resumed) == bob_ip  # reserved for bob while paused
         assert resumed.commands.run("echo back").stdout.strip() == "back"
     finally:

@@ -23,8 +23,8 @@ from shared.models.snapshots import ProcessConfig
 from shared.runtime.local import LocalRuntime
 from shared.runtime.models import Endpoint, WorkloadSpec
 from tests.contract.harness import read_file, write_file
-from tests.e2e.stack import Stack
 from tests.security.network_support import OutsideHost, leftovers, require_root_network
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -133,15 +133,6 @@ async def test_policy_at_the_runtime_port(runtime: LocalRuntime, outside_host: O
 # ---- end to end: the SDK's network options ----------------------------------------------
 
 
-def opts(stack: Stack, user: str = "alice") -> dict[str, object]:
-    env = stack.sdk_env(user)
-    return {
-        "api_key": env["E2B_API_KEY"],
-        "api_url": env["E2B_API_URL"],
-        "sandbox_url": env["E2B_SANDBOX_URL"],
-    }
-
-
 def sdk_probe(sbx: Sandbox, outside: OutsideHost) -> str:
     sbx.files.write("/tmp/probe.py", PROBE)
     return sbx.commands.run(f"python3 /tmp/probe.py {outside.address} {outside.port}").stdout
@@ -158,19 +149,19 @@ def eventually(sbx: Sandbox, outside: OutsideHost, *, reachable: bool) -> None:
 def test_sdk_network_options_are_enforced(stack: Stack, outside_host: OutsideHost) -> None:
     require_root_network()
     target = outside_host.address
-    open_sbx = Sandbox.create(template="sandbox-base", timeout=300, **opts(stack))
+    open_sbx = Sandbox.create(template="sandbox-base", timeout=300, **stack.sdk_opts())
     closed = Sandbox.create(
         template="sandbox-base",
         timeout=300,
         allow_internet_access=False,
         lifecycle={"on_timeout": "pause", "auto_resume": True},
-        **opts(stack),
+        **stack.sdk_opts(),
     )
     denied = Sandbox.create(
         template="sandbox-base",
         timeout=300,
         network={"deny_out": [f"{target}/32"]},
-        **opts(stack),
+        **stack.sdk_opts(),
     )
     try:
         assert sdk_probe(open_sbx, outside_host).strip() == "ok hello"
@@ -183,7 +174,7 @@ def test_sdk_network_options_are_enforced(stack: Stack, outside_host: OutsideHos
         eventually(closed, outside_host, reachable=False)
 
         assert closed.pause() is True
-        resumed = Sandbox.connect(closed.sandbox_id, **opts(stack))
+        resumed = Sandbox.connect(closed.sandbox_id, **stack.sdk_opts())
         assert not sdk_probe(resumed, outside_host).startswith("ok")  # kept across the pause
         resumed.update_network({})
         eventually(resumed, outside_host, reachable=True)

@@ -16,8 +16,8 @@ from shared.runtime.local import LocalRuntime, procfs, userns
 from shared.runtime.local.records import WorkloadRecord, WorkloadStore
 from shared.runtime.models import WorkloadSpec
 from tests.contract.harness import read_file
-from tests.e2e.stack import Stack
-from tests.security.pod_support import create, data_dir, host_uids, pod_pids, run
+from tests.security.pod_support import create, host_uids, pod_pids, run
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_sandbox_root_is_an_unprivileged_host_uid_range(stack: Stack) -> None:
             # Files it writes belong to the range on the host (/workspace is a volume here).
             made = run(sbx, "echo x > /workspace/owned.txt && mkdir -p /workspace/d", user="root")
             assert made[0] == 0, made
-            volume = data_dir(stack) / "volumes" / "alice" / sbx.sandbox_id / "workspace"
+            volume = stack.data_dir / "volumes" / "alice" / sbx.sandbox_id / "workspace"
             assert (volume / "owned.txt").stat().st_uid == base
             assert (volume / "d").stat().st_gid == base
         assert ranges[0] != ranges[1], "two sandboxes share a host uid range"

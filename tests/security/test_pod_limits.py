@@ -13,19 +13,18 @@ import pytest
 from e2b import Sandbox
 
 from tests.conftest import skip_or_fail
-from tests.e2e.stack import Stack
 from tests.security.pod_support import (
     DISK_LIMIT,
     PIDS_LIMIT,
     SMALL,
     cgroups,
     create,
-    data_dir,
     install_templates,
     no_pod_left,
     pod_of,
     run,
 )
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +109,7 @@ def test_memory_hog_is_stopped_at_the_memory_limit(small: Stack, bystander: Sand
 
 def test_disk_filler_is_stopped_at_the_disk_limit(small: Stack, bystander: Sandbox) -> None:
     sbx = create(small, template=SMALL)
-    host_free = os.statvfs(data_dir(small)).f_bavail * os.statvfs(data_dir(small)).f_frsize
+    host_free = os.statvfs(small.data_dir).f_bavail * os.statvfs(small.data_dir).f_frsize
     try:
         _, out = run(sbx, "dd if=/dev/zero of=/workspace/fill bs=1M count=512 2>&1")
         assert "No space left on device" in out, out
@@ -118,7 +117,7 @@ def test_disk_filler_is_stopped_at_the_disk_limit(small: Stack, bystander: Sandb
         assert size <= DISK_LIMIT
         _, out = run(sbx, "dd if=/dev/zero of=/tmp/fill bs=1M count=512 2>&1")
         assert "No space left on device" in out, out
-        after = os.statvfs(data_dir(small)).f_bavail * os.statvfs(data_dir(small)).f_frsize
+        after = os.statvfs(small.data_dir).f_bavail * os.statvfs(small.data_dir).f_frsize
         # Other writers share the disk: allow for them, but not for 512 MiB of ours.
         assert host_free - after < 256 * 2**20
         assert (

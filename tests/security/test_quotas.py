@@ -6,9 +6,6 @@ rate buckets are shared by replicas (compare-and-set in NATS KV)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +22,8 @@ from shared.bus.server import EmbeddedNats
 from shared.bus.topology import KV_RATES, ensure_topology
 from shared.errors import QuotaExceeded
 from shared.quota.rates import RateLimiter
-from tests.e2e.stack import REPO, Stack
+from tests.support.env import torpor
+from tests.support.stack import Stack
 
 # ---- rate buckets over real NATS KV ------------------------------------------------------------
 
@@ -74,36 +72,14 @@ async def test_rate_buckets_refill_and_are_shared_by_replicas(fresh_nats: Embedd
 
 
 def torpor_keys_quota(stack: Stack, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "TORPOR_"))}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "services.cli",
-            "keys",
-            "quota",
-            *args,
-            "--nats-url",
-            stack.nats_url,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-    )
+    done = torpor("keys", "quota", *args, "--nats-url", stack.nats_url)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
 @contextmanager
 def client(stack: Stack, user: str) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=stack.api_url,
-        headers={"Authorization": f"Bearer {stack.keys[user]}"},
-        timeout=120,
-    ) as c:
+    with stack.client(user, timeout=120) as c:
         yield c
 
 

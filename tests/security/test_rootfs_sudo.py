@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from shared.runtime.local import rootfs, userns
-from tests.e2e.stack import Stack
-from tests.security.pod_support import create, data_dir, host_uids, pod_pids, run
+from tests.security.pod_support import create, host_uids, pod_pids, run
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def test_sudo_root_stays_inside_the_sandbox(stack: Stack, tmp_path: Path) -> Non
         assert (uid, inside, count) == ("0", 0, userns.IDS_PER_POD)
         assert base >= userns.FIRST_BASE, "sudo root is host root"
         # Host files, the data dir with every sandbox's layer, the shared rootfs: not there.
-        layers = data_dir(stack) / "layers"
+        layers = stack.data_dir / "layers"
         assert (layers / a.sandbox_id).is_dir()
         for path in (secret, layers, layers / a.sandbox_id, rootfs.locate(), stack.root):
             code, out = _root(b, f"ls -d {path} 2>/dev/null || echo absent")
@@ -70,7 +70,7 @@ def test_sudo_root_stays_inside_the_sandbox(stack: Stack, tmp_path: Path) -> Non
 
 def test_kept_files_are_deleted_with_the_sandbox(stack: Stack) -> None:
     sbx = create(stack)
-    layer = data_dir(stack) / "layers" / sbx.sandbox_id
+    layer = stack.data_dir / "layers" / sbx.sandbox_id
     assert run(sbx, "echo kept > /home/user/kept.txt")[0] == 0
     sbx.pause()
     assert layer.is_dir(), "a paused sandbox keeps its layer"

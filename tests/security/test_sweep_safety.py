@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from shared.runtime.local import LocalRuntime, procfs
-from tests.e2e.stack import Stack
-from tests.security.pod_support import create, data_dir, no_pod_left, pod_of, run
+from tests.security.pod_support import create, no_pod_left, pod_of, run
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ async def test_forged_pods_inside_a_sandbox_are_never_touched(stack: Stack, tmp_
     canary = tmp_path / "canary"
     canary.mkdir()
     (canary / "keep.txt").write_text("keep")
-    data = data_dir(stack).resolve()
+    data = stack.data_dir.resolve()
     victim_pod = pod_of(stack, victim.sandbox_id)
     token = uuid.uuid4().hex
     forgeries = [
@@ -81,7 +81,7 @@ async def test_forged_pods_inside_a_sandbox_are_never_touched(stack: Stack, tmp_
         sweeper = LocalRuntime(
             nats_url=stack.nats_url,
             data_dir=data,
-            templates_dir=stack.root / "templates",
+            templates_dir=stack.templates_dir,
             stop_pods_on_close=False,
             poll_interval=0.2,
         )

@@ -1,0 +1,113 @@
+"""The host's view of an instance's processes, from /proc (no psutil): its bubblewrap pods, the
+daemons inside them, its service processes. The marker of an instance is its data dir, which is on
+every pod's command line and in every service's environment."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+from pathlib import Path
+
+from shared.runtime.local import procfs
+
+_POD_UID = re.compile(rb"/pods/([0-9a-f-]{36})/")
+
+
+def cmdlines() -> list[tuple[int, list[bytes]]]:
+    """(pid, argv) of every process we may read."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            found.append((int(entry.name), (entry / "cmdline").read_bytes().split(b"\0")))
+        except OSError:
+            continue
+    return found
+
+
+def _is_bwrap(argv: list[bytes]) -> bool:
+    return bool(argv) and os.path.basename(argv[0]) == b"bwrap"
+
+
+def pods_of(root: Path) -> list[int]:
+    """Pids of the bwrap processes whose command line mentions ``root`` (an instance's dir)."""
+    marker = str(root).encode()
+    return [pid for pid, argv in cmdlines() if _is_bwrap(argv) and marker in b"\0".join(argv)]
+
+
+def kill_pods(root: Path) -> None:
+    """SIGKILL every bwrap pod of ``root``: what a stopped instance must not leave running."""
+    for pid in pods_of(root):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def bwrap_pod_uids(data_dir: Path) -> dict[str, int]:
+    """Pod uid → pid of every bwrap pod of this data dir (the pods that really exist)."""
+    marker = str(data_dir).encode()
+    pods: dict[str, int] = {}
+    for pid, argv in cmdlines():
+        if _is_bwrap(argv):
+            joined = b" ".join(argv)
+            if marker in joined and (m := _POD_UID.search(joined)):
+                pods.setdefault(m.group(1).decode(), pid)
+    return pods
+
+
+def daemon_pid(host: str) -> int | None:
+    """The in-sandbox daemon listening on ``host`` (inside bwrap, so not bwrap itself)."""
+    listen = f"{host}:49983".encode()
+    for pid, argv in cmdlines():
+        if not _is_bwrap(argv) and b"services.envd" in argv and listen in argv:
+            return pid
+    return None
+
+
+def daemon_pids(data_dir: Path) -> list[int]:
+    """The daemons of this data dir's pods: processes under its bwraps (a daemon cannot outlive
+    its bwrap, PID 1 of its namespace)."""
+    under = {p for pid in bwrap_pod_uids(data_dir).values() for p in procfs.descendants(pid)}
+    return [
+        pid
+        for pid, argv in cmdlines()
+        if pid in under and not _is_bwrap(argv) and b"services.envd" in argv
+    ]
+
+
+def processes_mentioning(needle: str, *, zombies: bool = False) -> list[int]:
+    """Pids (not ours) whose command line or environment contains ``needle``; ``zombies``:
+    exited ones not yet reaped count too."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            blob = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if (zombies or state != "Z") and needle.encode() in blob:
+            found.append(int(entry.name))
+    return found
+
+
+def service_pids(data_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
+    """Service name → pid of the processes ``... -m services.cli run <name>`` of one instance
+    (``TORPOR_DATA_DIR=<data_dir>`` in their environment)."""
+    found: dict[str, int] = {}
+    for pid in processes_mentioning(f"TORPOR_DATA_DIR={data_dir}"):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"TORPOR_DATA_DIR={data_dir}".encode() not in environ:
+            continue
+        if b"run" in argv and argv.index(b"run") + 1 < len(argv):
+            name = argv[argv.index(b"run") + 1].decode()
+            if name in names:
+                found.setdefault(name, pid)
+    return found
