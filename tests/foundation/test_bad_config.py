@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shared.bus.server import free_port
-from tests.foundation.support import clean_env, torpor
+from tests.support.env import clean_env, torpor
 
 
 def _assert_one_line(result: object, *, contains: str) -> None:

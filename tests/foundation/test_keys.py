@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 
 import nats
 import pytest
@@ -15,6 +13,7 @@ from shared.bus.kv import NatsBucket
 from shared.bus.server import EmbeddedNats
 from shared.bus.topology import KV_API_KEYS, KV_USERS, ensure_topology
 from shared.errors import NotFound
+from tests.support.env import torpor
 
 
 async def _all_stored_bytes(js: object, bucket: str) -> list[bytes]:
@@ -73,15 +72,7 @@ async def test_keys_lifecycle_and_no_clear_secrets(fresh_nats: EmbeddedNats) -> 
 
 
 def _torpor(*args: str, url: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in {"NATS_URL", "TORPOR_NATS_URL"}}
-    return subprocess.run(
-        [sys.executable, "-m", "services.cli", "keys", *args, "--nats-url", url],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    return torpor("keys", *args, "--nats-url", url)
 
 
 async def test_keys_cli(fresh_nats: EmbeddedNats) -> None:

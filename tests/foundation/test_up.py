@@ -21,7 +21,9 @@ from shared.auth.keys import KvApiKeys, KvUsers
 from shared.bus.kv import NatsBucket
 from shared.bus.server import free_port
 from shared.bus.topology import KV_API_KEYS, KV_USERS
-from tests.foundation.support import TORPOR, clean_env, pid_of_service, processes_mentioning, torpor
+from tests.support.env import TORPOR, clean_env, torpor
+from tests.support.pods import processes_mentioning, service_pids
+from tests.support.stack import up_args
 
 pytestmark = pytest.mark.slow
 
@@ -31,18 +33,7 @@ class Up:
         self.data_dir = data_dir
         self.api_port, self.proxy_port = free_port(), free_port()
         self.proc = subprocess.Popen(
-            [
-                *TORPOR,
-                "up",
-                "--data-dir",
-                str(data_dir),
-                "--api-port",
-                str(self.api_port),
-                "--proxy-port",
-                str(self.proxy_port),
-                "--nats-port",
-                "0",
-            ],
+            [*TORPOR, *up_args(data_dir, self.api_port, self.proxy_port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -124,8 +115,8 @@ async def test_up_env_restart_and_clean_sigterm(up: Up) -> None:
 
     # kill -9 one service: it comes back with a new pid, the others keep theirs.
     victim = "scaler"
-    old = pid_of_service(victim, up.data_dir)
-    others = {n: pid_of_service(n, up.data_dir) for n in catalog.NAMES if n != victim}
+    old = service_pids(up.data_dir, (victim,)).get(victim)
+    others = {n: pid for n, pid in service_pids(up.data_dir, catalog.NAMES).items() if n != victim}
     assert old is not None
     assert all(others.values()), others
     os.kill(old, signal.SIGKILL)
@@ -133,13 +124,13 @@ async def test_up_env_restart_and_clean_sigterm(up: Up) -> None:
     deadline = time.monotonic() + 30
     new = None
     while time.monotonic() < deadline:
-        new = pid_of_service(victim, up.data_dir)
+        new = service_pids(up.data_dir, (victim,)).get(victim)
         if new is not None and new != old:
             break
         time.sleep(0.2)
     assert new is not None
     assert new != old
-    assert {n: pid_of_service(n, up.data_dir) for n in others} == others
+    assert {n: service_pids(up.data_dir, catalog.NAMES).get(n) for n in others} == others
 
     _stop_and_check_nothing_left(up, signal.SIGTERM)
 
