@@ -82,3 +82,7 @@ class PodNotReady(RuntimeFailure):
 
 class SnapshotTooLarge(TorporError):
     """The encoded snapshot exceeds the annotation budget."""
+
+
+class Unsupported(TorporError):
+    """This runtime cannot do what was asked (yet); refused openly, never done halfway (501)."""

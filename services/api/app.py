@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
 import structlog
 from fastapi import FastAPI, Request, Response
@@ -15,7 +16,7 @@ from services.api.dashboard import dashboard_router
 from services.api.deps import Wiring
 from services.api.gate import ApiGate
 from services.api.observability import HttpMetrics, RequestContext
-from services.api.routes import admin, e2b, native, telemetry
+from services.api.routes import admin, e2b, native, snapshots, telemetry
 from services.api.schemas import ErrorBody
 from services.api.sessions import Sessions
 from services.api.settings import ApiSettings
@@ -46,9 +47,18 @@ async def bus_wiring(
     from shared.bus.kv import NatsBucket, NatsCasBucket
     from shared.bus.publishing import BrokerPublisher
     from shared.bus.records import KvSandboxStore
-    from shared.bus.topology import KV_API_KEYS, KV_RATES, KV_SANDBOXES, KV_SESSIONS, KV_USERS
+    from shared.bus.snapshot_store import KvSnapshotStore
+    from shared.bus.topology import (
+        KV_API_KEYS,
+        KV_RATES,
+        KV_SANDBOXES,
+        KV_SESSIONS,
+        KV_SNAPSHOTS,
+        KV_USERS,
+    )
     from shared.envd.client import ConnectEnvdClient
     from shared.lifecycle.service import SandboxLifecycle
+    from shared.lifecycle.snapshots import SnapshotService
     from shared.quota.guard import QuotaGuard
     from shared.quota.rates import RateLimiter
     from shared.runtime.catalog import FileTemplateCatalog
@@ -63,6 +73,17 @@ async def bus_wiring(
         rates = RateLimiter(NatsCasBucket(await key_value(broker, KV_RATES)))
         quota = QuotaGuard(quotas, users=users, records=store, rates=rates)
         lifecycle = SandboxLifecycle(store, BrokerPublisher(broker), admission=quota.admit_created)
+
+        async def max_snapshots(user: str) -> int:
+            return (await quota.quota_of(user)).max_snapshots
+
+        snapshots = SnapshotService(
+            store,
+            KvSnapshotStore(await key_value(broker, KV_SNAPSHOTS)),
+            BrokerPublisher(broker),
+            retention=timedelta(seconds=settings.snapshot_retention_seconds),
+            max_snapshots=max_snapshots,
+        )
         templates = FileTemplateCatalog.from_settings(load(RuntimeSettings))
         envd = ConnectEnvdClient()
         try:
@@ -75,6 +96,7 @@ async def bus_wiring(
                 quota=quota,
                 users=users,
                 sessions=Sessions(NatsBucket(await key_value(broker, KV_SESSIONS))),
+                snapshots=snapshots,
             )
         finally:
             await envd.close()
@@ -114,6 +136,7 @@ def create_app(
     errors.install(app)
     app.include_router(telemetry.router)  # first: /sandboxes/metrics is not a sandbox id
     app.include_router(e2b.router)
+    app.include_router(snapshots.router)
     app.include_router(native.router)
     app.include_router(admin.router)
     app.include_router(dashboard_router(bus=bus))

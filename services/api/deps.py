@@ -18,6 +18,7 @@ from shared.auth.models import User
 from shared.domain.record import SandboxRecord
 from shared.envd.ports import EnvdTelemetry
 from shared.lifecycle.ports import Lifecycle
+from shared.models.snapshot_records import SnapshotRecord
 from shared.quota.models import Quota, QuotaOverride
 from shared.runtime.catalog import TemplateCatalog
 
@@ -43,6 +44,29 @@ class Quotas(Protocol):
     async def quota_of(self, user: str) -> Quota: ...
 
 
+class Snapshots(Protocol):
+    """The slice of ``shared.lifecycle.snapshots.SnapshotService`` the routes use."""
+
+    async def take(
+        self,
+        sandbox_id: str,
+        *,
+        owner: str | None,
+        name: str | None = None,
+        internal: bool = False,
+        files_only: bool = False,
+        wait: float = 55.0,
+    ) -> SnapshotRecord: ...
+
+    async def get(self, snapshot_id: str, *, owner: str | None) -> SnapshotRecord: ...
+
+    async def list(
+        self, *, owner: str | None, sandbox_id: str | None = None, name: str | None = None
+    ) -> list[SnapshotRecord]: ...
+
+    async def delete(self, snapshot_id: str, *, owner: str | None) -> None: ...
+
+
 class UserAdmin(Protocol):
     async def get(self, name: str) -> User | None: ...
 
@@ -61,6 +85,7 @@ class Wiring:
     quota: Quotas | None = None  # None: no quotas nor rate limits (unit tests with fakes)
     users: UserAdmin | None = None  # the admin API's user store; None: 503 there
     sessions: Sessions | None = None  # dashboard sessions; None: in memory (one process)
+    snapshots: Snapshots | None = None  # stored snapshots and fork; None: 501 there
 
 
 _api_key = APIKeyHeader(name="X-API-KEY", auto_error=False, description="An API key (E2B SDK)")

@@ -32,6 +32,7 @@ from shared.errors import (
     SnapshotTooLarge,
     TorporError,
     Unavailable,
+    Unsupported,
 )
 
 log = structlog.get_logger()
@@ -89,6 +90,7 @@ def status_for(error: TorporError) -> int:
         (PodNotReady, 504),
         (RuntimeFailure, 500),
         (ConfigError, 500),
+        (Unsupported, 501),
     ]
     for cls, status in table:
         if isinstance(error, cls):

@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from shared.ids import SANDBOX_ID_PATTERN
 from shared.models.network import MAX_RULES, Cidr, NetworkPolicy
+from shared.models.snapshot_records import SNAPSHOT_NAME_PATTERN
 from shared.models.user_input import EnvVars, Metadata, TemplateName
 
 
@@ -332,3 +333,39 @@ class NativeSandbox(_Out):
 
 class NativeList(_Out):
     sandboxes: list[NativeSandbox]
+
+
+# ---------------------------------------------------------------- snapshots and fork (E2B)
+
+MAX_FORK_COUNT = 20  # E2B's bound (the SDK refuses others before sending)
+
+
+class SnapshotRequest(_In):
+    """``POST /sandboxes/{id}/snapshots``. ``memory: false`` is E2B's filesystem-only snapshot
+    (sandboxes from it start without the processes); ``memory: true`` asks for a memory image,
+    which torpor does not make (its snapshots replay the process list): refused."""
+
+    name: str | None = Field(default=None, pattern=SNAPSHOT_NAME_PATTERN)
+    memory: NoMemory = None
+
+
+class ForkRequest(_In):
+    timeout: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    count: int | None = Field(default=None, ge=1, le=MAX_FORK_COUNT)
+
+
+class SnapshotInfoOut(_Out):
+    snapshot_id: str = Field(alias="snapshotID")
+    names: list[str]
+
+
+class ForkErrorOut(_Out):
+    code: int
+    message: str
+
+
+class ForkResultOut(_Out):
+    """One per requested fork: the started sandbox, or why it did not start."""
+
+    sandbox: SandboxOut | None = None
+    error: ForkErrorOut | None = None

@@ -47,6 +47,9 @@ class ApiSettings(SettingsBase):
     `TORPOR_HTTP_TRUSTED_PROXIES` that sends `X-Forwarded-Proto: https`."""
     default_template: str = "sandbox-base"
     """What E2B's default template name ``base`` (the SDK's default) creates."""
+    snapshot_retention_seconds: int = Field(default=30 * 86400, ge=1)
+    """Seconds a stored snapshot is kept (listed, usable); then the snapshotter deletes it,
+    files included."""
 
     def resolve_template(self, name: str) -> str:
         return self.default_template if name == "base" else name

@@ -33,7 +33,7 @@ from shared.domain import states
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
 from shared.envd.ports import Envd
-from shared.errors import IllegalTransition, NotFound
+from shared.errors import Conflict, IllegalTransition, NotFound, Unsupported
 from shared.lifecycle.pods import ensure_workload, workload_spec
 from shared.lifecycle.replay import plan, replay_key
 from shared.lifecycle.worker import PermanentFailure
@@ -51,7 +51,13 @@ from shared.models.messages import (
     SetSandboxNetwork,
 )
 from shared.models.snapshots import Snapshot
-from shared.runtime.models import ANNOTATION_REPLAYED, ANNOTATION_SNAPSHOT, Endpoint
+from shared.runtime.models import (
+    ANNOTATION_REPLAYED,
+    ANNOTATION_RESTORED,
+    ANNOTATION_SNAPSHOT,
+    Endpoint,
+    Workload,
+)
 from shared.runtime.ports import Runtime
 
 log = structlog.get_logger()
@@ -119,14 +125,25 @@ class Scaler:
             if current is not None and t.done_before("create", current):
                 await self._publish_created(current)  # done before; the event may be missing
             return "skipped"
+        from_snapshot = record.origin_snapshot_id is not None and record.origin is not None
         try:
-            await self._runtime.create(workload_spec(record, replicas=1))
+            # From a snapshot: no pod before its files are in (restored into the new layer).
+            workload = await self._runtime.create(
+                workload_spec(record, replicas=0 if from_snapshot else 1)
+            )
         except NotFound as e:  # the template does not exist: no retry can fix that
             if await self._clean_up_if_killed(sid):
                 return "skipped"
             raise PermanentFailure(str(e)) from e
+        if from_snapshot:
+            workload = await self._restore_origin_files(record, workload)
         await self._runtime.scale(sid, 1)
         endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
+        outcomes = (
+            await self._replay(record, endpoint, workload.annotations, _no_progress)
+            if from_snapshot
+            else []
+        )
         try:
             record = await self._store.update(
                 sid,
@@ -137,15 +154,38 @@ class Scaler:
         except IllegalTransition:
             await self._clean_up_if_killed(sid)
             raise
-        await self._publish_created(record)
+        await self._publish_created(record, outcomes)
         metrics.observe("create", "done", time.monotonic() - started)
         return "done"
 
-    async def _publish_created(self, record: SandboxRecord) -> None:
+    async def _restore_origin_files(self, record: SandboxRecord, workload: Workload) -> Workload:
+        """A sandbox started from a stored snapshot gets its files before its first pod, once
+        (the workload's ``torpor.dev/restored-snapshot`` says it is done)."""
+        snapshot_id = record.origin_snapshot_id
+        assert snapshot_id is not None
+        if workload.annotations.get(ANNOTATION_RESTORED) == snapshot_id:
+            return workload
+        try:
+            await self._runtime.restore_files(snapshot_id, record.sandbox_id)
+        except (NotFound, Unsupported, Conflict) as e:  # no retry brings the files back
+            raise PermanentFailure(str(e)) from e
+        return await self._runtime.patch_annotations(
+            record.sandbox_id, {ANNOTATION_RESTORED: snapshot_id}
+        )
+
+    async def _publish_created(
+        self, record: SandboxRecord, outcomes: list[ProcessOutcome] | None = None
+    ) -> None:
         sid = record.sandbox_id
         await emit(
             self._publisher,
-            SandboxCreated(sandbox_id=sid, generation=record.generation, at=t.now()),
+            SandboxCreated(
+                sandbox_id=sid,
+                generation=record.generation,
+                at=t.now(),
+                origin_snapshot_id=record.origin_snapshot_id,
+                processes=outcomes or [],
+            ),
         )
 
     # ---- pause (second half) ------------------------------------------------------------

@@ -5,9 +5,13 @@ from __future__ import annotations
 from faststream.nats import NatsRouter
 
 from services.snapshotter.handlers import build_router
+from services.snapshotter.keeping import SnapshotKeeper
 from services.snapshotter.pausing import Snapshotter
 from services.snapshotter.settings import SnapshotterSettings
-from shared.bus.topology import SNAPSHOTTER_PAUSE
+from shared.bus.broker import key_value
+from shared.bus.snapshot_store import KvSnapshotStore
+from shared.bus.snapshot_timers import NatsSnapshotTimers
+from shared.bus.topology import KV_SNAPSHOTS, SNAPSHOTTER_PAUSE, SNAPSHOTTER_SNAPSHOTS
 from shared.lifecycle.hosting import Context, Parts, WorkerHost
 
 
@@ -22,9 +26,27 @@ def snapshotter_host(ctx: Context, settings: SnapshotterSettings) -> WorkerHost:
             publisher=parts.publisher,
             envd_timeout=settings.envd_timeout,
         )
+        keeper = SnapshotKeeper(
+            sandboxes=parts.store,
+            snapshots=KvSnapshotStore(lambda: key_value(parts.broker, KV_SNAPSHOTS)),
+            runtime=runtime,
+            envd=envd,
+            publisher=parts.publisher,
+            timers=NatsSnapshotTimers(lambda: parts.broker.config.connection_state.stream),
+            envd_timeout=settings.envd_timeout,
+        )
         retry = SNAPSHOTTER_PAUSE.retry.tuned(
             give_up_after=settings.give_up_after, heartbeat=settings.heartbeat_seconds
         )
-        return build_router(snapshotter, retry=retry, max_workers=settings.max_workers)
+        snapshot_retry = SNAPSHOTTER_SNAPSHOTS.retry.tuned(
+            give_up_after=settings.give_up_after, heartbeat=settings.heartbeat_seconds
+        )
+        return build_router(
+            snapshotter,
+            keeper,
+            retry=retry,
+            snapshot_retry=snapshot_retry,
+            max_workers=settings.max_workers,
+        )
 
     return WorkerHost(service="snapshotter", bus=ctx.bus, build=build)

@@ -135,13 +135,27 @@ def users() -> list[User]:
     )
     api = service(
         "api",
-        "REST API + dashboard: commands, timeout/activity events, records (CAS), users (read; "
+        "REST API + dashboard: commands, timeout/activity events, records and snapshots (CAS), "
+        "users (read; "
         "quota overrides: write), keys (read), rate buckets and dashboard sessions (write), "
         "the event feed (read)",
-        [s.all_of(x) for x in (s.CMD_CREATE, s.CMD_PAUSE, s.CMD_RESUME, s.CMD_KILL, s.CMD_NETWORK)],
+        [
+            s.all_of(x)
+            for x in (
+                s.CMD_CREATE,
+                s.CMD_PAUSE,
+                s.CMD_RESUME,
+                s.CMD_KILL,
+                s.CMD_NETWORK,
+                s.CMD_SNAPSHOT,
+                s.CMD_SNAPSHOT_DELETE,
+            )
+        ],
         events(s.EVT_TIMEOUT_SET, s.EVT_ACTIVITY),
         kv_read(t.KV_SANDBOXES),
         kv_write(t.KV_SANDBOXES),
+        kv_read(t.KV_SNAPSHOTS),
+        kv_write(t.KV_SNAPSHOTS),
         kv_read(t.KV_USERS),
         kv_write(t.KV_USERS),
         kv_read(t.KV_API_KEYS),
@@ -187,12 +201,19 @@ def users() -> list[User]:
     )
     snapshotter = service(
         "snapshotter",
-        "pause: running -> pausing, envd List, snapshot annotation, snapshotted event",
+        "pause: running -> pausing, envd List, snapshot annotation, snapshotted event; stored "
+        "snapshots: capture (process list and files), delete",
         bind_durable(t.SNAPSHOTTER_PAUSE),
+        bind_durable(t.SNAPSHOTTER_SNAPSHOTS),
+        bind_durable(t.SNAPSHOTTER_EXPIRY),
+        # a stored snapshot's retention timer (the server publishes the fired copy)
+        [s.all_of(s.SCHED_SNAPSHOT_RETENTION)],
         local_runtime(),
-        events(s.EVT_SNAPSHOTTED, s.EVT_FAILED),
+        events(s.EVT_SNAPSHOTTED, s.EVT_FAILED, s.EVT_SNAPSHOT_TAKEN, s.EVT_SNAPSHOT_DELETED),
         kv_read(t.KV_SANDBOXES),
         kv_write(t.KV_SANDBOXES),
+        kv_read(t.KV_SNAPSHOTS),
+        kv_write(t.KV_SNAPSHOTS),
         dead_letters(),
     )
     scaler_durables = durables_of(t.SCALER_LIFECYCLE.name, t.SCALER_ON_SNAPSHOTTED.name)

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from shared.domain.record import SandboxRecord
 from shared.models.messages import address
+from shared.models.snapshot_records import SnapshotRecord
 
 
 class Publisher(Protocol):
@@ -55,4 +56,31 @@ class SandboxStore(Protocol):
         self, sandbox_id: str, predicate: Callable[[SandboxRecord], bool], *, timeout: float
     ) -> SandboxRecord:
         """Block until the record satisfies ``predicate`` (watch-based); ``TimeoutError`` if not."""
+        ...
+
+
+SnapshotMutation = Callable[[SnapshotRecord], SnapshotRecord]
+
+
+class SnapshotStore(Protocol):
+    """The KV bucket of stored snapshots (``torpor_snapshots``); compare-and-set writes only."""
+
+    async def get(self, snapshot_id: str) -> SnapshotRecord | None: ...
+
+    async def create(self, record: SnapshotRecord) -> SnapshotRecord:
+        """Insert; ``Conflict`` if the id is taken."""
+        ...
+
+    async def update(self, snapshot_id: str, mutate: SnapshotMutation) -> SnapshotRecord:
+        """Read, ``mutate`` (may raise), CAS write; ``NotFound`` when absent."""
+        ...
+
+    async def delete(self, snapshot_id: str) -> None: ...
+
+    async def list(self) -> list[SnapshotRecord]: ...
+
+    async def wait_for(
+        self, snapshot_id: str, predicate: Callable[[SnapshotRecord], bool], *, timeout: float
+    ) -> SnapshotRecord:
+        """Block until the record satisfies ``predicate``; ``NotFound`` if it is deleted."""
         ...

@@ -12,6 +12,9 @@ CMD_PAUSE = "sandbox.cmd.pause"
 CMD_RESUME = "sandbox.cmd.resume"
 CMD_KILL = "sandbox.cmd.kill"
 CMD_NETWORK = "sandbox.cmd.network"
+# Stored snapshots: take one of the sandbox, delete one taken of it (id last: the source sandbox).
+CMD_SNAPSHOT = "sandbox.cmd.snapshot"
+CMD_SNAPSHOT_DELETE = "sandbox.cmd.snapshot_delete"
 
 # Events (fan-out, past tense).
 EVT_PREFIX = "sandbox.evt"
@@ -24,10 +27,15 @@ EVT_FAILED = "sandbox.evt.failed"
 EVT_EXPIRED = "sandbox.evt.expired"
 EVT_TIMEOUT_SET = "sandbox.evt.timeout_set"
 EVT_ACTIVITY = "sandbox.evt.activity"
+EVT_SNAPSHOT_TAKEN = "sandbox.evt.snapshot_taken"
+EVT_SNAPSHOT_DELETED = "sandbox.evt.snapshot_deleted"
 
 # Durable timers (NATS message schedules): holder and target live in one stream.
 SCHED_TIMEOUT = "sandbox.sched.timeout"
 TIMER_FIRED = "sandbox.timer.fired"
+# A stored snapshot's retention: holder per snapshot id, fired copy per source sandbox id.
+SCHED_SNAPSHOT_RETENTION = "sandbox.sched.snapshot_retention"
+TIMER_SNAPSHOT_EXPIRED = "sandbox.timer.snapshot_expired"
 
 DLQ_PREFIX = "sandbox.dlq"
 

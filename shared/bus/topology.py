@@ -36,6 +36,7 @@ KV_API_KEYS = "torpor_api_keys"
 KV_WORKLOADS = "torpor_workloads"
 KV_SESSIONS = "torpor_dashboard_sessions"  # dashboard sign-ins; the TTL ends them
 KV_RATES = "torpor_rates"  # rate-limit token buckets per (action, user); idle ones expire
+KV_SNAPSHOTS = "torpor_snapshots"  # stored snapshots (create_snapshot, fork); CAS writes only
 
 DAY = 86400
 
@@ -118,6 +119,17 @@ class Durable:
 SCHEDULER_RETRY = RetryPolicy(ack_wait=10, max_deliver=10)
 
 SNAPSHOTTER_PAUSE = Durable(STREAM_CMD, "snapshotter-pause", (s.all_of(s.CMD_PAUSE),))
+SNAPSHOTTER_SNAPSHOTS = Durable(
+    STREAM_CMD,
+    "snapshotter-snapshots",
+    (s.all_of(s.CMD_SNAPSHOT), s.all_of(s.CMD_SNAPSHOT_DELETE)),
+)
+SNAPSHOTTER_EXPIRY = Durable(
+    STREAM_TIMERS,
+    "snapshotter-expiry",
+    (s.all_of(s.TIMER_SNAPSHOT_EXPIRED),),
+    retry=SCHEDULER_RETRY,  # a short handler, like the scheduler's timers
+)
 SCALER_LIFECYCLE = Durable(
     STREAM_CMD,
     "scaler-lifecycle",
@@ -152,6 +164,8 @@ SCHEDULER_FIRED = Durable(
 
 DURABLES = (
     SNAPSHOTTER_PAUSE,
+    SNAPSHOTTER_SNAPSHOTS,
+    SNAPSHOTTER_EXPIRY,
     SCALER_LIFECYCLE,
     SCALER_ON_SNAPSHOTTED,
     SCHEDULER_LIFECYCLE,
@@ -171,6 +185,14 @@ def kv_buckets(replicas: int) -> list[KeyValueConfig]:
             bucket=KV_SANDBOXES,
             description="one record per sandbox; compare-and-set writes only",
             history=10,
+            replicas=replicas,
+            max_value_size=256 * 1024,
+            storage=StorageType.FILE,
+        ),
+        KeyValueConfig(
+            bucket=KV_SNAPSHOTS,
+            description="one record per stored snapshot; compare-and-set writes only",
+            history=5,
             replicas=replicas,
             max_value_size=256 * 1024,
             storage=StorageType.FILE,

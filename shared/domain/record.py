@@ -58,6 +58,10 @@ class SandboxRecord(BaseModel):
     paused_at: datetime | None = None
     retain_until: datetime | None = None  # paused sandboxes are deleted after this
     snapshot: SnapshotRef | None = None
+    # Started from a stored snapshot (create from a snapshot id, fork): its id (for the files)
+    # and its process list, replayed once the first pod is ready.
+    origin_snapshot_id: str | None = None
+    origin: SnapshotRef | None = None
     pending: Pending | None = None
     failure: str | None = None  # reason of the last transition that gave up
     updated_at: datetime

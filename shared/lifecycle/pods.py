@@ -21,6 +21,9 @@ def workload_spec(record: SandboxRecord, *, replicas: int = 1) -> WorkloadSpec:
     if record.snapshot is not None:
         # Re-creating a lost workload keeps the last snapshot where the seed says it lives.
         annotations[ANNOTATION_SNAPSHOT] = record.snapshot.annotation
+    elif record.origin is not None:
+        # Started from a stored snapshot: its processes are the ones to replay.
+        annotations[ANNOTATION_SNAPSHOT] = record.origin.annotation
     return WorkloadSpec(
         name=record.sandbox_id,
         template=record.template,

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.domain.record import SandboxRecord
+from shared.domain.record import SandboxRecord, SnapshotRef
 from shared.models.network import OPEN, NetworkPolicy
 
 
@@ -32,6 +32,9 @@ class CreateRequest(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     envs: dict[str, str] = Field(default_factory=dict)
     network: NetworkPolicy = OPEN
+    # Start from a stored snapshot: its files are copied in, its processes replayed.
+    origin_snapshot_id: str | None = None
+    origin: SnapshotRef | None = None
 
 
 class ResumeResult(BaseModel):

@@ -109,6 +109,8 @@ class SandboxLifecycle:
             metadata=dict(request.metadata),
             envs=dict(request.envs),
             network=request.network,
+            origin_snapshot_id=request.origin_snapshot_id,
+            origin=request.origin,
             envd_access_token=secrets.token_hex(24),  # hex: never starts with "-" (argv-safe)
             created_at=at,
             started_at=at,

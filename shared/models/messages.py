@@ -66,27 +66,28 @@ class KillSandbox(_Message):
     reason: Literal["user", "timeout", "retention", "platform"] = "user"
 
 
+class TakeSnapshot(_Message):
+    """Capture the sandbox into the stored snapshot ``snapshot_id`` (its record, written by the
+    publisher in state ``taking``, says who owns it). The sandbox keeps running."""
+
+    type: Literal["sandbox.cmd.snapshot"] = "sandbox.cmd.snapshot"
+    snapshot_id: str = Field(pattern=r"^snap-[a-z0-9]{20}$")
+
+
+class DeleteSnapshot(_Message):
+    """Remove a stored snapshot taken of ``sandbox_id`` (files, then its record)."""
+
+    type: Literal["sandbox.cmd.snapshot_delete"] = "sandbox.cmd.snapshot_delete"
+    snapshot_id: str = Field(pattern=r"^snap-[a-z0-9]{20}$")
+    reason: Literal["user", "retention", "fork", "platform"] = "user"
+
+
 # ---- events --------------------------------------------------------------------------------
 
 
 class _Event(_Message):
     generation: int
     at: datetime
-
-
-class SandboxCreated(_Event):
-    type: Literal["sandbox.evt.created"] = "sandbox.evt.created"
-
-
-class SandboxSnapshotted(_Event):
-    type: Literal["sandbox.evt.snapshotted"] = "sandbox.evt.snapshotted"
-    snapshot_id: str
-    process_count: int
-
-
-class SandboxPaused(_Event):
-    type: Literal["sandbox.evt.paused"] = "sandbox.evt.paused"
-    snapshot_id: str | None = None
 
 
 class ProcessOutcome(BaseModel):
@@ -98,6 +99,24 @@ class ProcessOutcome(BaseModel):
     old_pid: int
     new_pid: int | None = None
     error: str | None = None
+
+
+class SandboxCreated(_Event):
+    type: Literal["sandbox.evt.created"] = "sandbox.evt.created"
+    # Started from a stored snapshot: its snapshot id and the replayed processes' outcomes.
+    origin_snapshot_id: str | None = None
+    processes: list[ProcessOutcome] = Field(default_factory=list)
+
+
+class SandboxSnapshotted(_Event):
+    type: Literal["sandbox.evt.snapshotted"] = "sandbox.evt.snapshotted"
+    snapshot_id: str
+    process_count: int
+
+
+class SandboxPaused(_Event):
+    type: Literal["sandbox.evt.paused"] = "sandbox.evt.paused"
+    snapshot_id: str | None = None
 
 
 class SandboxResumed(_Event):
@@ -119,6 +138,19 @@ class SandboxFailed(_Event):
     def _no_secrets(cls, value: str) -> str:
         # Reasons quote errors (daemon answers, pod log lines) and this event is public.
         return redact_text(value)
+
+
+class SnapshotTaken(_Event):
+    """A stored snapshot of the sandbox is ready (``generation``: the sandbox's at capture)."""
+
+    type: Literal["sandbox.evt.snapshot_taken"] = "sandbox.evt.snapshot_taken"
+    snapshot_id: str
+    process_count: int
+
+
+class SnapshotDeleted(_Event):
+    type: Literal["sandbox.evt.snapshot_deleted"] = "sandbox.evt.snapshot_deleted"
+    snapshot_id: str
 
 
 class SandboxExpired(_Event):

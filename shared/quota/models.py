@@ -25,6 +25,8 @@ class QuotaSettings(SettingsBase):
     """Resume rate (API resume/connect, dashboard, proxy auto-resume)."""
     resume_burst: int = Field(default=60, ge=1)
     """Resume rate (API resume/connect, dashboard, proxy auto-resume)."""
+    max_snapshots: int = Field(default=100, ge=0)
+    """Stored snapshots a user holds (`create_snapshot`; fork's own are not counted)."""
 
 
 class QuotaOverride(BaseModel):
@@ -42,6 +44,7 @@ class QuotaOverride(BaseModel):
         default=None, ge=0, le=1_000_000, alias="resumesPerMinute"
     )
     resume_burst: int | None = Field(default=None, ge=1, le=1_000_000, alias="resumeBurst")
+    max_snapshots: int | None = Field(default=None, ge=0, le=1_000_000, alias="maxSnapshots")
 
     def is_empty(self) -> bool:
         return all(v is None for v in self.model_dump().values())
@@ -58,6 +61,7 @@ class Quota(BaseModel):
     create_burst: int = Field(alias="createBurst")
     resumes_per_minute: float = Field(alias="resumesPerMinute")
     resume_burst: int = Field(alias="resumeBurst")
+    max_snapshots: int = Field(alias="maxSnapshots")
 
 
 def effective(defaults: QuotaSettings, override: QuotaOverride | None) -> Quota:

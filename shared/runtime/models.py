@@ -17,6 +17,8 @@ MANAGED_BY = "torpor"
 ANNOTATION_SNAPSHOT = "torpor.dev/snapshot"
 # Which snapshot the current pod has already replayed (keyed by snapshot id: replay once).
 ANNOTATION_REPLAYED = "torpor.dev/replayed-snapshot"
+# A workload started from a stored snapshot: its files were restored (the snapshot id).
+ANNOTATION_RESTORED = "torpor.dev/restored-snapshot"
 # The workload's network policy (JSON of NetworkPolicy), where a runtime keeps it on the object.
 ANNOTATION_NETWORK = "torpor.dev/network"
 ENVD_PORT = 49983

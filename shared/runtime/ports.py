@@ -61,6 +61,23 @@ class Runtime(Protocol):
         """Workloads whose labels include ``labels`` (all torpor workloads when ``None``)."""
         ...
 
+    # ---- files of stored snapshots (E2B create_snapshot / fork) ----------------------------
+
+    async def save_files(self, name: str, snapshot_id: str) -> int:
+        """Copy the workload's writable files into the stored snapshot ``snapshot_id`` (the
+        sandbox keeps running); the bytes stored. Idempotent. ``Unsupported`` where this runtime
+        cannot keep files: a snapshot is refused rather than stored without them."""
+        ...
+
+    async def restore_files(self, snapshot_id: str, name: str) -> None:
+        """Give the workload's current pod the snapshot's files, before any process of it is
+        replayed. Once per pod (idempotent). ``NotFound`` when the snapshot's files are gone."""
+        ...
+
+    async def delete_snapshot_files(self, snapshot_id: str) -> None:
+        """Remove a snapshot's files (idempotent)."""
+        ...
+
     async def close(self) -> None:
         """Release clients, watches and (local runtime) supervised processes' bookkeeping."""
         ...

@@ -16,6 +16,8 @@ from shared.domain.states import SandboxState
 from shared.errors import Conflict, IllegalTransition, NotFound
 from shared.lifecycle.ports import CreateRequest, ResumeResult
 from shared.models.network import NetworkPolicy
+from shared.models.snapshot_records import SnapshotRecord, SnapshotState, new_snapshot_id
+from shared.models.snapshots import Snapshot
 
 SNAPSHOT_JSON = {
     "captured_time": "2026-09-03T03:25:21.201354569Z",
@@ -198,3 +200,62 @@ class FakeRecords:
 
     def remember(self, record: SandboxRecord) -> None:
         pass
+
+
+class FakeSnapshots:
+    """``services.api.deps.Snapshots`` in memory: a take is ready at once, with no processes."""
+
+    def __init__(self, lifecycle: FakeLifecycle) -> None:
+        self._lifecycle = lifecycle
+        self.records: dict[str, SnapshotRecord] = {}
+
+    async def take(
+        self,
+        sandbox_id: str,
+        *,
+        owner: str | None,
+        name: str | None = None,
+        internal: bool = False,
+        files_only: bool = False,
+        wait: float = 55.0,
+    ) -> SnapshotRecord:
+        source = await self._lifecycle.get(sandbox_id, owner=owner)
+        at = now()
+        snap = SnapshotRecord(
+            snapshot_id=new_snapshot_id(),
+            owner=source.owner,
+            source_sandbox_id=sandbox_id,
+            name=name,
+            state=SnapshotState.READY,
+            template=source.template,
+            annotation=Snapshot.capture([], at=at).encode(),
+            internal=internal,
+            files_only=files_only,
+            created_at=at,
+            retain_until=at + timedelta(days=1),
+            updated_at=at,
+        )
+        self.records[snap.snapshot_id] = snap
+        return snap
+
+    async def get(self, snapshot_id: str, *, owner: str | None) -> SnapshotRecord:
+        snap = self.records.get(snapshot_id)
+        if snap is None or (owner is not None and snap.owner != owner):
+            raise NotFound(f"snapshot {snapshot_id} not found")
+        return snap
+
+    async def list(
+        self, *, owner: str | None, sandbox_id: str | None = None, name: str | None = None
+    ) -> list[SnapshotRecord]:
+        return [
+            s
+            for s in self.records.values()
+            if not s.internal
+            and (owner is None or s.owner == owner)
+            and (sandbox_id is None or s.source_sandbox_id == sandbox_id)
+            and (name is None or s.name == name)
+        ]
+
+    async def delete(self, snapshot_id: str, *, owner: str | None) -> None:
+        await self.get(snapshot_id, owner=owner)
+        del self.records[snapshot_id]

@@ -18,7 +18,7 @@ from services.api.app import create_app
 from services.api.deps import Wiring
 from services.api.settings import ApiSettings
 from shared.lifecycle.ports import CreateRequest
-from tests.api.fakes import FakeKeys, FakeLifecycle
+from tests.api.fakes import FakeKeys, FakeLifecycle, FakeSnapshots
 
 _KEY = "torpor_fuzz_key"
 
@@ -31,7 +31,10 @@ def _app() -> object:
     for name in ("a", "b0", "sandbox-01"):
         asyncio.run(lifecycle.create(CreateRequest(owner="fuzzer", sandbox_id=name)))
     cfg = ApiSettings()
-    return create_app(cfg, wiring=Wiring(settings=cfg, lifecycle=lifecycle, keys=keys))
+    wiring = Wiring(
+        settings=cfg, lifecycle=lifecycle, keys=keys, snapshots=FakeSnapshots(lifecycle)
+    )
+    return create_app(cfg, wiring=wiring)
 
 
 # The dashboard's routes (``/dashboard/...``, ``.../events``) live in the same app but belong to

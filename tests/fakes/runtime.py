@@ -27,6 +27,8 @@ class FakeRuntime:
         self._addresses = itertools.count(2)
         self._address: dict[str, str] = {}
         self.networks: dict[str, NetworkPolicy] = {}
+        self.snapshot_files: dict[str, str] = {}  # snapshot id -> the workload it came from
+        self.restored: list[tuple[str, str]] = []
 
     def _put(self, wl: Workload, **update: object) -> Workload:
         new = wl.model_copy(update={**update, "resource_version": str(next(self._version))})
@@ -109,6 +111,20 @@ class FakeRuntime:
             for w in self.workloads.values()
             if not labels or all(w.labels.get(k) == v for k, v in labels.items())
         ]
+
+    async def save_files(self, name: str, snapshot_id: str) -> int:
+        self._require(name)
+        self.snapshot_files[snapshot_id] = name
+        return 0
+
+    async def restore_files(self, snapshot_id: str, name: str) -> None:
+        self._require(name)
+        if snapshot_id not in self.snapshot_files:
+            raise NotFound(f"snapshot {snapshot_id} has no files")
+        self.restored.append((snapshot_id, name))
+
+    async def delete_snapshot_files(self, snapshot_id: str) -> None:
+        self.snapshot_files.pop(snapshot_id, None)
 
     async def close(self) -> None:
         return None

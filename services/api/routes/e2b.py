@@ -15,6 +15,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 from services.api.deps import CallerDep, WiringDep, require_template
 from services.api.errors import ApiError, refuse_resume_if_up
 from services.api.quotas import admit_create, admit_resume
+from services.api.routes.snapshots import snapshot_request
 from services.api.schemas import (
     ConnectSandbox,
     ErrorBody,
@@ -34,6 +35,7 @@ from shared.domain.record import SandboxRecord
 from shared.errors import Conflict, NotFound
 from shared.ids import is_valid_sandbox_id
 from shared.lifecycle.ports import CreateRequest
+from shared.models.snapshot_records import looks_like_snapshot_id
 
 router = APIRouter(tags=["e2b"])
 
@@ -89,8 +91,10 @@ async def create_sandbox(
     body: NewSandbox,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> SandboxOut:
+    from_snapshot = looks_like_snapshot_id(body.template_id)
     template = w.settings.resolve_template(body.template_id)
-    require_template(w, template, field="templateID")
+    if not from_snapshot:
+        require_template(w, template, field="templateID")
     request = CreateRequest(
         owner=caller.name,
         sandbox_id=_idempotent_id(caller.name, idempotency_key) if idempotency_key else None,
@@ -102,6 +106,8 @@ async def create_sandbox(
         envs=body.env_vars or {},
         network=body.network_policy(),
     )
+    if from_snapshot:  # a snapshot id where a template goes: files and processes come along
+        request = await snapshot_request(w, caller.name, body.template_id, request)
     if request.sandbox_id is not None:
         try:
             existing = await w.lifecycle.get(request.sandbox_id, owner=caller.name)

@@ -19,7 +19,14 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
-from shared.errors import ConfigError, Conflict, NotFound, PodNotReady, RuntimeFailure
+from shared.errors import (
+    ConfigError,
+    Conflict,
+    NotFound,
+    PodNotReady,
+    RuntimeFailure,
+    Unsupported,
+)
 from shared.models.network import NetworkPolicy
 from shared.runtime.kubernetes.errors import api_errors
 from shared.runtime.kubernetes.objects import (
@@ -53,6 +60,10 @@ FIELD_MANAGER = "torpor"
 JSON_PATCH = "application/json-patch+json"
 _PATCH_ATTEMPTS = 8
 T = TypeVar("T")
+
+
+# Refused openly: a snapshot without its files would start sandboxes that silently lack them.
+FILES_UNSUPPORTED = "snapshots with files need the kept-files storage, not yet on kubernetes"
 
 
 class KubernetesRuntime:
@@ -263,6 +274,19 @@ class KubernetesRuntime:
             to_workload(rs, by_sandbox.get(rs.metadata.name or "", []) if rs.metadata else [])
             for rs in sets.items
         ]
+
+    # ---- files of stored snapshots ------------------------------------------------------
+
+    async def save_files(self, name: str, snapshot_id: str) -> int:
+        del name, snapshot_id
+        raise Unsupported(FILES_UNSUPPORTED)
+
+    async def restore_files(self, snapshot_id: str, name: str) -> None:
+        del name, snapshot_id
+        raise Unsupported(FILES_UNSUPPORTED)
+
+    async def delete_snapshot_files(self, snapshot_id: str) -> None:
+        del snapshot_id  # nothing was ever stored here
 
     async def close(self) -> None:
         await self._api.close()  # type: ignore[no-untyped-call]

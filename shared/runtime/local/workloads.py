@@ -49,7 +49,7 @@ from shared.bus.topology import KV_WORKLOADS, workloads_bucket
 from shared.errors import Conflict, NotFound, PodNotReady, RuntimeFailure, Unavailable
 from shared.models.network import NetworkPolicy
 from shared.redaction import redact_text
-from shared.runtime.local import bwrap, bytecode, limits
+from shared.runtime.local import bwrap, bytecode, limits, mounts, snapshot_files
 from shared.runtime.local import rootfs as rootfs_location
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import STAGE_DIR, PodLauncher
@@ -68,7 +68,7 @@ from shared.runtime.models import (
     Workload,
     WorkloadSpec,
 )
-from shared.runtime.templates import load_template, template_dirs
+from shared.runtime.templates import Template, load_template, template_dirs
 
 log = structlog.get_logger()
 
@@ -457,6 +457,66 @@ class LocalRuntime:
             msg = f"workload {name} keeps no files (template {record.template}: persist none)"
             raise Conflict(msg)
         return record, self._launcher.layers, template.resources.limits.disk_bytes
+
+    # ---- files of stored snapshots (see .snapshot_files) ---------------------------------
+
+    async def _snapshot_parts(
+        self, name: str
+    ) -> tuple[WorkloadRecord, Layers, Template, dict[str, Path]]:
+        """The workload, its layers, template and own writable volumes (``volume-<name>``)."""
+        current = await self._store.get(name)
+        if current is None or current[0].deleting:
+            raise NotFound(f"workload {name} not found")
+        record = current[0]
+        if record.id_base is None or self._launcher is None:
+            raise Conflict(f"workload {name} has no id range yet")
+        template = await asyncio.to_thread(load_template, record.template, self._template_dirs)
+        volumes = {
+            f"volume-{v.name}": v.resolve(self._data_dir, sandbox_id=name, owner=record.owner)
+            for v in template.volumes
+            if not v.read_only and "{sandbox_id}" in v.host_path
+        }
+        return record, self._launcher.layers, template, volumes
+
+    async def save_files(self, name: str, snapshot_id: str) -> int:
+        record, layers, template, volumes = await self._snapshot_parts(name)
+        assert record.id_base is not None
+        disk_bytes = template.resources.limits.disk_bytes
+        in_use = await asyncio.to_thread(mounts.is_mounted, layers.folder(name) / "mnt")
+        # A running pod's layer (either persist mode) or a paused sandbox's kept one; a paused
+        # `persist: none` sandbox has no files to keep.
+        layer = (
+            layers.mounted(name, base=record.id_base, disk_bytes=disk_bytes)
+            if in_use or template.persist == "layer"
+            else None
+        )
+        return await asyncio.to_thread(
+            snapshot_files.save,
+            self._data_dir,
+            snapshot_id,
+            layer=layer,
+            volumes=volumes,
+            id_base=record.id_base,
+        )
+
+    async def restore_files(self, snapshot_id: str, name: str) -> None:
+        record, layers, template, volumes = await self._snapshot_parts(name)
+        assert record.id_base is not None
+        if record.pod is not None or record.terminating or record.replicas:
+            raise Conflict(f"workload {name} has run: files are restored before its first pod")
+        await asyncio.to_thread(
+            snapshot_files.restore,
+            self._data_dir,
+            snapshot_id,
+            layers=layers,
+            name=name,
+            id_base=record.id_base,
+            disk_bytes=template.resources.limits.disk_bytes,
+            volumes=volumes,
+        )
+
+    async def delete_snapshot_files(self, snapshot_id: str) -> None:
+        await asyncio.to_thread(snapshot_files.delete, self._data_dir, snapshot_id)
 
     # ---- views and helpers -----------------------------------------------------------
 
