@@ -2,6 +2,12 @@
 
 Usage: .venv/bin/python bench/envd_bench.py [-n 200]
        .venv/bin/python bench/envd_bench.py --start [--starts 30]
+       .venv/bin/python bench/envd_bench.py --throughput [--requests 3000] [--rounds 2]
+
+``--throughput`` measures req/s of ``GET /health`` and Connect ``List`` at concurrency 1 and 32,
+with two clients in the same loop: bench/loadgen.py (raw keep-alive sockets, near-free) and an
+httpx AsyncClient (what bench/proxy_bench.py and the SDK use), plus the daemon's own CPU per
+request; writes bench/results/envd_throughput.json.
 
 ``--start`` times daemon start-up instead: process spawn -> first 204 on ``/health`` (and ->
 first Connect ``List`` reply, which loads the lazily imported Connect services), over ``--starts``
@@ -171,6 +177,124 @@ def start_bench(starts: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def httpx_drive(
+    url: str, headers: dict[str, str], body: bytes | None, n: int, concurrency: int
+) -> float:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    method = "POST" if body is not None else "GET"
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        todo = iter(range(n))
+
+        async def worker() -> None:
+            for _ in todo:
+                r = await client.request(method, url, headers=headers, content=body)
+                if r.status_code >= 300:
+                    raise RuntimeError(f"HTTP {r.status_code}")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return n / (time.perf_counter() - started)
+
+
+def throughput(requests: int, rounds: int) -> int:
+    from bench.loadgen import drive
+
+    port = free_port()
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.envd",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--access-token",
+            TOKEN,
+            "--root",
+            tempfile.mkdtemp(prefix="envd-bench-"),
+        ],
+        cwd=REPO,
+    )
+    base = f"http://127.0.0.1:{port}"
+    auth = {"x-access-token": TOKEN}
+    rpc = {**auth, "content-type": "application/json", "connect-protocol-version": "1"}
+    cases = [
+        ("GET /health", "/health", auth, None),
+        ("Connect List", "/process.Process/List", rpc, b"{}"),
+    ]
+    rows: list[dict[str, object]] = []
+    try:
+        for _ in range(600):
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{base}/health", timeout=10).status_code == 204:
+                    break
+            time.sleep(0.05)
+        print(
+            f"{'case':<14}{'client':>8}{'conc':>6}{'req/s':>9}{'p50 ms':>9}{'envd us/req':>13}  load"
+        )
+        for rnd in range(rounds):
+            for name, path, headers, body in cases:
+                for client in ("lean", "httpx"):
+                    for conc in (1, 32):  # interleaved: the same load for both concurrencies
+                        cpu = cpu_seconds(daemon.pid)
+                        p50 = None
+                        if client == "lean":
+                            r = drive(
+                                base + path,
+                                method="POST" if body is not None else "GET",
+                                headers=headers,
+                                body=body or b"",
+                                n=requests,
+                                concurrency=conc,
+                            )
+                            rps, p50 = r.rps, r.p50_ms
+                        else:
+                            rps = asyncio.run(
+                                httpx_drive(base + path, headers, body, requests, conc)
+                            )
+                        used = (cpu_seconds(daemon.pid) - cpu) * 1e6 / (requests + 50)
+                        row = {
+                            "round": rnd,
+                            "case": name,
+                            "client": client,
+                            "concurrency": conc,
+                            "rps": round(rps, 1),
+                            "p50_ms": None if p50 is None else round(p50, 3),
+                            "envd_cpu_us_per_req": round(used, 1),
+                            "load_1m": os.getloadavg()[0],
+                        }
+                        rows.append(row)
+                        print(
+                            f"{name:<14}{client:>8}{conc:>6}{rps:>9.0f}"
+                            f"{'' if p50 is None else f'{p50:.2f}':>9}{used:>13.0f}"
+                            f"  {row['load_1m']:.1f}",
+                            flush=True,
+                        )
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+    path_out = REPO / "bench" / "results" / "envd_throughput.json"
+    path_out.write_text(
+        json.dumps(
+            {
+                "benchmark": "envd_throughput",
+                "requests": requests,
+                "rows": rows,
+                "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"wrote {path_out.relative_to(REPO)}")
+    return 0
+
+
 def main() -> int:
     import logging
 
@@ -179,9 +303,14 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=200)
     parser.add_argument("--start", action="store_true", help="time daemon start-up instead")
     parser.add_argument("--starts", type=int, default=30)
+    parser.add_argument("--throughput", action="store_true", help="req/s at concurrency 1 and 32")
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     if args.start:
         return start_bench(args.starts)
+    if args.throughput:
+        return throughput(args.requests, args.rounds)
     port = free_port()
     root = tempfile.mkdtemp(prefix="envd-bench-")
     t0 = time.perf_counter()

@@ -2,6 +2,7 @@
 sandbox (auto-resume).
 
     .venv/bin/python bench/proxy_bench.py [--requests 2000] [--concurrency 32] [--no-resume]
+        [--client httpx|lean] [--baseline <checkout of another commit>] [--out NAME.json]
 
 Part 1 runs the real in-sandbox daemon (``python -m services.envd``) on its own loopback
 address and the proxy (``ProxyApp``, the production ASGI app under uvicorn) in a separate
@@ -93,7 +94,10 @@ def serve_proxy(port: int, pod_host: str) -> None:
         limits=limits,
     )
     # The production server: the guarded protocol and the limits (shared/web), as in main.py.
-    uvicorn.Server(server_config(app, limits, host="127.0.0.1", port=port)).run()
+    config = server_config(
+        app, limits, host="127.0.0.1", port=port, timeout_keep_alive=75, backlog=4096
+    )  # as services/proxy/main.py (uvicorn's default 5 s keep-alive races a loaded client)
+    uvicorn.Server(config).run()
 
 
 # ------------------------------------------------------------------ load generation
@@ -144,11 +148,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def overhead(n: int, concurrency: int) -> list[dict[str, object]]:
+def measure(
+    client: str,
+    url: str,
+    headers: dict[str, str],
+    *,
+    method: str,
+    body: bytes | None,
+    n: int,
+    c: int,
+) -> dict[str, float]:
+    if client == "lean":
+        from bench.loadgen import drive as lean_drive
+
+        result = lean_drive(
+            url, method=method, headers=headers, body=body or b"", n=n, concurrency=c
+        )
+        return result.as_dict()
+    return asyncio.run(drive(url, headers, method=method, body=body, n=n, concurrency=c))
+
+
+def overhead(
+    n: int, concurrency: int, *, client: str = "httpx", baseline: Path | None = None
+) -> list[dict[str, object]]:
     from shared.bus.server import free_port
 
     envd_port = free_port(POD_HOST)
     proxy_port = free_port()
+    base_port = free_port()
     procs = [
         subprocess.Popen(
             [
@@ -168,14 +195,30 @@ def overhead(n: int, concurrency: int) -> list[dict[str, object]]:
             [sys.executable, __file__, "--serve-proxy", str(proxy_port), POD_HOST], cwd=REPO
         ),
     ]
+    if baseline is not None:  # the same proxy from another checkout, measured in the same loop
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(baseline / "bench" / "proxy_bench.py"),
+                    "--serve-proxy",
+                    str(base_port),
+                    POD_HOST,
+                ],
+                cwd=baseline,
+            )
+        )
     rows: list[dict[str, object]] = []
     try:
         direct = f"http://{POD_HOST}:{envd_port}"
         proxied = f"http://127.0.0.1:{proxy_port}"
         auth = {"X-Access-Token": TOKEN}
         route = {**auth, "E2b-Sandbox-Id": SANDBOX, "E2b-Sandbox-Port": str(envd_port)}
-        wait_http(f"{direct}/health", auth)
-        wait_http(f"{proxied}/health", route)
+        based = f"http://127.0.0.1:{base_port}"
+        wait_http(f"{direct}/health", auth, timeout=120)
+        wait_http(f"{proxied}/health", route, timeout=120)
+        if baseline is not None:
+            wait_http(f"{based}/health", route, timeout=120)
         rpc = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
         cases = [
             ("GET /health", "GET", "/health", None, {}),
@@ -184,27 +227,19 @@ def overhead(n: int, concurrency: int) -> list[dict[str, object]]:
         for name, method, path, body, extra in cases:
             for conc in (1, concurrency):
                 envd_cpu = cpu_seconds(procs[0].pid)
-                d = asyncio.run(
-                    drive(
-                        direct + path,
-                        {**auth, **extra},
-                        method=method,
-                        body=body,
-                        n=n,
-                        concurrency=conc,
-                    )
+                d = measure(
+                    client, direct + path, {**auth, **extra}, method=method, body=body, n=n, c=conc
                 )
                 envd_direct = cpu_seconds(procs[0].pid) - envd_cpu
                 envd_cpu, proxy_cpu = cpu_seconds(procs[0].pid), cpu_seconds(procs[1].pid)
-                p = asyncio.run(
-                    drive(
-                        proxied + path,
-                        {**route, **extra},
-                        method=method,
-                        body=body,
-                        n=n,
-                        concurrency=conc,
-                    )
+                p = measure(
+                    client,
+                    proxied + path,
+                    {**route, **extra},
+                    method=method,
+                    body=body,
+                    n=n,
+                    c=conc,
                 )
                 proxy_used = cpu_seconds(procs[1].pid) - proxy_cpu
                 envd_proxied = cpu_seconds(procs[0].pid) - envd_cpu
@@ -223,8 +258,28 @@ def overhead(n: int, concurrency: int) -> list[dict[str, object]]:
                         "envd_cpu_us_per_req_direct": envd_direct * per_request,
                         "envd_cpu_us_per_req_proxied": envd_proxied * per_request,
                         "proxy_cpu_us_per_req": proxy_used * per_request,
+                        "load_1m": os.getloadavg()[0],
                     }
                 )
+                if baseline is not None:
+                    base_cpu = cpu_seconds(procs[2].pid)
+                    b = measure(
+                        client,
+                        based + path,
+                        {**route, **extra},
+                        method=method,
+                        body=body,
+                        n=n,
+                        c=conc,
+                    )
+                    rows[-1].update(
+                        baseline_p50_ms=b["p50_ms"],
+                        baseline_p99_ms=b["p99_ms"],
+                        baseline_rps=b["rps"],
+                        baseline_ratio=b["rps"] / d["rps"],
+                        baseline_cpu_us_per_req=(cpu_seconds(procs[2].pid) - base_cpu)
+                        * per_request,
+                    )
     finally:
         for proc in procs:
             proc.terminate()
@@ -290,6 +345,18 @@ def main() -> int:
         "--no-resume", action="store_true", help="skip part 2 (needs the full system)"
     )
     parser.add_argument(
+        "--client",
+        choices=("httpx", "lean"),
+        default="httpx",
+        help="httpx (what the SDK uses) or bench/loadgen.py (raw keep-alive sockets, near-free)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of another commit: its proxy is measured in the same loop, same daemon",
+    )
+    parser.add_argument("--out", default="proxy_bench.json", help="file name in bench/results/")
+    parser.add_argument(
         "--serve-proxy", nargs=2, metavar=("PORT", "POD_HOST"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -297,7 +364,7 @@ def main() -> int:
         serve_proxy(int(args.serve_proxy[0]), args.serve_proxy[1])
         return 0
 
-    rows = overhead(args.requests, args.concurrency)
+    rows = overhead(args.requests, args.concurrency, client=args.client, baseline=args.baseline)
     print(
         f"{'case':<14} {'conc':>4} {'direct p50':>10} {'p99':>8} {'rps':>7} | "
         f"{'proxy p50':>9} {'p99':>8} {'rps':>7} | {'ratio':>5} | CPU us/req: envd, proxy"
@@ -308,8 +375,15 @@ def main() -> int:
             f"{r['direct_p50_ms']:>8.2f}ms {r['direct_p99_ms']:>6.2f}ms "
             f"{r['direct_rps']:>7.0f} | {r['proxy_p50_ms']:>7.2f}ms {r['proxy_p99_ms']:>6.2f}ms "
             f"{r['proxy_rps']:>7.0f} | {r['throughput_ratio']:>5.2f} | "
-            f"{r['envd_cpu_us_per_req_direct']:>5.0f} {r['proxy_cpu_us_per_req']:>6.0f}"
+            f"{r['envd_cpu_us_per_req_direct']:>5.0f} {r['proxy_cpu_us_per_req']:>6.0f} "
+            f"| load {r['load_1m']:.1f}"
         )
+        if "baseline_rps" in r:
+            print(
+                f"{'  baseline':<19} {r['baseline_p50_ms']:>7.2f}ms {r['baseline_p99_ms']:>6.2f}ms "
+                f"{r['baseline_rps']:>7.0f} | ratio {r['baseline_ratio']:>5.2f} | "
+                f"CPU us/req {r['baseline_cpu_us_per_req']:.0f}"
+            )
     resume: dict[str, object] | None = None
     if not args.no_resume:
         try:
@@ -321,7 +395,7 @@ def main() -> int:
         except Exception as e:
             resume = {"error": repr(e)[:500]}
             print(f"first-request latency not measured: {resume['error']}")
-    out = REPO / "bench" / "results" / "proxy_bench.json"
+    out = REPO / "bench" / "results" / args.out
     out.write_text(
         json.dumps(
             {
@@ -329,6 +403,8 @@ def main() -> int:
                 "host": platform.node(),
                 "cpus": os.cpu_count(),
                 "requests": args.requests,
+                "client": args.client,
+                "baseline": str(args.baseline) if args.baseline else None,
                 "overhead": rows,
                 "first_request_after_pause": resume,
             },
