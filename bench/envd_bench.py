@@ -234,7 +234,8 @@ def throughput(requests: int, rounds: int) -> int:
                     break
             time.sleep(0.05)
         print(
-            f"{'case':<14}{'client':>8}{'conc':>6}{'req/s':>9}{'p50 ms':>9}{'envd us/req':>13}  load"
+            f"{'case':<14}{'client':>8}{'conc':>6}{'req/s':>9}{'p50 ms':>9}"
+            f"{'envd us/req':>13}  load"
         )
         for rnd in range(rounds):
             for name, path, headers, body in cases:
