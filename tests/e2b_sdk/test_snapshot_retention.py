@@ -11,8 +11,8 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import SandboxException
 
-from tests.conftest import skip_or_fail
-from tests.e2e.stack import Stack, need_bwrap, running_stack
+from tests.support.fixtures import started
+from tests.support.stack import SEED_TEMPLATE, Stack
 
 pytestmark = pytest.mark.slow
 
@@ -21,14 +21,13 @@ RETENTION = 8  # seconds
 
 @pytest.fixture(scope="module")
 def short_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    if reason := need_bwrap():
-        skip_or_fail(reason)
-    env = {"TORPOR_SNAPSHOT_RETENTION_SECONDS": str(RETENTION)}
-    try:
-        with running_stack(tmp_path_factory.mktemp("snap-retention"), env=env) as s:
-            yield s
-    except RuntimeError as e:
-        skip_or_fail(f"the torpor stack did not start: {e}")
+    yield from started(
+        Stack(
+            tmp_path_factory.mktemp("snap-retention"),
+            templates={"sandbox-base": SEED_TEMPLATE},
+            env={"TORPOR_SNAPSHOT_RETENTION_SECONDS": str(RETENTION)},
+        )
+    )
 
 
 def test_retention_deletes_snapshot_and_files(short_stack: Stack) -> None:
@@ -40,7 +39,7 @@ def test_retention_deletes_snapshot_and_files(short_stack: Stack) -> None:
         sbx.files.write("/home/user/kept.txt", "until retention")
         kept = sbx.create_snapshot().snapshot_id
         early = sbx.create_snapshot().snapshot_id
-        store = short_stack.root / "data" / "snapshots"
+        store = short_stack.data_dir / "snapshots"
         assert (store / kept / "files").is_dir()
         assert Sandbox.delete_snapshot(early, **opts) is True  # its timer will find nothing
 

@@ -16,7 +16,7 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import RateLimitException, SandboxException, SandboxNotFoundException
 
-from tests.e2e.stack import Stack
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def src(opts: dict[str, object]) -> Iterator[Sandbox]:
     s.files.write("/home/user/state.txt", "state before snapshot")
     s.files.make_dir("/home/user/app")
     s.files.write("/home/user/app/config.json", '{"env": "test"}')
-    s.files.write("/mnt/shared/volume.txt", "in the sandbox's own volume")
+    s.files.write("/workspace/volume.txt", "in the sandbox's own volume")
     s.commands.run(MARKER_CMD, background=True, timeout=0)
     yield s
     Sandbox.kill(s.sandbox_id, **opts)  # type: ignore[arg-type]
@@ -135,8 +135,8 @@ def test_create_from_snapshot_has_files_and_processes(
         assert new.sandbox_id != src.sandbox_id
         assert new.files.read("/home/user/state.txt") == "state before snapshot"
         assert new.files.read("/home/user/app/config.json") == '{"env": "test"}'
-        assert new.files.read("/mnt/shared/volume.txt") == "in the sandbox's own volume"
-        owner = new.commands.run("stat -c %U /home/user/state.txt /mnt/shared/volume.txt")
+        assert new.files.read("/workspace/volume.txt") == "in the sandbox's own volume"
+        owner = new.commands.run("stat -c %U /home/user/state.txt /workspace/volume.txt")
         assert owner.stdout.split() == ["user", "user"]  # the same in-sandbox owner
         _until(lambda: _has_marker(new), 30, "the replayed process")
         # Independent: a write in the new sandbox is not seen by the source.
@@ -370,7 +370,7 @@ def test_snapshot_quota(stack: Stack) -> None:
 def test_stored_files_are_out_of_a_sandboxs_reach(stack: Stack, snap_id: str, src: Sandbox) -> None:
     """Snapshots live under the runtime's data dir; no sandbox sees it, not even as root (sudo),
     nor any other copy."""
-    store = stack.root / "data" / "snapshots"
+    store = stack.data_dir / "snapshots"
     assert (store / snap_id / "files").is_dir()  # the copy exists on the host...
     probe = src.commands.run(
         f"test -e {store} && echo VISIBLE; sudo -n test -e {store}/{snap_id} && echo VISIBLE;"
