@@ -71,9 +71,8 @@ async def provision_fast_redelivery(nats_url: str) -> None:
         js = nc.jetstream()
         await ensure_topology(js)
         for durable in DURABLES:
-            await js.add_consumer(
-                durable.stream, dataclasses.replace(durable, backoff=(ACK_WAIT,)).config()
-            )
+            fast = dataclasses.replace(durable.retry, ack_wait=ACK_WAIT)
+            await js.add_consumer(durable.stream, dataclasses.replace(durable, retry=fast).config())
     finally:
         await nc.close()
 
@@ -314,7 +313,7 @@ class Stack:
         path = "/health" if service_of(key) in HTTP else "/readyz"
         return self.url(key) + path
 
-    async def wait_ready(self, key: str, timeout: float = 90.0) -> None:
+    async def wait_ready(self, key: str, timeout: float = 180.0) -> None:
         try:
             await processes.await_http(
                 self.health_url(key),
