@@ -38,8 +38,8 @@ from shared.models.snapshots import ProcessConfig
 from shared.runtime.local import LocalRuntime
 from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint
 from shared.settings import BusSettings
-from tests.chaos.cluster import Services, observer_runtime, provision
 from tests.conftest import skip_or_fail
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -55,36 +55,43 @@ class Rig:
     publisher: BrokerPublisher
     runtime: LocalRuntime
     envd: ConnectEnvdClient
-    services: Services
+    services: Stack
 
 
 @pytest.fixture
-async def rig(fresh_nats, tmp_path: Path) -> AsyncIterator[Rig]:  # type: ignore[no-untyped-def]
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    """A private bus with fast redelivery; the tests start (and kill) the services."""
     if shutil.which("bwrap") is None:
         skip_or_fail("bubblewrap (bwrap) is not installed")
-    await provision(fresh_nats.url)
-    data_dir = tmp_path / "rt"
-    logs = Path(os.environ.get("TORPOR_CHAOS_LOGS", tmp_path))
-    logs.mkdir(parents=True, exist_ok=True)
-    services = Services(nats_url=fresh_nats.url, data_dir=data_dir, logs=logs)
-    bus = BusSettings(nats_url=fresh_nats.url, bus_provision=False)
-    client = make_broker(bus, service="chaos")
-    await client.connect()
-    await client.start()
-    envd = ConnectEnvdClient()
-    try:
-        async with observer_runtime(fresh_nats.url, data_dir) as runtime:
-            store = KvSandboxStore(await key_value(client, KV_SANDBOXES))
-            publisher = BrokerPublisher(client)
-            try:
-                yield Rig(
-                    SandboxLifecycle(store, publisher), store, publisher, runtime, envd, services
-                )
-            finally:
-                services.stop_all()  # before the observer stops the pods (no restarts)
-    finally:
-        await envd.close()
-        await client.stop()
+    services = Stack(
+        tmp_path,
+        services=(),
+        users={},
+        fast_redelivery=True,
+        log_level="warning",
+        env={"TORPOR_GIVE_UP_AFTER": "10"},
+        data_dir=tmp_path / "rt",
+        log_dir=Path(os.environ.get("TORPOR_CHAOS_LOGS", tmp_path)),
+    )
+    async with services:
+        bus = BusSettings(nats_url=services.nats_url, bus_provision=False)
+        client = make_broker(bus, service="chaos")
+        await client.connect()
+        await client.start()
+        envd = ConnectEnvdClient()
+        try:
+            async with services.observer() as runtime:
+                store = KvSandboxStore(await key_value(client, KV_SANDBOXES))
+                publisher = BrokerPublisher(client)
+                try:
+                    yield Rig(
+                        SandboxLifecycle(store, publisher), store, publisher, runtime, envd, services
+                    )
+                finally:
+                    services.stop_services()  # before the observer stops the pods (no restarts)
+        finally:
+            await envd.close()
+            await client.stop()
 
 
 async def _seed_processes(rig: Rig, sid: str) -> None:
@@ -141,7 +148,7 @@ async def _cycle(rig: Rig, sid: str) -> None:
         pytest.fail(f"{e}; record={record!r}; services alive={alive}; kills={rig.services.kills}")
 
 
-async def _chaos(services: Services, names: list[str], stop: asyncio.Event) -> None:
+async def _chaos(services: Stack, names: list[str], stop: asyncio.Event) -> None:
     """Kill -9 a random service at a random moment, restart it, let it become ready, repeat."""
     rnd = random.Random(os.environ.get("TORPOR_CHAOS_SEED", "7"))
     while not stop.is_set():
@@ -149,7 +156,7 @@ async def _chaos(services: Services, names: list[str], stop: asyncio.Event) -> N
         victim = rnd.choice(names)
         services.kill9(victim)
         await asyncio.sleep(rnd.uniform(0.0, 1.0))
-        services.start(victim)
+        services.start_service(victim)
         await services.wait_ready(victim)
 
 
@@ -157,7 +164,7 @@ async def _chaos(services: Services, names: list[str], stop: asyncio.Event) -> N
 async def test_kill9_during_pause_resume_cycles(rig: Rig) -> None:
     names = ["snapshotter", "scaler"]
     for name in names:
-        rig.services.start(name)
+        rig.services.start_service(name)
     for name in names:
         await rig.services.wait_ready(name)
     sids = ["chaos-a", "chaos-b"]
@@ -209,8 +216,8 @@ async def _cycle_with_duplicates(rig: Rig, sid: str) -> None:
 
 async def test_three_replicas_with_duplicate_commands(rig: Rig) -> None:
     for i in range(3):
-        rig.services.start(f"snapshotter#{i}")
-        rig.services.start(f"scaler#{i}")
+        rig.services.start_service(f"snapshotter-{i}")
+        rig.services.start_service(f"scaler-{i}")
     for name in list(rig.services.procs):
         await rig.services.wait_ready(name)
     sids = [f"multi-{i}" for i in range(int(os.environ.get("TORPOR_CHAOS_SANDBOXES", "4")))]
