@@ -1,6 +1,6 @@
 """Fault injection while many sandboxes cycle through create / pause / resume / kill.
 
-The whole system runs as real processes (``tests/faults/cluster.py``). Clients use the public
+The whole system runs as real processes (``tests/support/stack.py``, with fast redelivery). Clients use the public
 surfaces: the E2B REST API (create, pause, connect, kill), the proxy (auto-resume on the first
 request), and the bus (commands published as another platform service would). Meanwhile:
 
@@ -53,13 +53,8 @@ from shared.models.snapshots import ProcessConfig
 from shared.runtime.local import LocalRuntime
 from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint
 from tests.conftest import skip_or_fail
-from tests.faults.cluster import (
-    SERVICES,
-    FaultCluster,
-    bwrap_pod_uids,
-    daemon_pid,
-    daemon_pids,
-)
+from tests.support.pods import bwrap_pod_uids, daemon_pid, daemon_pids
+from tests.support.stack import SERVICES, Stack
 
 pytestmark = pytest.mark.slow
 
@@ -70,6 +65,7 @@ COMMANDS = ["exec sleep 200001", "exec sleep 200002"]
 STEADY = {SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.FAILED, SandboxState.KILLED}
 SETTLE = 240.0
 FAULTS = ("kill9", "nats_restart")
+USER = "faults"
 DRIVER_FAULTS = ("daemon_stopped", "duplicate", "reordered", "auto_resume", "expiry", "kill")
 
 
@@ -85,7 +81,7 @@ class Tally:
 
 @dataclass
 class Rig:
-    cluster: FaultCluster
+    cluster: Stack
     store: KvSandboxStore
     js: Any
     envd: ConnectEnvdClient
@@ -100,32 +96,32 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         skip_or_fail("bubblewrap (bwrap) is not installed")
     root = Path(os.environ.get("TORPOR_FAULT_LOGS") or tmp_path)
     root.mkdir(parents=True, exist_ok=True)
-    cluster = FaultCluster(root=root)
+    cluster = Stack(
+        root,
+        users={USER: False},
+        fast_redelivery=True,
+        log_level="info",
+        env={"TORPOR_GIVE_UP_AFTER": "4", "TORPOR_ENVD_TIMEOUT": "3"},
+        data_dir=root / "rt",
+    )
     try:
-        await cluster.start()
-        nc = await nats.connect(
-            cluster.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.5
-        )
-        envd = ConnectEnvdClient()
-        # A read-only view of the workloads; on exit it stops every pod of the data dir.
-        runtime = LocalRuntime(
-            nats_url=cluster.nats_url,
-            data_dir=cluster.data_dir,
-            supervise=False,
-            stop_pods_on_close=True,
-        )
-        await runtime.start()
-        try:
-            js = nc.jetstream()
-            store = KvSandboxStore(await js.key_value(KV_SANDBOXES))
-            yield Rig(cluster, store, js, envd, runtime)
-        finally:
-            cluster.stop_services()  # first, so nobody restarts the pods the observer stops
-            await runtime.close()
-            await envd.close()
-            await nc.close()
+        async with cluster:
+            nc = await nats.connect(
+                cluster.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.5
+            )
+            envd = ConnectEnvdClient()
+            try:
+                async with cluster.observer() as runtime:
+                    try:
+                        js = nc.jetstream()
+                        store = KvSandboxStore(await js.key_value(KV_SANDBOXES))
+                        yield Rig(cluster, store, js, envd, runtime)
+                    finally:
+                        cluster.stop_services()  # first: nobody restarts what the observer stops
+            finally:
+                await envd.close()
+                await nc.close()
     finally:
-        cluster.stop()
         leftovers = [*bwrap_pod_uids(cluster.data_dir).values(), *daemon_pids(cluster.data_dir)]
         for pid in leftovers:  # belt and braces: no orphans, whatever happened above
             with contextlib.suppress(ProcessLookupError):
@@ -137,7 +133,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
 
 def _api(rig: Rig) -> httpx.AsyncClient:
     return httpx.AsyncClient(
-        base_url=rig.cluster.api_url, headers={"X-API-KEY": rig.cluster.api_key}, timeout=70
+        base_url=rig.cluster.api_url, headers={"X-API-KEY": rig.cluster.keys[USER]}, timeout=70
     )
 
 
