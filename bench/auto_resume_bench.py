@@ -37,7 +37,7 @@ from common import (
 
 from shared.envd.client import ConnectEnvdClient
 from shared.models.snapshots import ProcessConfig
-from shared.runtime.models import Endpoint
+from shared.ports.workloads import Endpoint
 
 COMMANDS = ["exec sleep 300001", "exec sleep 300002"]
 

@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from shared.envd.client import ConnectEnvdClient  # noqa: E402
 from shared.models.snapshots import ProcessConfig  # noqa: E402
-from shared.runtime.models import Endpoint  # noqa: E402
+from shared.ports.workloads import Endpoint  # noqa: E402
 
 TOKEN = "bench-token"
 

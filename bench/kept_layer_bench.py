@@ -31,8 +31,8 @@ from shared.bus.server import EmbeddedNats
 from shared.envd.client import ConnectEnvdClient
 from shared.logging import configure
 from shared.models.snapshots import ProcessConfig
+from shared.ports.workloads import WorkloadSpec
 from shared.runtime.local import LocalRuntime
-from shared.runtime.models import WorkloadSpec
 from shared.settings import LoggingSettings
 
 MIB = 2**20

@@ -33,7 +33,7 @@ from common import (
 
 from shared.envd.client import ConnectEnvdClient
 from shared.models.snapshots import ProcessConfig
-from shared.runtime.models import Endpoint
+from shared.ports.workloads import Endpoint
 
 COMMAND = "exec sleep 400001"
 

@@ -49,13 +49,13 @@ from shared.bus.records import KvSandboxStore  # noqa: E402
 from shared.bus.server import EmbeddedNats, free_port  # noqa: E402
 from shared.bus.topology import KV_SANDBOXES  # noqa: E402
 from shared.envd.client import ConnectEnvdClient  # noqa: E402
-from shared.lifecycle.ports import CreateRequest  # noqa: E402
 from shared.lifecycle.replay import duplicates  # noqa: E402
 from shared.lifecycle.service import SandboxLifecycle  # noqa: E402
 from shared.logging import configure  # noqa: E402
 from shared.models.snapshots import ProcessConfig  # noqa: E402
+from shared.ports.lifecycle import CreateRequest  # noqa: E402
+from shared.ports.workloads import Endpoint, WorkloadSpec  # noqa: E402
 from shared.runtime.local import LocalRuntime  # noqa: E402
-from shared.runtime.models import Endpoint, WorkloadSpec  # noqa: E402
 from shared.settings import BusSettings, LoggingSettings  # noqa: E402
 
 configure(LoggingSettings(log_level="warning"), service="bench")

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from shared.bus.server import EmbeddedNats
 from shared.logging import configure
+from shared.ports.workloads import WorkloadSpec
 from shared.runtime.local import LocalRuntime
-from shared.runtime.models import WorkloadSpec
 from shared.settings import LoggingSettings
 
 RESULTS = Path(__file__).with_name("results") / "pod_start_local.json"

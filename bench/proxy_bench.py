@@ -49,8 +49,8 @@ def serve_proxy(port: int, pod_host: str) -> None:
     from services.proxy.settings import ProxySettings
     from shared.domain.record import SandboxRecord
     from shared.domain.states import SandboxState
-    from shared.lifecycle.ports import ResumeResult
     from shared.logging import configure
+    from shared.ports.lifecycle import ResumeResult
     from shared.settings import LoggingSettings
     from shared.web.limits import HttpLimits
     from shared.web.serving import server_config

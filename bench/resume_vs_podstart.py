@@ -61,7 +61,7 @@ from common import (
 
 from shared.envd.client import ConnectEnvdClient
 from shared.models.snapshots import ProcessConfig
-from shared.runtime.models import Endpoint, WorkloadSpec
+from shared.ports.workloads import Endpoint, WorkloadSpec
 
 COMMANDS = ["exec sleep 100001", "exec sleep 100002"]
 CHART = RESULTS / "resume_vs_podstart.png"

@@ -16,9 +16,9 @@ from services.api.sessions import Sessions
 from services.api.settings import ApiSettings
 from shared.auth.models import User
 from shared.domain.record import SandboxRecord
-from shared.envd.ports import EnvdTelemetry
-from shared.lifecycle.ports import Lifecycle
 from shared.models.snapshot_records import SnapshotRecord
+from shared.ports.envd import EnvdTelemetry
+from shared.ports.lifecycle import Lifecycle
 from shared.quota.models import Quota, QuotaOverride
 from shared.runtime.catalog import TemplateCatalog
 

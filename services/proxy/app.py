@@ -38,7 +38,6 @@ from services.proxy.forwarding import (
     forward_http,
     forward_websocket,
 )
-from services.proxy.records import RecordSource
 from services.proxy.routing import BadTargetError, Target, target_of
 from services.proxy.settings import ProxySettings
 from services.proxy.upstream import UpstreamPool
@@ -52,6 +51,19 @@ from shared.web.limits import HttpLimits
 from shared.web.requests import BodyReader, InFlight, RequestRefused, check_declared
 
 log = structlog.get_logger()
+
+
+class RecordSource(Protocol):
+    async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
+
+    def peek(self, sandbox_id: str) -> SandboxRecord | None:
+        """The record when it is known without any I/O (the fast path's lookup); ``None`` means
+        "ask ``get``", not "no such sandbox"."""
+        ...
+
+    def remember(self, record: SandboxRecord) -> None:
+        """A fresher record learnt another way (e.g. a resume result)."""
+        ...
 
 
 class ProxyLifecycle(Resumer, Toucher, Protocol):

@@ -24,11 +24,11 @@ from shared.web.serving import server_config
 
 @asynccontextmanager
 async def bus_wiring(bus: BusSettings, quotas: QuotaSettings) -> AsyncIterator[ProxyWiring]:
-    from services.proxy.records import KvRecordCache
     from shared.auth.keys import KvApiKeys, KvUsers
     from shared.bus.broker import key_value, make_broker, prepare
     from shared.bus.kv import NatsBucket, NatsCasBucket
     from shared.bus.publishing import BrokerPublisher
+    from shared.bus.record_cache import KvRecordCache
     from shared.bus.records import KvSandboxStore
     from shared.bus.topology import KV_API_KEYS, KV_RATES, KV_SANDBOXES, KV_USERS
     from shared.lifecycle.service import SandboxLifecycle

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from shared.domain import states
 from shared.domain.record import SandboxRecord
-from shared.lifecycle.ports import ResumeResult
+from shared.ports.lifecycle import ResumeResult
 
 log = structlog.get_logger()
 

@@ -8,7 +8,7 @@ from faststream import FastStream
 
 from services.scaler.handlers import build_router
 from services.scaler.scaling import Scaler
-from shared.lifecycle.spec import document
+from shared.bus.asyncapi import document
 
 
 def app() -> FastStream:

@@ -27,12 +27,10 @@ from typing import Literal
 import structlog
 
 from services.scaler import metrics
-from shared.bus.ports import Publisher, SandboxStore, emit
 from shared.bus.retry import Retry
 from shared.domain import states
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
-from shared.envd.ports import Envd
 from shared.errors import Conflict, IllegalTransition, NotFound, Unsupported
 from shared.lifecycle.pods import ensure_workload, workload_spec
 from shared.lifecycle.replay import plan, replay_key
@@ -51,14 +49,16 @@ from shared.models.messages import (
     SetSandboxNetwork,
 )
 from shared.models.snapshots import Snapshot
-from shared.runtime.models import (
+from shared.ports.bus import Publisher, SandboxStore, emit
+from shared.ports.envd import Envd
+from shared.ports.runtime import Runtime
+from shared.ports.workloads import (
     ANNOTATION_REPLAYED,
     ANNOTATION_RESTORED,
     ANNOTATION_SNAPSHOT,
     Endpoint,
     Workload,
 )
-from shared.runtime.ports import Runtime
 
 log = structlog.get_logger()
 

@@ -13,7 +13,7 @@ from faststream.nats import NatsRouter
 from services.scheduler import expiry
 from services.scheduler.handlers import SchedulerHandlers, build_router
 from services.scheduler.settings import SchedulerSettings
-from services.scheduler.timers import NatsTimers
+from shared.bus.timers import NatsTimers
 from shared.lifecycle.hosting import Context, Parts, WorkerHost
 from shared.settings import RetentionSettings
 

@@ -42,7 +42,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from services.scheduler.schedules import Holder, Timer
+from shared.bus.schedules import Holder, Timer
 from shared.domain import states
 from shared.domain.record import Mutation, SandboxRecord
 from shared.domain.states import SandboxState

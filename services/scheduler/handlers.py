@@ -15,14 +15,14 @@ import structlog
 from faststream.nats import NatsMessage, NatsRouter, PullSub
 
 from services.scheduler import expiry, metrics
-from services.scheduler.schedules import Holder, Timer
 from shared.bus import subjects
 from shared.bus.broker import subscriber_args
-from shared.bus.ports import Publisher, SandboxStore
+from shared.bus.schedules import Holder, Timer
 from shared.bus.topology import SCHEDULER_FIRED, SCHEDULER_LIFECYCLE
 from shared.domain.record import SandboxRecord
 from shared.errors import NotFound
 from shared.models.messages import SandboxActivity, SandboxFailed
+from shared.ports.bus import Publisher, SandboxStore
 from shared.settings import FeatureFlags
 
 log = structlog.get_logger()

@@ -9,7 +9,7 @@ from faststream import FastStream
 from services.snapshotter.handlers import build_router
 from services.snapshotter.keeping import SnapshotKeeper
 from services.snapshotter.pausing import Snapshotter
-from shared.lifecycle.spec import document
+from shared.bus.asyncapi import document
 
 
 def app() -> FastStream:

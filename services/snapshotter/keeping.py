@@ -25,21 +25,21 @@ from typing import Literal, Protocol
 import structlog
 
 from shared.bus import subjects
-from shared.bus.ports import Publisher, SandboxStore, SnapshotStore
 from shared.bus.retry import Retry
 from shared.domain import states
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
-from shared.envd.ports import Envd
 from shared.errors import EnvdUnavailable, NotFound, Unsupported
 from shared.lifecycle.pods import current_endpoint
 from shared.lifecycle.worker import PermanentFailure
 from shared.models.messages import DeleteSnapshot, SnapshotDeleted, SnapshotTaken, TakeSnapshot
 from shared.models.snapshot_records import SnapshotRecord, SnapshotState
 from shared.models.snapshots import MAX_SNAPSHOT_ANNOTATION_BYTES, Snapshot
+from shared.ports.bus import Publisher, SandboxStore, SnapshotStore
+from shared.ports.envd import Envd
+from shared.ports.runtime import Runtime
 from shared.redaction import redact_text
-from shared.runtime.ports import Runtime
 
 log = structlog.get_logger()
 

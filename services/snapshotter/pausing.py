@@ -23,17 +23,17 @@ from typing import Literal
 import structlog
 
 from services.snapshotter import metrics
-from shared.bus.ports import Publisher, SandboxStore, emit
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord, SnapshotRef
-from shared.envd.ports import Envd
 from shared.errors import EnvdUnavailable, IllegalTransition, NotFound
 from shared.lifecycle.pods import current_endpoint
 from shared.lifecycle.replay import replay_key
 from shared.models.messages import PauseSandbox, SandboxFailed, SandboxSnapshotted
 from shared.models.snapshots import MAX_SNAPSHOT_ANNOTATION_BYTES, Snapshot
-from shared.runtime.models import ANNOTATION_REPLAYED, ANNOTATION_SNAPSHOT
-from shared.runtime.ports import Runtime
+from shared.ports.bus import Publisher, SandboxStore, emit
+from shared.ports.envd import Envd
+from shared.ports.runtime import Runtime
+from shared.ports.workloads import ANNOTATION_REPLAYED, ANNOTATION_SNAPSHOT
 
 log = structlog.get_logger()
 

@@ -113,7 +113,7 @@ def service(name: str, doc: str, *groups: list[str], subscribe: tuple[str, ...] 
 
 
 def events_read() -> list[str]:
-    """History of the event stream by subject (shared/bus/events_feed.py, the dashboard)."""
+    """History of the event stream by subject (the dashboard's events feed)."""
     return [f"{API}.STREAM.INFO.{t.STREAM_EVT}", f"{API}.STREAM.MSG.GET.{t.STREAM_EVT}"]
 
 

@@ -11,9 +11,9 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from shared.bus.kv import key_names
-from shared.bus.ports import Mutation
 from shared.domain.record import SandboxRecord
 from shared.errors import Conflict, NotFound
+from shared.ports.bus import Mutation
 
 _CAS_ATTEMPTS = 16
 

@@ -11,9 +11,9 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from shared.bus.kv import key_names
-from shared.bus.ports import SnapshotMutation
 from shared.errors import Conflict, NotFound
 from shared.models.snapshot_records import SnapshotRecord, is_snapshot_id
+from shared.ports.bus import SnapshotMutation
 
 _CAS_ATTEMPTS = 16
 

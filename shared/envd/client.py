@@ -20,7 +20,7 @@ import structlog
 from shared.errors import EnvdError, EnvdUnavailable
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.models.telemetry import LogEntry, MetricSample
-from shared.runtime.models import Endpoint
+from shared.ports.workloads import Endpoint
 
 log = structlog.get_logger()
 
@@ -78,7 +78,7 @@ def _process_from_json(item: dict[str, Any]) -> SnapshotProcess:
 
 
 class ConnectEnvdClient:
-    """Implements ``shared.envd.ports.Envd`` and ``EnvdTelemetry``."""
+    """Implements ``shared.ports.envd.Envd`` and ``EnvdTelemetry``."""
 
     def __init__(self, http: httpx.AsyncClient | None = None) -> None:
         self._http = http or httpx.AsyncClient(http2=False, follow_redirects=False)

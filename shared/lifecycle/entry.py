@@ -18,13 +18,13 @@ from typing import Generic, Literal, TypeVar
 
 import structlog
 
-from shared.envd.ports import Envd
 from shared.errors import ConfigError, TorporError
 from shared.health import HealthServer
 from shared.lifecycle.hosting import Context, WorkerHost, until_signalled
 from shared.logging import configure
+from shared.ports.envd import Envd
+from shared.ports.runtime import Runtime
 from shared.runtime.factory import LocalRuntimeSettings, open_runtime
-from shared.runtime.ports import Runtime
 from shared.settings import (
     BusSettings,
     FeatureFlags,

@@ -20,12 +20,12 @@ import structlog
 from faststream.nats import NatsBroker, NatsRouter
 
 from shared.bus.broker import key_value, make_broker, prepare
-from shared.bus.ports import Publisher, SandboxStore
 from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import KvSandboxStore
 from shared.bus.topology import KV_SANDBOXES
-from shared.envd.ports import Envd
-from shared.runtime.ports import Runtime
+from shared.ports.bus import Publisher, SandboxStore
+from shared.ports.envd import Envd
+from shared.ports.runtime import Runtime
 from shared.settings import BusSettings, FeatureFlags, RetentionSettings
 
 log = structlog.get_logger()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from shared.domain.record import SandboxRecord
-from shared.runtime.models import (
+from shared.ports.runtime import Runtime
+from shared.ports.workloads import (
     ANNOTATION_SNAPSHOT,
     LABEL_MANAGED_BY,
     LABEL_OWNER,
@@ -13,7 +14,6 @@ from shared.runtime.models import (
     Workload,
     WorkloadSpec,
 )
-from shared.runtime.ports import Runtime
 
 
 def workload_spec(record: SandboxRecord, *, replicas: int = 1) -> WorkloadSpec:

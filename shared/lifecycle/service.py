@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 
 import structlog
 
-from shared.bus.ports import Publisher, SandboxStore, emit
 from shared.domain import states
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
@@ -31,7 +30,6 @@ from shared.domain.states import SandboxState
 from shared.domain.timing import deadline_after
 from shared.errors import Conflict, IllegalTransition, NotFound, RuntimeFailure
 from shared.ids import is_valid_sandbox_id
-from shared.lifecycle.ports import CreateRequest, ResumeResult
 from shared.models.messages import (
     CreateSandbox,
     KillSandbox,
@@ -42,6 +40,8 @@ from shared.models.messages import (
     SetSandboxNetwork,
 )
 from shared.models.network import NetworkPolicy
+from shared.ports.bus import Publisher, SandboxStore, emit
+from shared.ports.lifecycle import CreateRequest, ResumeResult
 
 log = structlog.get_logger()
 
@@ -57,7 +57,7 @@ def new_sandbox_id() -> str:
 
 
 class SandboxLifecycle:
-    """``shared.lifecycle.ports.Lifecycle`` over a ``SandboxStore`` and a ``Publisher``."""
+    """``shared.ports.lifecycle.Lifecycle`` over a ``SandboxStore`` and a ``Publisher``."""
 
     def __init__(
         self,

@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from shared.bus import subjects
-from shared.bus.ports import Publisher, SandboxStore, SnapshotStore
 from shared.domain import states
 from shared.domain.record import SnapshotRef
 from shared.errors import (
@@ -40,6 +39,7 @@ from shared.models.snapshot_records import (
     new_snapshot_id,
 )
 from shared.models.snapshots import Snapshot
+from shared.ports.bus import Publisher, SandboxStore, SnapshotStore
 
 QUOTA_RETRY_AFTER = 30
 _LIVE = frozenset({SnapshotState.TAKING, SnapshotState.READY})

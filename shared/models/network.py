@@ -1,7 +1,7 @@
 """A sandbox's network policy: what its code may reach, and who may reach its ports.
 
 One pure model, read by the API (validation), stored on the sandbox record, carried to the
-runtime in :class:`shared.runtime.models.WorkloadSpec` and enforced there (nftables on the local
+runtime in :class:`shared.ports.workloads.WorkloadSpec` and enforced there (nftables on the local
 runtime, a NetworkPolicy on Kubernetes). E2B's rules, in order:
 
 - ``allow_out`` wins over ``deny_out`` (an address in both is allowed);

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import field_validator
 
 from shared.errors import ConfigError
-from shared.runtime.ports import Runtime
+from shared.ports.runtime import Runtime
 from shared.settings import RuntimeSettings, SettingsBase
 
 

@@ -14,10 +14,10 @@ from shared.auth.models import User
 from shared.domain.record import SandboxRecord, SnapshotRef
 from shared.domain.states import SandboxState
 from shared.errors import Conflict, IllegalTransition, NotFound
-from shared.lifecycle.ports import CreateRequest, ResumeResult
 from shared.models.network import NetworkPolicy
 from shared.models.snapshot_records import SnapshotRecord, SnapshotState, new_snapshot_id
 from shared.models.snapshots import Snapshot
+from shared.ports.lifecycle import CreateRequest, ResumeResult
 
 SNAPSHOT_JSON = {
     "captured_time": "2026-09-03T03:25:21.201354569Z",

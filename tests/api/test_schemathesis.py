@@ -17,7 +17,7 @@ from schemathesis.specs.openapi.checks import (
 from services.api.app import create_app
 from services.api.deps import Wiring
 from services.api.settings import ApiSettings
-from shared.lifecycle.ports import CreateRequest
+from shared.ports.lifecycle import CreateRequest
 from tests.api.fakes import FakeKeys, FakeLifecycle, FakeSnapshots
 
 _KEY = "torpor_fuzz_key"

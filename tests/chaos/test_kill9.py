@@ -30,13 +30,13 @@ from shared.bus.records import KvSandboxStore
 from shared.bus.topology import KV_SANDBOXES
 from shared.domain.states import SandboxState
 from shared.envd.client import ConnectEnvdClient
-from shared.lifecycle.ports import CreateRequest
 from shared.lifecycle.replay import duplicates
 from shared.lifecycle.service import SandboxLifecycle
 from shared.models.messages import PauseSandbox, ResumeSandbox, msg_id
 from shared.models.snapshots import ProcessConfig
+from shared.ports.lifecycle import CreateRequest
+from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
 from shared.runtime.local import LocalRuntime
-from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint
 from shared.settings import BusSettings
 from tests.conftest import skip_or_fail
 from tests.support.stack import Stack

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.runtime.models import Endpoint
-from shared.runtime.ports import Runtime
+from shared.ports.runtime import Runtime
+from shared.ports.workloads import Endpoint
 
 
 @dataclass

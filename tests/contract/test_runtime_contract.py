@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from shared.errors import Conflict, NotFound, PodNotReady
-from shared.runtime.models import (
+from shared.ports.workloads import (
     ANNOTATION_SNAPSHOT,
     LABEL_OWNER,
     LABEL_SANDBOX_ID,

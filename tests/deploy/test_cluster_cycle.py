@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from shared.bus.server import free_port
-from shared.runtime.models import ANNOTATION_SNAPSHOT
+from shared.ports.workloads import ANNOTATION_SNAPSHOT
 from tests.deploy.apiserver import Apiserver
 from tests.deploy.kustomize import REPO
 from tests.deploy.nats_auth import AuthNats, start_auth_nats

@@ -11,7 +11,7 @@ from e2b import Sandbox
 from shared.envd.client import ConnectEnvdClient
 from shared.errors import EnvdError, EnvdUnavailable
 from shared.models.snapshots import ProcessConfig
-from shared.runtime.models import Endpoint
+from shared.ports.workloads import Endpoint
 from tests.envd.conftest import TOKEN, Daemon, free_port
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from shared.errors import EnvdUnavailable, NotFound, PodNotReady
 from shared.models.network import NetworkPolicy
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
-from shared.runtime.models import Endpoint, Workload, WorkloadSpec
+from shared.ports.workloads import Endpoint, Workload, WorkloadSpec
 
 
 class FakeRuntime:

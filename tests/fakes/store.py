@@ -13,9 +13,9 @@ import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from shared.bus.ports import Mutation
 from shared.domain.record import SandboxRecord
 from shared.errors import Conflict, NotFound
+from shared.ports.bus import Mutation
 
 _CAS_ATTEMPTS = 16
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from services.scheduler.schedules import Holder, Timer
+from shared.bus.schedules import Holder, Timer
 
 
 class FakeTimers:

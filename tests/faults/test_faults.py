@@ -50,8 +50,8 @@ from shared.envd.client import ConnectEnvdClient
 from shared.lifecycle.replay import duplicates
 from shared.models.messages import PauseSandbox, ResumeSandbox, msg_id
 from shared.models.snapshots import ProcessConfig
+from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
 from shared.runtime.local import LocalRuntime
-from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint
 from tests.conftest import skip_or_fail
 from tests.support.pods import bwrap_pod_uids, daemon_pid, daemon_pids
 from tests.support.stack import SERVICES, Stack

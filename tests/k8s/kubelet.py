@@ -34,9 +34,9 @@ from kubernetes.aio import config as k8s_config
 from kubernetes.aio import watch as k8s_watch
 from kubernetes.aio.client.exceptions import ApiException
 
+from shared.ports.workloads import ENVD_PORT, LABEL_MANAGED_BY, MANAGED_BY
 from shared.runtime.local import bwrap as local_bwrap
 from shared.runtime.local import procfs
-from shared.runtime.models import ENVD_PORT, LABEL_MANAGED_BY, MANAGED_BY
 
 log = structlog.get_logger()
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -17,9 +17,9 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from shared.errors import NotFound
 from shared.models.network import NetworkPolicy
+from shared.ports.workloads import LABEL_SANDBOX_ID, WorkloadSpec
 from shared.runtime.kubernetes import KubernetesRuntime
 from shared.runtime.kubernetes.objects import LABEL_SANDBOX_ACCESS, egress_rules
-from shared.runtime.models import LABEL_SANDBOX_ID, WorkloadSpec
 
 POLICIES = [
     NetworkPolicy(),

@@ -10,6 +10,7 @@ import yaml
 from kubernetes.aio.client import V1ReplicaSet
 
 from shared.errors import NotFound
+from shared.ports.workloads import LABEL_OWNER, LABEL_SANDBOX_ID, WorkloadSpec
 from shared.runtime.kubernetes import DEFAULT_TEMPLATES, PodTemplates
 from shared.runtime.kubernetes.objects import (
     ANNOTATION_REVISION,
@@ -18,7 +19,6 @@ from shared.runtime.kubernetes.objects import (
     replica_set_body,
     to_workload,
 )
-from shared.runtime.models import LABEL_OWNER, LABEL_SANDBOX_ID, WorkloadSpec
 
 
 def pod(uid: str, *, ready: bool, terminating: bool = False, created: str = "t1") -> dict[str, Any]:

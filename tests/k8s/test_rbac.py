@@ -20,8 +20,8 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from shared.errors import RuntimeFailure
 from shared.models.network import NetworkPolicy
+from shared.ports.workloads import ANNOTATION_SNAPSHOT, WorkloadSpec
 from shared.runtime.kubernetes import KubernetesRuntime
-from shared.runtime.models import ANNOTATION_SNAPSHOT, WorkloadSpec
 from tests.k8s.plugin import create_namespace, sandbox_templates
 from tests.k8s.rig import ClusterAccess
 

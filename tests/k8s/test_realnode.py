@@ -18,8 +18,8 @@ import httpx
 import pytest
 from kubernetes.aio import client as k8s
 
+from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.kubernetes import KubernetesRuntime
-from shared.runtime.models import Endpoint, WorkloadSpec
 from tests.k8s.realnode import RealNodeAccess
 from tests.k8s.test_runtime_kubernetes import health, pods_of
 

@@ -12,15 +12,15 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio.client.exceptions import ApiException
 
 from shared.errors import Conflict, NotFound, PodNotReady, RuntimeFailure, TorporError
-from shared.runtime.kubernetes import KubernetesRuntime
-from shared.runtime.kubernetes.errors import translate
-from shared.runtime.models import (
+from shared.ports.workloads import (
     ANNOTATION_SNAPSHOT,
     LABEL_OWNER,
     LABEL_SANDBOX_ID,
     Endpoint,
     WorkloadSpec,
 )
+from shared.runtime.kubernetes import KubernetesRuntime
+from shared.runtime.kubernetes.errors import translate
 from tests.k8s.kubelet import TestKubelet
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(180)]

@@ -14,10 +14,10 @@ from shared.bus.broker import key_value, make_broker, prepare
 from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import KvSandboxStore
 from shared.bus.topology import KV_SANDBOXES
-from shared.envd.ports import Envd
 from shared.lifecycle.hosting import Context, WorkerHost
 from shared.lifecycle.service import SandboxLifecycle
-from shared.runtime.ports import Runtime
+from shared.ports.envd import Envd
+from shared.ports.runtime import Runtime
 from shared.settings import BusSettings
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from shared.bus.topology import STREAM_DLQ
 from shared.domain.states import SandboxState
-from shared.lifecycle.ports import CreateRequest
+from shared.ports.lifecycle import CreateRequest
 from tests.fakes.runtime import FakeEnvd, FakeRuntime
 from tests.lifecycle.harness import System, running_system
 

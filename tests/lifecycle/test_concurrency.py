@@ -9,11 +9,11 @@ import pytest
 
 from shared.bus import subjects
 from shared.domain.states import SandboxState
-from shared.lifecycle.ports import CreateRequest
 from shared.lifecycle.replay import duplicates
 from shared.models.messages import KillSandbox, PauseSandbox, ResumeSandbox, msg_id
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
-from shared.runtime.models import Endpoint
+from shared.ports.lifecycle import CreateRequest
+from shared.ports.workloads import Endpoint
 from tests.fakes.runtime import FakeEnvd, FakeRuntime
 from tests.lifecycle.harness import System, running_system
 

@@ -14,9 +14,9 @@ import pytest
 
 from shared.domain.states import SandboxState
 from shared.errors import IllegalTransition, NotFound, RuntimeFailure
-from shared.lifecycle.ports import CreateRequest
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
-from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint
+from shared.ports.lifecycle import CreateRequest
+from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
 from tests.fakes.runtime import FakeEnvd, FakeRuntime
 from tests.lifecycle.harness import System, running_system
 

@@ -13,10 +13,10 @@ import pytest
 
 from shared.domain.states import SandboxState
 from shared.envd.client import ConnectEnvdClient
-from shared.lifecycle.ports import CreateRequest
 from shared.models.snapshots import ProcessConfig
+from shared.ports.lifecycle import CreateRequest
+from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
 from shared.runtime.kubernetes import KubernetesRuntime
-from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint
 from tests.lifecycle.harness import System, running_system
 
 COMMAND = "echo started >> started.log; exec sleep 1000"

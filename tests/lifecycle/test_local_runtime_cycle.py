@@ -17,10 +17,10 @@ import pytest
 from shared.domain.states import SandboxState
 from shared.envd.client import ConnectEnvdClient
 from shared.errors import IllegalTransition, NotFound
-from shared.lifecycle.ports import CreateRequest
 from shared.models.snapshots import ProcessConfig
+from shared.ports.lifecycle import CreateRequest
+from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
 from shared.runtime.local import LocalRuntime
-from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint
 from tests.conftest import skip_or_fail
 from tests.lifecycle.harness import System, running_system
 

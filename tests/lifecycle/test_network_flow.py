@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shared.errors import Conflict, NotFound
-from shared.lifecycle.ports import CreateRequest
 from shared.models.network import NetworkPolicy
+from shared.ports.lifecycle import CreateRequest
 from tests.fakes.runtime import FakeEnvd, FakeRuntime
 from tests.lifecycle.harness import System, running_system
 

@@ -19,12 +19,12 @@ from shared.bus.snapshot_store import KvSnapshotStore
 from shared.bus.topology import KV_SNAPSHOTS
 from shared.domain.states import SandboxState
 from shared.errors import NotFound, QuotaExceeded, Unsupported
-from shared.lifecycle.ports import CreateRequest
 from shared.lifecycle.snapshots import SnapshotService, origin_of
 from shared.models.messages import DeleteSnapshot, TakeSnapshot
 from shared.models.snapshot_records import SnapshotState
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
-from shared.runtime.models import Endpoint
+from shared.ports.lifecycle import CreateRequest
+from shared.ports.workloads import Endpoint
 from shared.settings import BusSettings
 from tests.fakes.runtime import FakeEnvd, FakeRuntime
 from tests.lifecycle.harness import System, running_system

@@ -19,7 +19,7 @@ import pytest
 from services.proxy.app import ProxyApp, ProxyWiring
 from services.proxy.settings import ProxySettings
 from shared.domain.record import SandboxRecord
-from shared.lifecycle.ports import CreateRequest
+from shared.ports.lifecycle import CreateRequest
 from shared.web.limits import HttpLimits
 from tests.api.fakes import FakeLifecycle, FakeRecords
 from tests.proxy.conftest import Rig

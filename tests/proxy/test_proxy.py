@@ -14,7 +14,7 @@ from websockets.sync.client import connect as ws_connect
 
 from services.proxy.settings import ENVD_PORT
 from shared.domain.record import SandboxRecord
-from shared.lifecycle.ports import CreateRequest
+from shared.ports.lifecycle import CreateRequest
 from tests.proxy.conftest import Rig
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from shared.auth.traffic import traffic_token
 from shared.domain.record import SandboxRecord
-from shared.lifecycle.ports import CreateRequest
 from shared.models.network import NetworkPolicy
+from shared.ports.lifecycle import CreateRequest
 from tests.proxy.conftest import Rig
 
 PRIVATE = NetworkPolicy(allow_public_traffic=False)

@@ -11,8 +11,8 @@ import asyncio
 import json
 from pathlib import Path
 
+from shared.ports.workloads import WorkloadSpec
 from shared.runtime.local import LocalRuntime
-from shared.runtime.models import WorkloadSpec
 
 
 async def main() -> None:

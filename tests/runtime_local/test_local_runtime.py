@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from shared.errors import ConfigError, Conflict
+from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.local import limits as local_limits
 from shared.runtime.local import procfs
-from shared.runtime.models import Endpoint, WorkloadSpec
 from tests.contract.harness import healthy, read_file, write_file
 from tests.runtime_local.support import TEMPLATES, LocalRuntimeFactory
 

@@ -6,8 +6,8 @@ import asyncio
 import json
 from datetime import timedelta
 
-from services.scheduler.schedules import holder_subject
 from shared.bus import subjects
+from shared.bus.schedules import holder_subject
 from shared.bus.topology import STREAM_TIMERS
 from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState

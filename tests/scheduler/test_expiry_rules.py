@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from services.scheduler import expiry
-from services.scheduler.schedules import Timer
+from shared.bus.schedules import Timer
 from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
 from shared.models.messages import KillSandbox, PauseSandbox, SandboxExpired

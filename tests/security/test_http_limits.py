@@ -23,7 +23,7 @@ from services.api.deps import Wiring
 from services.api.settings import ApiSettings
 from services.proxy.app import ProxyApp, ProxyWiring
 from services.proxy.settings import ENVD_PORT, ProxySettings
-from shared.lifecycle.ports import CreateRequest
+from shared.ports.lifecycle import CreateRequest
 from shared.web.limits import HttpLimits
 from tests.api.fakes import FakeKeys, FakeLifecycle, FakeRecords
 from tests.proxy.upstream import UpstreamState, build_upstream

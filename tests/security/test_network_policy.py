@@ -20,8 +20,8 @@ from e2b import Sandbox
 from shared.envd.client import ConnectEnvdClient
 from shared.models.network import NetworkPolicy
 from shared.models.snapshots import ProcessConfig
+from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.local import LocalRuntime
-from shared.runtime.models import Endpoint, WorkloadSpec
 from tests.contract.harness import read_file, write_file
 from tests.security.network_support import OutsideHost, leftovers, require_root_network
 from tests.support.stack import Stack

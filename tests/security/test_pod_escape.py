@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from shared.errors import PodNotReady, RuntimeFailure
+from shared.ports.workloads import WorkloadSpec
 from shared.runtime.local import LocalRuntime, procfs, userns
 from shared.runtime.local.records import WorkloadRecord, WorkloadStore
-from shared.runtime.models import WorkloadSpec
 from tests.contract.harness import read_file
 from tests.security.pod_support import create, host_uids, pod_pids, run
 from tests.support.stack import Stack

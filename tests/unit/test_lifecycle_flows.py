@@ -14,10 +14,10 @@ import pytest
 
 from shared.domain.states import SandboxState
 from shared.errors import IllegalTransition, NotFound, RuntimeFailure
-from shared.lifecycle.ports import CreateRequest
 from shared.models.messages import SandboxActivity, SandboxTimeoutSet
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
-from shared.runtime.models import ANNOTATION_SNAPSHOT, Endpoint
+from shared.ports.lifecycle import CreateRequest
+from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
 from tests.fakes.system import InMemorySystem, in_memory_system
 
 pytestmark = pytest.mark.unit

@@ -17,7 +17,6 @@ from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.handlers import build_router as scheduler_router
 from shared.bus import subjects
 from shared.bus.broker import make_broker
-from shared.bus.ports import emit
 from shared.bus.retry import DEFAULT, PoisonMessage, RetryPolicy
 from shared.bus.topology import DURABLES, SCHEDULER_FIRED, SNAPSHOTTER_PAUSE, retry_policy_of
 from shared.errors import RuntimeFailure, SnapshotTooLarge
@@ -30,6 +29,7 @@ from shared.models.messages import (
     SandboxTimeoutSet,
     address,
 )
+from shared.ports.bus import emit
 from shared.settings import BusSettings, FeatureFlags
 from tests.fakes.clock import FakeClock
 from tests.fakes.publisher import RecordingPublisher

@@ -1,4 +1,4 @@
-"""What the dashboard needs from the bus (``shared.bus.events_feed.EventsFeed`` implements it)."""
+"""What the dashboard needs from the bus (``events_feed.EventsFeed`` implements it)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Protocol
 
+from services.api.dashboard.events_feed import Listener, SandboxEvent
 from shared.auth.models import User
-from shared.bus.events_feed import Listener, SandboxEvent
 
 
 class EventSource(Protocol):

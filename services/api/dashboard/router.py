@@ -131,7 +131,7 @@ def dashboard_router(
         async with contextlib.AsyncExitStack() as stack:
             opened: EventSource | None = feed
             if opened is None and bus is not None:
-                from shared.bus.events_feed import EventsFeed
+                from services.api.dashboard.events_feed import EventsFeed
 
                 try:
                     opened = await stack.enter_async_context(EventsFeed.open(bus))

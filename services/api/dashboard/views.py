@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from shared.bus.events_feed import SandboxEvent
+from services.api.dashboard.events_feed import SandboxEvent
 from shared.domain.record import SandboxRecord
 from shared.models.snapshots import Snapshot
 

@@ -34,8 +34,8 @@ from shared.domain import states
 from shared.domain.record import SandboxRecord
 from shared.errors import Conflict, NotFound
 from shared.ids import is_valid_sandbox_id
-from shared.lifecycle.ports import CreateRequest
 from shared.models.snapshot_records import looks_like_snapshot_id
+from shared.ports.lifecycle import CreateRequest
 
 router = APIRouter(tags=["e2b"])
 

@@ -17,7 +17,7 @@ from services.api.views import native_out
 from shared.domain import states
 from shared.errors import Conflict
 from shared.ids import SANDBOX_ID_PATTERN, owned_sandbox_id
-from shared.lifecycle.ports import CreateRequest
+from shared.ports.lifecycle import CreateRequest
 
 router = APIRouter(prefix="/api/v1/sandbox", tags=["native"])
 

@@ -25,9 +25,9 @@ from services.api.schemas import (
 from services.api.views import sandbox_out
 from shared.errors import TorporError
 from shared.ids import is_valid_sandbox_id
-from shared.lifecycle.ports import CreateRequest
 from shared.lifecycle.snapshots import origin_of
 from shared.models.snapshot_records import SnapshotRecord, is_snapshot_id, looks_like_snapshot_id
+from shared.ports.lifecycle import CreateRequest
 from shared.redaction import redact_text
 
 router = APIRouter(tags=["e2b snapshots"])

@@ -27,7 +27,7 @@ from shared.domain.record import SandboxRecord
 from shared.errors import EnvdError, NotFound, Unavailable
 from shared.ids import is_valid_sandbox_id
 from shared.models.telemetry import LogEntry, MetricSample
-from shared.runtime.models import Endpoint
+from shared.ports.workloads import Endpoint
 
 router = APIRouter(tags=["e2b"])
 log = structlog.get_logger()

@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes.aio.client import V1ReplicaSet
 
 from shared.models.network import NetworkPolicy
-from shared.runtime.models import (
+from shared.ports.workloads import (
     ENVD_PORT,
     LABEL_MANAGED_BY,
     LABEL_OWNER,

@@ -28,6 +28,15 @@ from shared.errors import (
     Unsupported,
 )
 from shared.models.network import NetworkPolicy
+from shared.ports.workloads import (
+    ANNOTATION_NETWORK,
+    LABEL_MANAGED_BY,
+    LABEL_SANDBOX_ID,
+    MANAGED_BY,
+    Endpoint,
+    Workload,
+    WorkloadSpec,
+)
 from shared.runtime.kubernetes.errors import api_errors
 from shared.runtime.kubernetes.objects import (
     LABEL_TEMPLATE,
@@ -43,15 +52,6 @@ from shared.runtime.kubernetes.objects import (
     to_workload,
 )
 from shared.runtime.kubernetes.templates import PodTemplates
-from shared.runtime.models import (
-    ANNOTATION_NETWORK,
-    LABEL_MANAGED_BY,
-    LABEL_SANDBOX_ID,
-    MANAGED_BY,
-    Endpoint,
-    Workload,
-    WorkloadSpec,
-)
 
 log = structlog.get_logger()
 MERGE_PATCH = "application/merge-patch+json"
@@ -67,7 +67,7 @@ FILES_UNSUPPORTED = "snapshots with files need the kept-files storage, not yet o
 
 
 class KubernetesRuntime:
-    """``shared.runtime.ports.Runtime`` on a Kubernetes namespace."""
+    """``shared.ports.runtime.Runtime`` on a Kubernetes namespace."""
 
     def __init__(
         self,

@@ -22,10 +22,10 @@ from pathlib import Path
 import structlog
 
 from shared.errors import RuntimeFailure
+from shared.ports.workloads import ENVD_PORT
 from shared.runtime.local import bwrap, disk, etc, limits, mounts, procfs, userns
 from shared.runtime.local.layers import Layers, Persist
 from shared.runtime.local.records import PodRecord, WorkloadRecord
-from shared.runtime.models import ENVD_PORT
 from shared.runtime.templates import Template, load_template
 
 log = structlog.get_logger()

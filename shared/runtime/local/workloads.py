@@ -1,6 +1,6 @@
 """The local runtime: ReplicaSet-shaped workloads as bubblewrap-isolated process trees.
 
-This module is the :class:`shared.runtime.ports.Runtime` port: records in NATS KV
+This module is the :class:`shared.ports.runtime.Runtime` port: records in NATS KV
 (``torpor_workloads``, see :mod:`.records`), changed by CAS, and a :mod:`.reconciler` that makes
 the processes match them. Each workload has one address (:mod:`.addresses`) reserved for its
 lifetime. Its pod (:mod:`.launcher`, :mod:`.bwrap`) is the in-sandbox daemon
@@ -48,6 +48,16 @@ from nats.js.kv import KeyValue
 from shared.bus.topology import KV_WORKLOADS, workloads_bucket
 from shared.errors import Conflict, NotFound, PodNotReady, RuntimeFailure, Unavailable
 from shared.models.network import NetworkPolicy
+from shared.ports.workloads import (
+    ENVD_PORT,
+    LABEL_MANAGED_BY,
+    LABEL_OWNER,
+    LABEL_SANDBOX_ID,
+    MANAGED_BY,
+    Endpoint,
+    Workload,
+    WorkloadSpec,
+)
 from shared.redaction import redact_text
 from shared.runtime.local import bwrap, bytecode, limits, mounts, snapshot_files
 from shared.runtime.local import rootfs as rootfs_location
@@ -58,16 +68,6 @@ from shared.runtime.local.network import PodNetwork
 from shared.runtime.local.reconciler import Reconciler
 from shared.runtime.local.records import WorkloadRecord, WorkloadStore
 from shared.runtime.local.userns import IdRangePool
-from shared.runtime.models import (
-    ENVD_PORT,
-    LABEL_MANAGED_BY,
-    LABEL_OWNER,
-    LABEL_SANDBOX_ID,
-    MANAGED_BY,
-    Endpoint,
-    Workload,
-    WorkloadSpec,
-)
 from shared.runtime.templates import Template, load_template, template_dirs
 
 log = structlog.get_logger()
@@ -79,7 +79,7 @@ _NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 class LocalRuntime:
-    """The embedded default implementation of :class:`shared.runtime.ports.Runtime`."""
+    """The embedded default implementation of :class:`shared.ports.runtime.Runtime`."""
 
     def __init__(
         self,

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[4]
 BASE = REPO / "deploy" / "sandbox-base" / "sandbox-base.yaml"
 sys.path.insert(0, str(REPO))
 
-from shared.runtime.models import LABEL_OWNER, LABEL_SANDBOX_ID  # noqa: E402
+from shared.ports.workloads import LABEL_OWNER, LABEL_SANDBOX_ID  # noqa: E402
 
 CLAIM = "torpor-shared"
 MOUNT = "/mnt/shared"

@@ -1,13 +1,13 @@
-"""Sandbox records for the proxy's hot path: a cache fed by a KV watch on the ``sandboxes``
-bucket, so a proxied request does not cost a KV read. Until the watch has delivered its initial
-snapshot (and whenever it is down) lookups go to KV directly."""
+"""Sandbox records for the proxy's hot path (``services.proxy.app.RecordSource``): a cache fed
+by a KV watch on the ``sandboxes`` bucket, so a proxied request does not cost a KV read. Until
+the watch has delivered its initial snapshot (and whenever it is down) lookups go to KV
+directly."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from typing import Protocol
 
 import structlog
 from nats.js.kv import KeyValue
@@ -17,19 +17,6 @@ from shared.domain.record import SandboxRecord
 log = structlog.get_logger()
 
 _NEGATIVE_TTL = 1.0  # seconds an unknown id is remembered (bounds KV reads for garbage ids)
-
-
-class RecordSource(Protocol):
-    async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
-
-    def peek(self, sandbox_id: str) -> SandboxRecord | None:
-        """The record when it is known without any I/O (the fast path's lookup); ``None`` means
-        "ask ``get``", not "no such sandbox"."""
-        ...
-
-    def remember(self, record: SandboxRecord) -> None:
-        """A fresher record learnt another way (e.g. a resume result)."""
-        ...
 
 
 class KvRecordCache:

@@ -16,8 +16,8 @@ from nats.js.api import Header
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from services.scheduler.schedules import Holder, Timer, fired_subject, holder_subject
 from shared.bus.middleware import MSG_ID_HEADER
+from shared.bus.schedules import Holder, Timer, fired_subject, holder_subject
 from shared.bus.topology import STREAM_TIMERS
 from shared.errors import Unavailable
 

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.models.telemetry import LogEntry, MetricSample
-from shared.runtime.models import Endpoint
+from shared.ports.workloads import Endpoint
 
 
 class Envd(Protocol):

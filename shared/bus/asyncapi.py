@@ -1,13 +1,13 @@
 """AsyncAPI documents of the lifecycle workers, generated from their real routers.
 
-``faststream docs gen services.scaler.asyncapi:app --factory`` (see docs/bus.md). The routers are
+``faststream docs gen services.scaler.asyncapi:app --factory``, or ``scripts/asyncapi.py`` for
+every document in docs/asyncapi/ (see docs/bus.md). The routers are
 built over inert ports: only their subscribers and publishers are inspected.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from faststream import FastStream
 from faststream.nats import NatsBroker, NatsRouter
@@ -45,30 +45,3 @@ def render(
                 schema["oneOf"] = refs
                 schema["description"] = "Chosen by the subject's verb (create/resume/kill/network)."
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
-
-
-def main() -> None:
-    """``python -m shared.lifecycle.spec``: regenerate docs/asyncapi/{snapshotter,scaler}.json."""
-    from services.scaler import asyncapi as scaler_doc
-    from services.snapshotter import asyncapi as snapshotter_doc
-    from shared.models.messages import (
-        CreateSandbox,
-        KillSandbox,
-        ResumeSandbox,
-        SetSandboxNetwork,
-    )
-
-    out = Path("docs/asyncapi")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "snapshotter.json").write_text(render(snapshotter_doc.app()))
-    title = "sandbox.cmd.{create,resume,kill,network}"
-    (out / "scaler.json").write_text(
-        render(
-            scaler_doc.app(),
-            commands={title: (CreateSandbox, ResumeSandbox, KillSandbox, SetSandboxNetwork)},
-        )
-    )
-
-
-if __name__ == "__main__":
-    main()

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from shared.models.network import NetworkPolicy
-from shared.runtime.models import Endpoint, Workload, WorkloadSpec
+from shared.ports.workloads import Endpoint, Workload, WorkloadSpec
 
 
 class Runtime(Protocol):
