@@ -58,6 +58,9 @@ UNIT_TESTS := tests/unit $(wildcard tests/domain) tests/scheduler/test_expiry_ru
   tests/lifecycle/test_decisions.py tests/security/test_redaction.py \
   tests/runtime_local/test_templates.py tests/api/test_e2b_routes.py tests/api/test_native_routes.py
 
+# A private --basetemp: pytest's default one first sweeps old runs' leftovers under /tmp, which
+# can take minutes on a shared machine.
 unit: setup
-	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/pytest -p asyncio -p timeout -p no:cacheprovider \
-	  -m unit -q $(UNIT_TESTS) $(PYTEST_ARGS)
+	@d=$$(mktemp -d); PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/pytest -p asyncio -p timeout \
+	  -p no:cacheprovider --basetemp=$$d/t -m unit -q $(UNIT_TESTS) $(PYTEST_ARGS); \
+	  rc=$$?; rm -rf $$d; exit $$rc
