@@ -136,6 +136,13 @@ class RuntimeSettings(SettingsBase):
     kubeconfig: Path | None = None  # kubernetes: None = in-cluster config
     """kubernetes: kubeconfig file; unset means the in-cluster ServiceAccount. `KUBECONFIG` is
     not read."""
+    storage_class: str | None = Field(
+        default=None, pattern=r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"
+    )
+    """kubernetes: StorageClass of each sandbox's data claim (`torpor-data-<sandbox id>`,
+    ReadWriteOnce, sized by the template's `sandbox-data` `emptyDir.sizeLimit`), which keeps
+    `/home/user` and `/workspace` across a pause; deleted with the sandbox. Unset: the cluster's
+    default class."""
     templates_dir: Path | None = None  # None = the packaged templates
     """Sandbox templates (`<name>.yaml`), searched before the packaged
     `shared/runtime/templates/` (local) or `deploy/sandbox-base/` (kubernetes)."""

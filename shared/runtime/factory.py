@@ -65,6 +65,7 @@ async def open_runtime(
             namespace=settings.namespace,
             templates=templates,
             control_plane_namespace=settings.control_plane_namespace,
+            storage_class=settings.storage_class,
         )
     from shared.runtime.local import LocalRuntime
 

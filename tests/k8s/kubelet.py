@@ -37,6 +37,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from shared.ports.workloads import ENVD_PORT, LABEL_MANAGED_BY, MANAGED_BY
 from shared.runtime.local import bwrap as local_bwrap
 from shared.runtime.local import procfs
+from tests.k8s import provisioner
 
 log = structlog.get_logger()
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +67,10 @@ class PodRun:
     root: Path
     proc: asyncio.subprocess.Process | None = None
     terminating: bool = False
+    # From the pod's volumes: the folder bound as /workspace (``root`` unless a volume is
+    # mounted there) and the other volume mounts of the daemon's container.
+    workspace: Path | None = None
+    mounts: list[local_bwrap.Mount] = field(default_factory=list)
     watcher: asyncio.Task[None] | None = None
 
 
@@ -115,6 +120,11 @@ class TestKubelet:
             self._thread.join(timeout=60)
             self._thread = None
 
+    @property
+    def volumes_dir(self) -> Path:
+        """Where the rig's provisioner keeps each bound claim's folder (``<claim uid>/``)."""
+        return self.workdir / "volumes"
+
     def running_ips(self) -> dict[str, str]:
         """uid -> pod IP of pods whose daemon process is alive."""
         return {
@@ -148,6 +158,8 @@ class TestKubelet:
             tasks = [
                 asyncio.create_task(self._lease_loop()),
                 asyncio.create_task(self._pod_loop()),
+                # The rig's storage: claims bound to hostPath volumes under the workdir.
+                asyncio.create_task(provisioner.provision(self._core, self.volumes_dir)),
             ]
             self._ready.set()
             await self._stop.wait()
@@ -359,7 +371,8 @@ class TestKubelet:
         {root}``), so a template can describe a pod that never becomes ready.
         """
         bwrap = self.use_bwrap and shutil.which("bwrap") is not None
-        root = "/workspace" if bwrap else str(run.root)
+        workspace = run.workspace or run.root
+        root = "/workspace" if bwrap else str(workspace)
         token = env.pop(ACCESS_TOKEN_ENV, None)
         if container.command:
             values = {"python": sys.executable, "host": run.ip, "port": ENVD_PORT, "root": root}
@@ -379,9 +392,9 @@ class TestKubelet:
             uid=run.uid,
             workload=run.name,
             runtime_root=self.workdir,
-            workspace=run.root,
+            workspace=workspace,
             workdir="/workspace",
-            mounts=[],
+            mounts=run.mounts,
             env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace", **env},
             command=argv,
             code_dirs=local_bwrap.code_dirs(),
@@ -401,6 +414,8 @@ class TestKubelet:
         container = next(
             (c for c in pod.spec.containers if c.name == "envd"), pod.spec.containers[0]
         )
+        if not await self._mount_volumes(run, pod, container):
+            return
         env = {e.name: e.value for e in (container.env or []) if e.value is not None}
         argv = self._command(run, container, env)
         child_env = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)}
@@ -433,6 +448,36 @@ class TestKubelet:
         self.daemon_start_seconds.append(asyncio.get_running_loop().time() - seen)
         await self._patch_status(run, phase="Running", ready=True, started=started)
         run.watcher = asyncio.create_task(self._watch_process(run, started))
+
+    async def _mount_volumes(self, run: PodRun, pod: Any, container: Any) -> bool:
+        """Resolve the container's volume mounts as a kubelet does: an emptyDir is a folder of
+        the pod's (gone with it), a claim is its bound volume's folder (waits until bound, as a
+        pod waits for its volumes). False if the pod was deleted meanwhile."""
+        sources: dict[str, Path] = {}
+        for volume in pod.spec.volumes or []:
+            if volume.empty_dir is not None:
+                sources[volume.name] = run.root.parent / "volumes" / volume.name
+            elif volume.persistent_volume_claim is not None:
+                claim = volume.persistent_volume_claim.claim_name
+                while (
+                    found := await provisioner.bound_path(self._core, run.namespace, claim)
+                ) is None:
+                    if run.terminating:
+                        return False
+                    await asyncio.sleep(0.1)
+                sources[volume.name] = found
+        for mount in container.volume_mounts or []:
+            if mount.name not in sources:
+                continue
+            source = sources[mount.name] / (mount.sub_path or "")
+            source.mkdir(parents=True, exist_ok=True)
+            if mount.mount_path == "/workspace":
+                run.workspace = source
+            else:
+                run.mounts.append(
+                    local_bwrap.Mount(source, mount.mount_path, bool(mount.read_only))
+                )
+        return not run.terminating
 
     async def _wait_healthy(self, run: PodRun, *, timeout: float) -> bool:
         """The readiness probe: ``GET /health`` on the daemon answers 2xx."""
@@ -539,7 +584,9 @@ class TestKubelet:
         if run.ip:
             self._ips_in_use.discard(run.ip)
         if run.root != Path():
-            shutil.rmtree(run.root, ignore_errors=True)  # a container's disk dies with it
+            # A container's disk and its emptyDirs die with it; a claim's folder does not.
+            shutil.rmtree(run.root, ignore_errors=True)
+            shutil.rmtree(run.root.parent / "volumes", ignore_errors=True)
 
 
 def _die_with_kubelet() -> None:

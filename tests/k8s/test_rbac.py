@@ -123,6 +123,11 @@ async def test_adapter_works_with_exactly_the_shipped_role(
         # The whole cycle the scaler and snapshotter run, with nothing but the Role's rights.
         await runtime.create(WorkloadSpec(name="sbx-rbac", owner="alice"))
         first = await runtime.wait_ready("sbx-rbac", timeout=60)
+        # The sandbox's data claim (files kept across a pause) was created with the Role's rights.
+        core_admin = k8s.CoreV1Api(admin_api)
+        claim = await core_admin.read_namespaced_persistent_volume_claim("torpor-data-sbx-rbac", ns)
+        assert claim.metadata is not None
+        assert claim.metadata.deletion_timestamp is None
         current = await runtime.get("sbx-rbac")
         assert current is not None
         await runtime.patch_annotations(
@@ -144,6 +149,16 @@ async def test_adapter_works_with_exactly_the_shipped_role(
             await k8s.NetworkingV1Api(admin_api).read_namespaced_network_policy("sbx-rbac", ns)
         assert gone.value.status == 404
         assert not await can_i(api, ns, "list", "networkpolicies", "networking.k8s.io")
+        with pytest.raises(ApiException) as claim_gone:
+            await core_admin.read_namespaced_persistent_volume_claim("torpor-data-sbx-rbac", ns)
+        assert claim_gone.value.status == 404
+        # Claims: get, create, delete only; volumes (cluster-scoped) not at all.
+        for verb in ("get", "create", "delete"):
+            assert await can_i(api, ns, verb, "persistentvolumeclaims")
+        for verb in ("list", "watch", "update", "patch", "deletecollection"):
+            assert not await can_i(api, ns, verb, "persistentvolumeclaims"), verb
+        assert not await can_i(api, ns, "create", "persistentvolumes")
+        assert not await can_i(api, "default", "get", "persistentvolumeclaims")
 
         # Outside the Role: 403 from the API server.
         core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)

@@ -13,6 +13,8 @@ from typing import Any
 
 from kubernetes.aio.client import V1ReplicaSet
 
+from shared.errors import ConfigError
+from shared.ids import is_valid_sandbox_id
 from shared.models.network import NetworkPolicy
 from shared.ports.workloads import (
     ENVD_PORT,
@@ -91,14 +93,15 @@ def _daemon(pod_template: dict[str, Any]) -> dict[str, Any]:
 def sandbox_pod_template(
     pod_template: dict[str, Any], labels: Mapping[str, str], extra_env: Mapping[str, str]
 ) -> dict[str, Any]:
-    """The template's pod with the sandbox's labels and env (which win over the template's)."""
+    """The template's pod with the sandbox's labels and env (which win over the template's),
+    and its data volume on the sandbox's own claim when the template keeps files."""
     meta = pod_template.setdefault("metadata", {})
     meta["labels"] = {**(meta.get("labels") or {}), **labels}
     daemon = _daemon(pod_template)
     env = [e for e in daemon.get("env") or [] if e.get("name") not in extra_env]
     env += [{"name": k, "value": v} for k, v in sorted(extra_env.items())]
     daemon["env"] = env
-    return pod_template
+    return with_sandbox_data(pod_template, labels[LABEL_SANDBOX_ID])
 
 
 def rerendered_pod_template(rs: Any, fresh: dict[str, Any]) -> dict[str, Any] | None:
@@ -121,6 +124,120 @@ def rerendered_pod_template(rs: Any, fresh: dict[str, Any]) -> dict[str, Any] | 
     }
     # The ReplicaSet's own labels are exactly the sandbox's (the pod's also hold the template's).
     return sandbox_pod_template(fresh, meta.get("labels") or {}, extra)
+
+
+# ---- files kept across a pause -----------------------------------------------------------------
+
+# A template's pod mounts its writable paths (/home/user, /workspace: subPaths) from the volume of
+# this name, an emptyDir in the template. Unless the template says ``torpor.dev/persist: none``,
+# the adapter puts that volume on a PersistentVolumeClaim of the sandbox's own, which outlives
+# its pods: a pause (scale to 0) and resume (scale to 1) find the files again.
+DATA_VOLUME = "sandbox-data"
+ANNOTATION_PERSIST = "torpor.dev/persist"
+PERSIST_MODES = ("layer", "none")  # as the local runtime's template option ``persist``
+CLAIM_PREFIX = "torpor-data-"
+DEFAULT_CLAIM_SIZE = "2Gi"
+
+
+def claim_name(sandbox_id: str) -> str:
+    """The sandbox's claim: derived from its (validated) id only, never from a template or a
+    request, so no sandbox can name another's."""
+    if not is_valid_sandbox_id(sandbox_id):
+        msg = f"invalid sandbox id {sandbox_id!r}"
+        raise ValueError(msg)
+    return CLAIM_PREFIX + sandbox_id
+
+
+def persist_mode(pod_template: Mapping[str, Any]) -> str:
+    annotations = (pod_template.get("metadata") or {}).get("annotations") or {}
+    mode = annotations.get(ANNOTATION_PERSIST, "layer")
+    if mode not in PERSIST_MODES:
+        msg = f"template annotation {ANNOTATION_PERSIST}: {mode!r} is not one of {PERSIST_MODES}"
+        raise ConfigError(msg)
+    return str(mode)
+
+
+def check_volumes(pod_template: Mapping[str, Any]) -> None:
+    """A sandbox template may not reach the host's disk, nor any sandbox's claim: those are
+    the adapter's to attach, by the sandbox's id."""
+    for volume in (pod_template.get("spec") or {}).get("volumes") or []:
+        name = volume.get("name")
+        if "hostPath" in volume:
+            msg = f"sandbox template volume {name!r}: hostPath is not allowed"
+            raise ConfigError(msg)
+        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName", "")
+        if str(claim).startswith(CLAIM_PREFIX):
+            msg = f"sandbox template volume {name!r}: claim {claim!r} is reserved for sandboxes"
+            raise ConfigError(msg)
+
+
+def with_sandbox_data(pod_template: dict[str, Any], sandbox_id: str) -> dict[str, Any]:
+    """``pod_template`` with its data volume on the sandbox's claim (``persist: layer``, the
+    default) or left an emptyDir (``persist: none``: a fresh disk for every pod)."""
+    check_volumes(pod_template)
+    if persist_mode(pod_template) == "none":
+        return pod_template
+    for i, volume in enumerate((pod_template.get("spec") or {}).get("volumes") or []):
+        if volume.get("name") == DATA_VOLUME:
+            pod_template["spec"]["volumes"][i] = {
+                "name": DATA_VOLUME,
+                "persistentVolumeClaim": {"claimName": claim_name(sandbox_id)},
+            }
+    return pod_template
+
+
+def claim_size(pod_template: Mapping[str, Any]) -> str:
+    """The template's data volume's ``emptyDir.sizeLimit``: what the claim requests."""
+    for volume in (pod_template.get("spec") or {}).get("volumes") or []:
+        if volume.get("name") == DATA_VOLUME:
+            return str((volume.get("emptyDir") or {}).get("sizeLimit") or DEFAULT_CLAIM_SIZE)
+    return DEFAULT_CLAIM_SIZE
+
+
+def uses_claim(pod_template: Mapping[str, Any]) -> bool:
+    return any(
+        v.get("name") == DATA_VOLUME and "persistentVolumeClaim" in v
+        for v in (pod_template.get("spec") or {}).get("volumes") or []
+    )
+
+
+def claim_body(
+    sandbox_id: str, *, rs_uid: str, size: str, storage_class: str | None
+) -> dict[str, Any]:
+    """The sandbox's PersistentVolumeClaim, owned by its ReplicaSet: deleting the sandbox's
+    ReplicaSet lets the garbage collector delete the claim, even if torpor's own delete did not
+    get that far."""
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": size}},
+    }
+    if storage_class:  # unset: the cluster's default StorageClass
+        spec["storageClassName"] = storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": claim_name(sandbox_id),
+            "labels": {LABEL_SANDBOX_ID: sandbox_id, LABEL_MANAGED_BY: MANAGED_BY},
+            "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": sandbox_id, "uid": rs_uid}
+            ],
+        },
+        "spec": spec,
+    }
+
+
+def claim_is_ours(claim: Mapping[str, Any], sandbox_id: str, rs_uid: str) -> bool:
+    """Whether an existing claim of that name is this sandbox's live one (not a stale claim of a
+    deleted sandbox of the same id, nor anyone else's object)."""
+    meta = claim.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return (
+        labels.get(LABEL_SANDBOX_ID) == sandbox_id
+        and labels.get(LABEL_MANAGED_BY) == MANAGED_BY
+        and meta.get("deletionTimestamp") is None
+        and any(r.get("uid") == rs_uid for r in meta.get("ownerReferences") or [])
+    )
 
 
 _RUNTIME_ANNOTATIONS = frozenset({ANNOTATION_REVISION, ANNOTATION_SANDBOX_ENV})

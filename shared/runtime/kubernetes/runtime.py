@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -42,6 +43,10 @@ from shared.runtime.kubernetes.objects import (
     LABEL_TEMPLATE,
     Pod,
     annotation_patch,
+    claim_body,
+    claim_is_ours,
+    claim_name,
+    claim_size,
     network_policy_body,
     ready_endpoint,
     replica_set_body,
@@ -50,6 +55,7 @@ from shared.runtime.kubernetes.objects import (
     sandbox_selector,
     selector,
     to_workload,
+    uses_claim,
 )
 from shared.runtime.kubernetes.templates import PodTemplates
 
@@ -77,6 +83,7 @@ class KubernetesRuntime:
         templates: PodTemplates | None = None,
         watch_window: int = 60,
         control_plane_namespace: str | None = None,
+        storage_class: str | None = None,
     ) -> None:
         self._api = api
         self._apps = k8s.AppsV1Api(api)
@@ -87,6 +94,8 @@ class KubernetesRuntime:
         self._ns = namespace
         self._templates = templates or PodTemplates()
         self._watch_window = watch_window  # seconds one watch request stays open
+        # The StorageClass of the sandboxes' data claims; None: the cluster's default.
+        self._storage_class = storage_class
 
     @classmethod
     async def from_kubeconfig(
@@ -97,6 +106,7 @@ class KubernetesRuntime:
         context: str | None = None,
         templates: PodTemplates | None = None,
         control_plane_namespace: str | None = None,
+        storage_class: str | None = None,
     ) -> KubernetesRuntime:
         """From a kubeconfig file, or the in-cluster ServiceAccount when ``path`` is None."""
         try:
@@ -116,6 +126,7 @@ class KubernetesRuntime:
             namespace=namespace,
             templates=templates,
             control_plane_namespace=control_plane_namespace,
+            storage_class=storage_class,
         )
 
     @property
@@ -125,7 +136,9 @@ class KubernetesRuntime:
     # ------------------------------------------------------------------ Runtime
 
     async def create(self, spec: WorkloadSpec) -> Workload:
-        body = replica_set_body(spec, self._templates.get(spec.template))
+        template = self._templates.get(spec.template)
+        size = claim_size(template)  # before the data volume becomes the claim
+        body = replica_set_body(spec, template)
         # The policy exists before the first pod can start: no unfiltered window.
         await self._apply_network_policy(spec.name, spec.network)
         what = f"create ReplicaSet {self._ns}/{spec.name}"
@@ -135,11 +148,22 @@ class KubernetesRuntime:
                     self._ns, k8s.V1ReplicaSet.model_validate(body)
                 )
         except Conflict:
-            existing = await self.get(spec.name)  # idempotent: it exists already
+            # Idempotent: it exists already (a retried create also ensures its claim).
+            found = await self._read(spec.name)
+            if found is None or found.metadata is None or found.metadata.uid is None:
+                raise
+            if uses_claim(body["spec"]["template"]):
+                await self._ensure_claim(spec.name, found.metadata.uid, size)
+            existing = await self.get(spec.name)
             if existing is None:
                 raise
             return existing
         log.info("k8s.workload_created", name=spec.name, namespace=self._ns)
+        # After the ReplicaSet, which owns it: no claim without an owner. Its pods wait for it.
+        if uses_claim(body["spec"]["template"]):
+            assert rs.metadata is not None
+            assert rs.metadata.uid is not None
+            await self._ensure_claim(spec.name, rs.metadata.uid, size)
         return to_workload(rs, [])
 
     async def get(self, name: str) -> Workload | None:
@@ -255,6 +279,9 @@ class KubernetesRuntime:
         else:
             log.info("k8s.workload_deleted", name=name, namespace=self._ns)
         await self.wait_stopped(name, timeout=pods_gone_timeout)
+        # The kept files go with the sandbox (the garbage collector would delete the owned claim
+        # too; this does not wait for it, and covers a claim whose owner is already gone).
+        await self._delete_claim(name)
         try:
             with api_errors(f"delete NetworkPolicy {self._ns}/{name}"):
                 await self._net.delete_namespaced_network_policy(name, self._ns)
@@ -319,9 +346,12 @@ class KubernetesRuntime:
                 # Losing the sandbox would be worse than running it on its old template.
                 log.warning("k8s.template_gone_at_resume", name=name, template=template)
                 return False
+            size = claim_size(current)
             fresh = rerendered_pod_template(rs, current)
             if fresh is None:
                 return False
+            if uses_claim(fresh):  # e.g. a template that turned from persist: none to layer
+                await self._ensure_claim(name, rs["metadata"]["uid"], size)
             ops = [
                 # Compare-and-set on the object as read: a concurrent writer makes this retry.
                 {
@@ -345,6 +375,89 @@ class KubernetesRuntime:
             return True
         msg = f"{what}: still contended after {_PATCH_ATTEMPTS} attempts"
         raise Conflict(msg)
+
+    async def _ensure_claim(
+        self, name: str, rs_uid: str, size: str, *, timeout: float = 60.0
+    ) -> None:
+        """Create the sandbox's data claim unless its live one exists. A claim of that name
+        that is not this ReplicaSet's (a deleted sandbox's with the same id, still terminating
+        or left behind, or anyone else's object) is never mounted: a stale torpor claim is
+        deleted and replaced, a foreign one is an error."""
+        claim = claim_name(name)
+        body = claim_body(
+            name,
+            rs_uid=rs_uid,
+            size=size,
+            storage_class=self._storage_class,
+        )
+        what = f"create PersistentVolumeClaim {self._ns}/{claim}"
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    try:
+                        with api_errors(what):
+                            await self._core.create_namespaced_persistent_volume_claim(
+                                self._ns, k8s.V1PersistentVolumeClaim.model_validate(body)
+                            )
+                        log.info("k8s.claim_created", name=name, claim=claim)
+                        return
+                    except Conflict:
+                        pass
+                    existing = await self._read_claim(claim)
+                    if existing is None:
+                        continue  # deleted meanwhile: create again
+                    if claim_is_ours(existing, name, rs_uid):
+                        return
+                    labels = (existing.get("metadata") or {}).get("labels") or {}
+                    if labels.get(LABEL_SANDBOX_ID) != name:
+                        msg = f"{what}: a claim of that name exists and is not torpor's"
+                        raise Conflict(msg)
+                    if (existing.get("metadata") or {}).get("deletionTimestamp") is None:
+                        log.info("k8s.stale_claim_deleted", name=name, claim=claim)
+                        with contextlib.suppress(NotFound), api_errors(what):
+                            await self._core.delete_namespaced_persistent_volume_claim(
+                                claim, self._ns
+                            )
+                    await asyncio.sleep(0.2)  # until the stale one is gone
+        except TimeoutError:
+            msg = f"{what}: a stale claim of that name did not go away within {timeout:g}s"
+            raise RuntimeFailure(msg) from None
+
+    async def _delete_claim(self, name: str) -> None:
+        """Delete the sandbox's claim, if the object of that name is torpor's claim for this
+        sandbox (by its labels; precondition on its uid): never anyone else's."""
+        claim = claim_name(name)
+        found = await self._read_claim(claim)
+        if found is None:
+            return
+        meta = found.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if labels.get(LABEL_SANDBOX_ID) != name or labels.get(LABEL_MANAGED_BY) != MANAGED_BY:
+            log.warning("k8s.foreign_claim_left_alone", name=name, claim=claim)
+            return
+        options = k8s.V1DeleteOptions.model_validate({"preconditions": {"uid": meta.get("uid")}})
+        try:
+            with api_errors(f"delete PersistentVolumeClaim {self._ns}/{claim}"):
+                await self._core.delete_namespaced_persistent_volume_claim(
+                    claim, self._ns, body=options
+                )
+        except (NotFound, Conflict):
+            pass  # gone, or replaced meanwhile by a new sandbox's claim
+        else:
+            log.info("k8s.claim_deleted", name=name, claim=claim)
+
+    async def _read_claim(self, claim: str) -> dict[str, Any] | None:
+        try:
+            with api_errors(f"read PersistentVolumeClaim {self._ns}/{claim}"):
+                resp = await self._core.read_namespaced_persistent_volume_claim_without_preload_content(  # noqa: E501
+                    claim, self._ns
+                )
+                try:
+                    return await _json_or_raise(resp)
+                finally:
+                    resp.release()
+        except NotFound:
+            return None
 
     async def _read(self, name: str) -> k8s.V1ReplicaSet | None:
         try:
