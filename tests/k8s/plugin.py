@@ -28,6 +28,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
 from tests.k8s.kubelet import TestKubelet
+from tests.k8s.provisioner import TestProvisioner
 from tests.k8s.realnode import RealNodeAccess, provide_real_node
 from tests.k8s.rig import ClusterAccess, ClusterUnavailable, provide_cluster
 
@@ -78,9 +79,12 @@ def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNodeAcce
         shutil.rmtree(workdir, ignore_errors=True)
         _skip_or_fail(f"no real Kubernetes node: {e}")
         return
+    # Sandbox pods mount a claim each (files kept across a pause): hostPath volumes on the node.
+    volumes = TestProvisioner(Path(access.cluster.kubeconfig), workdir / "volumes").start()
     try:
         yield access
     finally:
+        volumes.stop()
         provider.__exit__(None, None, None)
         shutil.rmtree(workdir, ignore_errors=True)
 
