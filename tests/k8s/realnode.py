@@ -215,11 +215,14 @@ class RealNode:
     def socket(self) -> Path:
         return self.workdir / "containerd" / "containerd.sock"
 
-    def start(self, *, timeout: float = 240.0) -> RealNodeAccess:
+    def start(self, *, timeout: float = 420.0) -> RealNodeAccess:
         began = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            self.plane = ControlPlane(bin_dir=self.bin_dir, workdir=self.workdir / "cp").start()
+            # the control plane gets most of the budget: on a loaded machine it is the slow part
+            self.plane = ControlPlane(bin_dir=self.bin_dir, workdir=self.workdir / "cp").start(
+                timeout=timeout
+            )
             self._start_scheduler()
             self._start_containerd(began + timeout)
             self._import_images()
@@ -376,7 +379,11 @@ state = "{base / "state"}"
         for short, (ref, archive) in self.images.items():
             if short == "python":
                 continue
-            self._ctr("images", "import", "--no-unpack", str(archive))
+            # Unpack now what pods run (the first pod would otherwise pay for it, and on a
+            # loaded machine CreateContainer then hits the kubelet's deadline); the rest is
+            # only stored.
+            unpack = () if short in ("pause", "sandbox-base") else ("--no-unpack",)
+            self._ctr("images", "import", *unpack, str(archive), timeout=900)
             for alias in IMAGE_ALIASES.get(short, ()):
                 self._ctr("images", "tag", "--force", ref, alias)
 

@@ -12,14 +12,16 @@ import ipaddress
 import json
 import struct
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from kubernetes.aio import client as k8s
 
 from shared.ports.workloads import Endpoint, WorkloadSpec
-from shared.runtime.kubernetes import KubernetesRuntime
+from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
 from tests.k8s.realnode import RealNodeAccess
 from tests.k8s.test_runtime_kubernetes import health, pods_of
 
@@ -182,3 +184,70 @@ def ctr(node: RealNodeAccess, *args: str) -> str:
         check=True,
         timeout=60,
     ).stdout
+
+
+async def test_resume_runs_the_upgraded_template_image(
+    real_node: RealNodeAccess, real_namespace: str, tmp_path: Path
+) -> None:
+    """An upgraded sandbox-base reaches a paused sandbox when it resumes: the new pod runs the
+    template's new image reference (a second tag of the built image here) and env, and the
+    sandbox's own env is kept."""
+    from tests.k8s.plugin import admin_client
+    from tests.k8s.test_template_rerender import TEMPLATE, env_of
+
+    base = real_node.images["sandbox-base"]
+    for version in ("1", "2"):
+        ctr(
+            real_node, "images", "tag", "--force", base, f"localhost/torpor/sandbox-base:v{version}"
+        )
+
+    def write(version: str) -> None:
+        document: dict[str, Any] = yaml.safe_load(
+            (DEFAULT_TEMPLATES / "sandbox-base.yaml").read_text()
+        )
+        document["metadata"]["name"] = TEMPLATE
+        daemon = document["template"]["spec"]["containers"][0]
+        daemon["image"] = f"localhost/torpor/sandbox-base:v{version}"
+        daemon["imagePullPolicy"] = "Never"
+        daemon["env"] = [{"name": "TEMPLATE_VERSION", "value": version}]
+        (tmp_path / f"{TEMPLATE}.yaml").write_text(yaml.safe_dump(document))
+
+    write("1")
+    rt = await KubernetesRuntime.from_kubeconfig(
+        Path(real_node.cluster.kubeconfig),
+        namespace=real_namespace,
+        templates=PodTemplates(tmp_path, DEFAULT_TEMPLATES),
+    )
+    api = await admin_client(real_node.cluster)
+    name = "sbx-real-upgrade"
+    try:
+        spec = WorkloadSpec(
+            name=name, owner="alice", template=TEMPLATE, envs={"MINE": "kept"}, access_token=TOKEN
+        )
+        await rt.create(spec)
+        await rt.wait_ready(name, timeout=180)
+        (first,) = await pods_of(api, rt.namespace, name)
+        # both tags name the same image content here, so containerd reports either name in the
+        # status: the pod spec says which image the kubelet was asked to run
+        assert first["spec"]["containers"][0]["image"] == "localhost/torpor/sandbox-base:v1"
+        assert first["status"]["containerStatuses"][0]["ready"] is True
+        assert env_of(first)["TEMPLATE_VERSION"] == "1"
+
+        await rt.scale(name, 0)
+        await rt.wait_stopped(name, timeout=120)
+        write("2")
+        await rt.scale(name, 1)
+        ep = await rt.wait_ready(name, timeout=180)
+        (second,) = await pods_of(api, rt.namespace, name)
+        assert second["metadata"]["uid"] != first["metadata"]["uid"]
+        assert second["spec"]["containers"][0]["image"] == "localhost/torpor/sandbox-base:v2"
+        assert second["status"]["containerStatuses"][0]["ready"] is True
+        env = env_of(second)
+        assert env["TEMPLATE_VERSION"] == "2"
+        assert env["MINE"] == "kept"
+        assert env["ENVD_ACCESS_TOKEN"] == TOKEN
+        assert await health(ep)
+        await rt.delete(name)
+    finally:
+        await api.close()  # type: ignore[no-untyped-call]
+        await rt.close()
