@@ -88,7 +88,7 @@ async def prepare(broker: NatsBroker, settings: BusSettings) -> None:
 
 
 async def key_value(broker: NatsBroker, bucket: str) -> KeyValue:
-    return await broker.key_value(bucket, declare=False)  # type: ignore[no-any-return]
+    return await broker.key_value(bucket, declare=False)
 
 
 def accepts_anonymous(nc: Client, settings: BusSettings) -> bool:

@@ -42,7 +42,7 @@ def _num_delivered(msg: Any) -> int:
         return 1
 
 
-class LogContextMiddleware(BaseMiddleware):  # type: ignore[type-arg]
+class LogContextMiddleware(BaseMiddleware):
     async def consume_scope(self, call_next: Any, msg: Any) -> Any:
         headers = _headers(msg)
         raw = getattr(msg, "raw_message", None)
@@ -66,7 +66,7 @@ def _consumer(msg: Any) -> str | None:
         return None
 
 
-class RetryDlqMiddleware(BaseMiddleware):  # type: ignore[type-arg]
+class RetryDlqMiddleware(BaseMiddleware):
     async def consume_scope(self, call_next: Any, msg: Any) -> Any:
         try:
             return await call_next(msg)

@@ -129,7 +129,7 @@ async def _open_pods(spec: WorkerSpec[S], config: _Config[S]) -> tuple[Runtime |
     if config.runtime is None:
         return None, None
     from shared.bus.broker import connect_options
-    from shared.envd.client import ConnectEnvdClient  # type: ignore[import-untyped]
+    from shared.envd.client import ConnectEnvdClient
 
     runtime = await open_runtime(
         config.runtime,

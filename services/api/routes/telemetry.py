@@ -154,7 +154,7 @@ def _entry(e: LogEntry) -> SandboxLogEntryOut:
     level = e.level if e.level in ("debug", "info", "warn", "error") else "info"
     return SandboxLogEntryOut(
         timestamp=e.timestamp, level=level, message=e.message, fields=e.fields
-    )  # type: ignore[arg-type]
+    )
 
 
 @router.get(
