@@ -1,29 +1,18 @@
-"""Identifier types shared by every part of torpor (kopf-style ``NewType``s)."""
+"""Identifier rules shared by every part of torpor (user names: ``shared.auth.models``)."""
 
 from __future__ import annotations
 
 import hashlib
 import re
-from typing import NewType
-
-SandboxId = NewType("SandboxId", str)
-UserName = NewType("UserName", str)
-TemplateName = NewType("TemplateName", str)
 
 # A sandbox id must be usable as a NATS subject token, a KV key, a DNS label
 # (``{port}-{id}.{domain}``) and a Kubernetes object name: lowercase RFC 1123 label.
 SANDBOX_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 _SANDBOX_ID_RE = re.compile(SANDBOX_ID_PATTERN)
-USER_NAME_PATTERN = r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$"
-_USER_NAME_RE = re.compile(USER_NAME_PATTERN)
 
 
 def is_valid_sandbox_id(value: str) -> bool:
     return bool(_SANDBOX_ID_RE.match(value))
-
-
-def is_valid_user_name(value: str) -> bool:
-    return bool(_USER_NAME_RE.match(value))
 
 
 def owned_sandbox_id(owner: str, name: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from shared.settings import BusSettings, FeatureFlags, LoggingSettings, SettingsBase
+from shared.settings import SettingsBase
 
 # The envd protocol version the in-sandbox daemon implements; must equal
 # ``services/envd/version.py: ENVD_VERSION`` (a test checks it). Copied, not imported: the API
@@ -53,19 +53,3 @@ class ApiSettings(SettingsBase):
 
     def resolve_template(self, name: str) -> str:
         return self.default_template if name == "base" else name
-
-
-class ApiServiceSettings:
-    """Everything ``services.api.main`` reads, composed from the shared pieces."""
-
-    def __init__(
-        self,
-        api: ApiSettings,
-        bus: BusSettings,
-        logging: LoggingSettings,
-        flags: FeatureFlags,
-    ) -> None:
-        self.api = api
-        self.bus = bus
-        self.logging = logging
-        self.flags = flags
