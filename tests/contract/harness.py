@@ -26,9 +26,6 @@ class RuntimeHarness:
     runtime: Runtime
     never_ready_template: str  # a template whose pod starts but never becomes ready
     ready_timeout: float = 30.0
-    # Whether a sandbox's own files outlive a pause (local: its kept layer; Kubernetes: not yet,
-    # a fresh disk per pod until storage that outlives the pod is built).
-    keeps_files: bool = False
 
 
 RuntimeFactory = Callable[[], AbstractAsyncContextManager[RuntimeHarness]]

@@ -28,8 +28,6 @@ async def harness(context: HarnessContext) -> AsyncIterator[RuntimeHarness]:
     )
     await runtime.start()
     try:
-        yield RuntimeHarness(
-            runtime=runtime, never_ready_template="sandbox-never-ready", keeps_files=True
-        )
+        yield RuntimeHarness(runtime=runtime, never_ready_template="sandbox-never-ready")
     finally:
         await runtime.close()
