@@ -7,7 +7,7 @@ log queries)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,19 +16,9 @@ from e2b import FilesystemEventType, FileType, Sandbox, TimeoutException
 from e2b.exceptions import NotFoundException
 
 from tests.support.stack import Stack
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.slow
-
-
-def _until(check: Callable[[], Any], within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {within:.0f}s")
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +99,7 @@ def test_command_deadline_is_a_timeout(sbx: Sandbox) -> None:
 
 
 def test_metrics_of_a_running_sandbox(sbx: Sandbox) -> None:
-    metrics = _until(sbx.get_metrics, 30, "a metrics sample")
+    metrics = until(sbx.get_metrics, 30, "a metrics sample")
     m = metrics[0]
     assert m.cpu_count >= 1
     assert 0 <= m.cpu_used_pct <= 100
@@ -133,7 +123,7 @@ def test_metrics_of_many_sandboxes_are_the_callers_only(
 ) -> None:
     ids = f"{sbx.sandbox_id},{plain.sandbox_id}"
     with _api(stack) as api:
-        body = _until(
+        body = until(
             lambda: (
                 (r := api.get("/sandboxes/metrics", params={"sandbox_ids": ids}).json())
                 and len(r["sandboxes"]) == 2
@@ -302,12 +292,12 @@ def test_set_timeout_zero_kills_now(opts: dict[str, object]) -> None:
             return True
         return False
 
-    _until(gone, 60, "the kill of a sandbox whose timeout was set to 0")
+    until(gone, 60, "the kill of a sandbox whose timeout was set to 0")
 
 
 def test_set_timeout_zero_pauses_an_auto_pause_sandbox(sbx: Sandbox, stack: Stack) -> None:
     sbx.set_timeout(0)
-    _until(lambda: sbx.get_info().state.value == "paused", 60, "the pause after set_timeout(0)")
+    until(lambda: sbx.get_info().state.value == "paused", 60, "the pause after set_timeout(0)")
     assert sbx.get_metrics() == []  # a paused sandbox has no samples, not an error
     with _api(stack) as api:
         assert api.get(f"/v2/sandboxes/{sbx.sandbox_id}/logs").json() == {"logs": []}

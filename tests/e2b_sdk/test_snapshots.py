@@ -6,9 +6,8 @@ use, the count quota, and the stored files out of a sandbox's reach."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,21 +16,11 @@ from e2b import Sandbox
 from e2b.exceptions import RateLimitException, SandboxException, SandboxNotFoundException
 
 from tests.support.stack import Stack
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.slow
 
 MARKER_CMD = "sleep 86399"  # a process only the source starts: replayed ones show it
-
-
-def _until(check: Callable[[], Any], within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {within:.0f}s")
-        time.sleep(0.5)
 
 
 def _api(stack: Stack, user: str = "alice") -> httpx.Client:
@@ -138,7 +127,7 @@ def test_create_from_snapshot_has_files_and_processes(
         assert new.files.read("/workspace/volume.txt") == "in the sandbox's own volume"
         owner = new.commands.run("stat -c %U /home/user/state.txt /workspace/volume.txt")
         assert owner.stdout.split() == ["user", "user"]  # the same in-sandbox owner
-        _until(lambda: _has_marker(new), 30, "the replayed process")
+        until(lambda: _has_marker(new), 30, "the replayed process")
         # Independent: a write in the new sandbox is not seen by the source.
         new.files.write("/home/user/state.txt", "changed in the copy")
         assert src.files.read("/home/user/state.txt") == "state before snapshot"
@@ -184,7 +173,7 @@ def test_fork_of_three(src: Sandbox, opts: dict[str, Any]) -> None:
         for f in sandboxes:
             assert f.is_running()
             assert f.files.read("/home/user/state.txt") == "state before snapshot"
-            _until(lambda f=f: _has_marker(f), 30, "the replayed process in a fork")
+            until(lambda f=f: _has_marker(f), 30, "the replayed process in a fork")
         # Forks are independent of each other and of the source.
         sandboxes[0].files.write("/home/user/state.txt", "fork 0")
         assert sandboxes[1].files.read("/home/user/state.txt") == "state before snapshot"

@@ -6,27 +6,16 @@ template says ``persist: none``."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from e2b import CommandExitException, Sandbox
 
 from tests.support.stack import Stack
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.slow
-
-
-def _until(check: Callable[[], Any], within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {within:.0f}s")
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +137,7 @@ def test_files_are_kept_across_a_timeout_pause(opts: dict[str, object]) -> None:
     )
     try:
         _write_marks(s, "on-timeout")
-        _until(
+        until(
             lambda: Sandbox.get_info(s.sandbox_id, **opts).state == "paused",  # type: ignore[arg-type]
             90,
             "the timeout pause",
@@ -168,7 +157,7 @@ def test_files_are_kept_across_an_auto_resume(opts: dict[str, object]) -> None:
     )
     try:
         _write_marks(s, "auto-resume")
-        _until(
+        until(
             lambda: Sandbox.get_info(s.sandbox_id, **opts).state == "paused",  # type: ignore[arg-type]
             90,
             "the timeout pause",
@@ -210,7 +199,7 @@ def test_log_from_before_the_pause_is_kept_with_the_replays_lines(
             "import time, uuid\nprint('boot', uuid.uuid4().hex, flush=True)\ntime.sleep(1e9)\n",
         )
         s.commands.run("python3 server.py >> service.log 2>&1", background=True, timeout=0)
-        first = _until(lambda: _out(s, "cat service.log"), 30, "the first log line")
+        first = until(lambda: _out(s, "cat service.log"), 30, "the first log line")
         s.pause()
         resumed = Sandbox.connect(s.sandbox_id, **opts)  # type: ignore[arg-type]
 
@@ -218,7 +207,7 @@ def test_log_from_before_the_pause_is_kept_with_the_replays_lines(
             lines = [ln for ln in _out(resumed, "tail service.log").splitlines() if ln]
             return lines if len(lines) >= 2 else []
 
-        lines = _until(two_lines, 30, "the replayed process's line")
+        lines = until(two_lines, 30, "the replayed process's line")
         assert lines[0] == first
         assert lines[1].startswith("boot ") and lines[1] != first
     finally:
