@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from nats.js.errors import (
+    BadRequestError,
     BucketNotFoundError,
     InvalidKeyError,
     KeyNotFoundError,
@@ -61,6 +62,9 @@ class WorkloadRecord(_Frozen):
     restarts: int = 0  # crashes since the last scale to 1 (drives the restart back-off)
     not_before: float = 0.0  # wall clock: no restart before this (crash back-off)
     deleting: bool = False
+
+
+_WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-revision check
 
 
 def workload_key(name: str) -> str:
@@ -121,7 +125,11 @@ class WorkloadStore:
     async def remove(self, name: str, *, last: int) -> None:
         try:
             await self._kv.delete(workload_key(name), last=last)
-        except KeyWrongLastSequenceError as e:
+        except (KeyWrongLastSequenceError, BadRequestError) as e:
+            # nats-py's ``delete`` does not translate the stale revision as ``update`` does: it
+            # surfaces JetStream's "wrong last sequence" (10071) as a plain BadRequestError.
+            if isinstance(e, BadRequestError) and e.err_code != _WRONG_LAST_SEQUENCE:
+                raise
             msg = f"workload {name} changed concurrently"
             raise Conflict(msg) from e
 
