@@ -85,7 +85,12 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
                 publisher = BrokerPublisher(client)
                 try:
                     yield Rig(
-                        SandboxLifecycle(store, publisher), store, publisher, runtime, envd, services
+                        SandboxLifecycle(store, publisher),
+                        store,
+                        publisher,
+                        runtime,
+                        envd,
+                        services,
                     )
                 finally:
                     services.stop_services()  # before the observer stops the pods (no restarts)
