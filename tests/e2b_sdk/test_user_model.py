@@ -128,20 +128,30 @@ def test_files_are_kept_across_a_manual_pause(opts: dict[str, object]) -> None:
         Sandbox.kill(s.sandbox_id, **opts)  # type: ignore[arg-type]
 
 
-def test_files_are_kept_across_a_timeout_pause(opts: dict[str, object]) -> None:
+def _paused_by_its_timeout(opts: dict[str, object], mark: str, *, auto_resume: bool) -> Sandbox:
+    """A sandbox with marks written, once its 5 s timeout has paused it."""
     s = Sandbox.create(
         template="base",
         timeout=5,
-        lifecycle={"on_timeout": "pause", "auto_resume": False},
+        lifecycle={"on_timeout": "pause", "auto_resume": auto_resume},
         **opts,  # type: ignore[arg-type]
     )
     try:
-        _write_marks(s, "on-timeout")
+        _write_marks(s, mark)
         until(
             lambda: Sandbox.get_info(s.sandbox_id, **opts).state == "paused",  # type: ignore[arg-type]
             90,
             "the timeout pause",
         )
+    except BaseException:
+        Sandbox.kill(s.sandbox_id, **opts)  # type: ignore[arg-type]
+        raise
+    return s
+
+
+def test_files_are_kept_across_a_timeout_pause(opts: dict[str, object]) -> None:
+    s = _paused_by_its_timeout(opts, "on-timeout", auto_resume=False)
+    try:
         resumed = Sandbox.connect(s.sandbox_id, **opts)  # type: ignore[arg-type]
         _check_marks(resumed, "on-timeout")
     finally:
@@ -149,19 +159,8 @@ def test_files_are_kept_across_a_timeout_pause(opts: dict[str, object]) -> None:
 
 
 def test_files_are_kept_across_an_auto_resume(opts: dict[str, object]) -> None:
-    s = Sandbox.create(
-        template="base",
-        timeout=5,
-        lifecycle={"on_timeout": "pause", "auto_resume": True},
-        **opts,  # type: ignore[arg-type]
-    )
+    s = _paused_by_its_timeout(opts, "auto-resume", auto_resume=True)
     try:
-        _write_marks(s, "auto-resume")
-        until(
-            lambda: Sandbox.get_info(s.sandbox_id, **opts).state == "paused",  # type: ignore[arg-type]
-            90,
-            "the timeout pause",
-        )
         # Traffic through the proxy wakes it; the same handle keeps working.
         assert s.files.read("kept.txt") == "auto-resume"
         s.set_timeout(120)
