@@ -11,14 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from nats.errors import Error as NatsError
-from nats.js.api import Header
 from nats.js.client import JetStreamContext
 
 from shared.bus import subjects
-from shared.bus.middleware import MSG_ID_HEADER
-from shared.bus.topology import STREAM_TIMERS
-from shared.errors import Unavailable
+from shared.bus.timers import publish_schedule
 from shared.models.messages import DeleteSnapshot
 
 
@@ -32,20 +28,14 @@ class NatsSnapshotTimers:
 
     async def arm(self, sandbox_id: str, snapshot_id: str, due: datetime) -> None:
         body = DeleteSnapshot(sandbox_id=sandbox_id, snapshot_id=snapshot_id, reason="retention")
-        headers = {
-            Header.SCHEDULE: f"@at {due.isoformat()}",
-            Header.SCHEDULE_TARGET: subjects.of(subjects.TIMER_SNAPSHOT_EXPIRED, sandbox_id),
-            Header.SCHEDULE_TTL: self._fired_ttl,
-            MSG_ID_HEADER: f"snapshot_retention:{snapshot_id}",
-        }
-        try:
-            await self._js().publish(
-                subjects.of(subjects.SCHED_SNAPSHOT_RETENTION, snapshot_id),
-                body.model_dump_json().encode(),
-                stream=STREAM_TIMERS,
-                headers=headers,
-                timeout=self._timeout,
-            )
-        except (NatsError, TimeoutError) as e:
-            msg = f"could not arm the retention of snapshot {snapshot_id}: {e!r}"
-            raise Unavailable(msg) from e
+        await publish_schedule(
+            self._js(),
+            holder=subjects.of(subjects.SCHED_SNAPSHOT_RETENTION, snapshot_id),
+            target=subjects.of(subjects.TIMER_SNAPSHOT_EXPIRED, sandbox_id),
+            due=due,
+            body=body.model_dump_json().encode(),
+            msg_id=f"snapshot_retention:{snapshot_id}",
+            fired_ttl=self._fired_ttl,
+            timeout=self._timeout,
+            what=f"the retention of snapshot {snapshot_id}",
+        )

@@ -10,6 +10,7 @@ again replaces it, purging the subject cancels it. The scheduler process holds n
 from __future__ import annotations
 
 import contextlib
+from datetime import datetime
 
 from nats.errors import Error as NatsError
 from nats.js.api import Header
@@ -22,6 +23,34 @@ from shared.bus.topology import STREAM_TIMERS
 from shared.errors import Unavailable
 
 
+async def publish_schedule(
+    js: JetStreamContext,
+    *,
+    holder: str,
+    target: str,
+    due: datetime,
+    body: bytes,
+    msg_id: str,
+    fired_ttl: str,
+    timeout: float,
+    what: str,
+) -> None:
+    """Store (or replace) the one schedule on ``holder``: at ``due`` the server publishes
+    ``body`` to ``target``; ``what`` names it in the error."""
+    headers = {
+        Header.SCHEDULE: f"@at {due.isoformat()}",
+        Header.SCHEDULE_TARGET: target,
+        # The fired copy expires by itself (needs allow_msg_ttl on the stream).
+        Header.SCHEDULE_TTL: fired_ttl,
+        MSG_ID_HEADER: msg_id,
+    }
+    try:
+        await js.publish(holder, body, stream=STREAM_TIMERS, headers=headers, timeout=timeout)
+    except (NatsError, TimeoutError) as e:
+        msg = f"could not arm {what}: {e!r}"
+        raise Unavailable(msg) from e
+
+
 class NatsTimers:
     def __init__(
         self, js: JetStreamContext, *, fired_ttl: str = "1h", timeout: float = 5.0
@@ -32,24 +61,17 @@ class NatsTimers:
 
     async def arm(self, timer: Timer) -> None:
         """Store (or replace) the sandbox's schedule for this holder; idempotent per timer."""
-        headers = {
-            Header.SCHEDULE: f"@at {timer.due.isoformat()}",
-            Header.SCHEDULE_TARGET: fired_subject(timer.sandbox_id),
-            # The fired copy expires by itself (needs allow_msg_ttl on the stream).
-            Header.SCHEDULE_TTL: self._fired_ttl,
-            MSG_ID_HEADER: timer.msg_id(),
-        }
-        try:
-            await self._js.publish(
-                timer.holder_subject(),
-                timer.model_dump_json().encode(),
-                stream=STREAM_TIMERS,
-                headers=headers,
-                timeout=self._timeout,
-            )
-        except (NatsError, TimeoutError) as e:
-            msg = f"could not arm {timer.kind} timer for {timer.sandbox_id}: {e!r}"
-            raise Unavailable(msg) from e
+        await publish_schedule(
+            self._js,
+            holder=timer.holder_subject(),
+            target=fired_subject(timer.sandbox_id),
+            due=timer.due,
+            body=timer.model_dump_json().encode(),
+            msg_id=timer.msg_id(),
+            fired_ttl=self._fired_ttl,
+            timeout=self._timeout,
+            what=f"{timer.kind} timer for {timer.sandbox_id}",
+        )
 
     async def cancel(self, sandbox_id: str, holder: Holder) -> None:
         try:
