@@ -47,6 +47,7 @@ from shared.models.messages import (
     SandboxResumed,
     SandboxSnapshotted,
     SetSandboxNetwork,
+    StartPath,
 )
 from shared.models.snapshots import Snapshot
 from shared.ports.bus import Publisher, SandboxStore, emit
@@ -68,6 +69,10 @@ Outcome = Literal["done", "skipped"]
 
 async def _no_progress() -> None:
     return None
+
+
+def _path(endpoint: Endpoint) -> StartPath:
+    return "warm" if endpoint.warm else "cold"
 
 
 class Spans:
@@ -154,7 +159,7 @@ class Scaler:
         except IllegalTransition:
             await self._clean_up_if_killed(sid)
             raise
-        await self._publish_created(record, outcomes)
+        await self._publish_created(record, outcomes, path=_path(endpoint))
         metrics.observe("create", "done", time.monotonic() - started)
         return "done"
 
@@ -174,7 +179,11 @@ class Scaler:
         )
 
     async def _publish_created(
-        self, record: SandboxRecord, outcomes: list[ProcessOutcome] | None = None
+        self,
+        record: SandboxRecord,
+        outcomes: list[ProcessOutcome] | None = None,
+        *,
+        path: StartPath = "cold",
     ) -> None:
         sid = record.sandbox_id
         await emit(
@@ -184,6 +193,7 @@ class Scaler:
                 generation=record.generation,
                 at=t.now(),
                 origin_snapshot_id=record.origin_snapshot_id,
+                path=path,
                 processes=outcomes or [],
             ),
         )
@@ -296,7 +306,7 @@ class Scaler:
             if await self._clean_up_if_killed(sid):
                 return "skipped"
             raise
-        await self._publish_resumed(record, outcomes)
+        await self._publish_resumed(record, outcomes, path=_path(endpoint))
         spans.mark("publish")
         metrics.observe("resume", "done", time.monotonic() - started)
         log.info("resume_timing", **spans.as_ms())
@@ -363,12 +373,18 @@ class Scaler:
         )
         return outcomes
 
-    async def _publish_resumed(self, record: SandboxRecord, outcomes: list[ProcessOutcome]) -> None:
+    async def _publish_resumed(
+        self, record: SandboxRecord, outcomes: list[ProcessOutcome], *, path: StartPath = "cold"
+    ) -> None:
         sid = record.sandbox_id
         await emit(
             self._publisher,
             SandboxResumed(
-                sandbox_id=sid, generation=record.generation, at=t.now(), processes=outcomes
+                sandbox_id=sid,
+                generation=record.generation,
+                at=t.now(),
+                path=path,
+                processes=outcomes,
             ),
         )
 

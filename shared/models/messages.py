@@ -101,8 +101,13 @@ class ProcessOutcome(BaseModel):
     error: str | None = None
 
 
+# How a sandbox got its pod: claimed from its template's warm pool, or started for it.
+StartPath = Literal["warm", "cold"]
+
+
 class SandboxCreated(_Event):
     type: Literal["sandbox.evt.created"] = "sandbox.evt.created"
+    path: StartPath = "cold"
     # Started from a stored snapshot: its snapshot id and the replayed processes' outcomes.
     origin_snapshot_id: str | None = None
     processes: list[ProcessOutcome] = Field(default_factory=list)
@@ -121,6 +126,7 @@ class SandboxPaused(_Event):
 
 class SandboxResumed(_Event):
     type: Literal["sandbox.evt.resumed"] = "sandbox.evt.resumed"
+    path: StartPath = "cold"
     processes: list[ProcessOutcome] = Field(default_factory=list)
 
 

@@ -48,6 +48,9 @@ class Endpoint(_Frozen):
     host: str  # pod IP; always 127.0.0.N in tests and in the local runtime
     port: int = ENVD_PORT
     pod_uid: str
+    # The pod came from a warm pool (claimed, not started for this request): the ``path`` of
+    # the ``created``/``resumed`` events.
+    warm: bool = False
 
     @property
     def base_url(self) -> str:

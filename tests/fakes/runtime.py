@@ -29,6 +29,8 @@ class FakeRuntime:
         self.networks: dict[str, NetworkPolicy] = {}
         self.snapshot_files: dict[str, str] = {}  # snapshot id -> the workload it came from
         self.restored: list[tuple[str, str]] = []
+        self.warm_pods = 0  # a scale to 1 takes one of these (a warm pool's pod) while any are left
+        self._warm: set[str] = set()  # pod uids that came from the pool
 
     def _put(self, wl: Workload, **update: object) -> Workload:
         new = wl.model_copy(update={**update, "resource_version": str(next(self._version))})
@@ -81,11 +83,15 @@ class FakeRuntime:
         wl = self._require(name)
         self.scale_calls.append((name, replicas))
         if replicas == 1 and wl.pod_uid is None:
+            uid = str(uuid.uuid4())
+            if self.warm_pods:
+                self.warm_pods -= 1
+                self._warm.add(uid)
             return self._put(
                 wl,
                 replicas=1,
                 ready_replicas=1,
-                pod_uid=str(uuid.uuid4()),
+                pod_uid=uid,
                 pod_ip=self._address[name],
             )
         if replicas == 0:
@@ -97,7 +103,7 @@ class FakeRuntime:
         await asyncio.sleep(0)
         if self.fail_ready or wl.pod_uid is None or wl.pod_ip is None:
             raise PodNotReady(f"{name} not ready")
-        return Endpoint(host=wl.pod_ip, pod_uid=wl.pod_uid)
+        return Endpoint(host=wl.pod_ip, pod_uid=wl.pod_uid, warm=wl.pod_uid in self._warm)
 
     async def wait_stopped(self, name: str, *, timeout: float) -> None:
         await asyncio.sleep(0)

@@ -14,7 +14,12 @@ import pytest
 
 from shared.domain.states import SandboxState
 from shared.errors import IllegalTransition, NotFound, RuntimeFailure
-from shared.models.messages import SandboxActivity, SandboxTimeoutSet
+from shared.models.messages import (
+    SandboxActivity,
+    SandboxCreated,
+    SandboxResumed,
+    SandboxTimeoutSet,
+)
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.ports.lifecycle import CreateRequest
 from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
@@ -78,6 +83,21 @@ async def test_create_pause_resume_cycle(system: InMemorySystem) -> None:
     assert ids[:3] == ["create:sbx-cycle:g0", "created:sbx-cycle:g1", "pause:sbx-cycle:g1"]
     assert {"snapshotted:sbx-cycle:g1", "paused:sbx-cycle:g2", "resumed:sbx-cycle:g3"} <= set(ids)
     assert len(ids) == len(set(ids))
+
+
+async def test_events_say_whether_the_pod_came_from_the_warm_pool(system: InMemorySystem) -> None:
+    await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-cold"))
+    system.runtime.warm_pods = 1
+    await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-warm"))
+    await system.lifecycle.pause("sbx-warm", owner="alice", wait=5)
+    await system.lifecycle.resume("sbx-warm", owner="alice", wait=5)  # the pool is empty now
+    system.runtime.warm_pods = 1
+    await system.lifecycle.pause("sbx-warm", owner="alice", wait=5)
+    await system.lifecycle.resume("sbx-warm", owner="alice", wait=5)
+
+    created = {e.sandbox_id: e.path for e in system.publisher.of_type(SandboxCreated)}
+    assert created == {"sbx-cold": "cold", "sbx-warm": "warm"}
+    assert [e.path for e in system.publisher.of_type(SandboxResumed)] == ["cold", "warm"]
 
 
 async def test_unknown_and_foreign_sandboxes_are_not_found(system: InMemorySystem) -> None:
