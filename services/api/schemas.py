@@ -196,6 +196,41 @@ class RefreshRequest(_In):
     duration: int | None = Field(default=None, ge=0, le=3600)
 
 
+# ---------------------------------------------------------------- resume report (both APIs)
+
+
+class ProcessOutcomeOut(_Out):
+    cmd: str
+    args: list[str]
+    tag: str | None = None
+    old_pid: int = Field(alias="oldPid", description="Its pid when the snapshot was taken")
+    new_pid: int | None = Field(default=None, alias="newPid", description="Its pid now")
+    error: str | None = Field(default=None, description="Why it is not running again")
+
+
+class ResumeTimingsOut(_Out):
+    claim_ms: float = Field(alias="claimMs")
+    pod_ms: float = Field(alias="podMs", description="Scale to 1 until the daemon answers")
+    files_ms: float = Field(alias="filesMs", description="0: the files were kept in place")
+    replay_ms: float = Field(alias="replayMs", description="List what runs, start the rest")
+    total_ms: float = Field(alias="totalMs")
+
+
+class ResumeReportOut(_Out):
+    """What the last resume restored (torpor extension; E2B SDKs ignore unknown keys)."""
+
+    at: datetime
+    path: Literal["warm", "cold"] = Field(description="warm: the pod came from a pool")
+    snapshot_id: str | None = Field(default=None, alias="snapshotId")
+    template: str
+    template_version: str | None = Field(default=None, alias="templateVersion")
+    files_kept: bool = Field(alias="filesKept")
+    processes: list[ProcessOutcomeOut]
+    replayed: int
+    failed: int
+    timings: ResumeTimingsOut
+
+
 # ---------------------------------------------------------------- E2B responses
 
 
@@ -210,6 +245,11 @@ class SandboxOut(_Out):
     traffic_access_token: str | None = Field(default=None, alias="trafficAccessToken")
     domain: str | None = None
     alias: str | None = None
+    resume_report: ResumeReportOut | None = Field(
+        default=None,
+        alias="resumeReport",
+        description="connect and resume, when the call resumed the sandbox: what was restored",
+    )
 
 
 class LifecycleOut(_Out):
@@ -329,6 +369,9 @@ class NativeSandbox(_Out):
     snapshot: SnapshotOut | None = None
     failure: str | None = None
     envd_access_token: str | None = Field(default=None, alias="envdAccessToken")
+    last_resume: ResumeReportOut | None = Field(
+        default=None, alias="lastResume", description="What the last resume restored"
+    )
 
 
 class NativeList(_Out):

@@ -9,6 +9,7 @@ from services.api.schemas import (
     ListedSandboxOut,
     NativeSandbox,
     NetworkOut,
+    ResumeReportOut,
     SandboxDetailOut,
     SandboxOut,
     SnapshotOut,
@@ -18,6 +19,7 @@ from shared.auth.traffic import traffic_token
 from shared.domain import states
 from shared.domain.record import SandboxRecord
 from shared.domain.timing import deadline_after
+from shared.models.messages import ResumeReport
 
 
 def visible(record: SandboxRecord) -> bool:
@@ -41,8 +43,18 @@ def end_at(record: SandboxRecord) -> datetime:
     return deadline_after(record.started_at, record.timeout)
 
 
-def sandbox_out(record: SandboxRecord, settings: ApiSettings) -> SandboxOut:
+def report_out(report: ResumeReport | None) -> ResumeReportOut | None:
+    if report is None:
+        return None
+    return ResumeReportOut.model_validate(report.model_dump())  # same field names
+
+
+def sandbox_out(
+    record: SandboxRecord, settings: ApiSettings, *, resumed: bool = False
+) -> SandboxOut:
+    """``resumed``: this call resumed the sandbox, so the answer carries the resume report."""
     return SandboxOut(
+        resume_report=report_out(record.last_resume) if resumed else None,
         template_id=record.template,
         sandbox_id=record.sandbox_id,
         client_id=settings.client_id,
@@ -127,4 +139,5 @@ def native_out(record: SandboxRecord) -> NativeSandbox:
         ),
         failure=record.failure,
         envd_access_token=record.envd_access_token,
+        last_resume=report_out(record.last_resume),
     )

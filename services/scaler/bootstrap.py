@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from faststream.nats import NatsRouter
 
 from services.scaler.handlers import build_router
@@ -9,10 +11,13 @@ from services.scaler.scaling import Scaler
 from services.scaler.settings import ScalerSettings
 from shared.bus.topology import SCALER_LIFECYCLE
 from shared.lifecycle.hosting import Context, Parts, WorkerHost
+from shared.runtime.template_facts import read_facts
+from shared.settings import RuntimeSettings, load
 
 
 def scaler_host(ctx: Context, settings: ScalerSettings) -> WorkerHost:
     runtime, envd = ctx.pods()
+    where = load(RuntimeSettings)  # already read (and checked) for the runtime itself
 
     def build(parts: Parts) -> NatsRouter:
         scaler = Scaler(
@@ -25,6 +30,7 @@ def scaler_host(ctx: Context, settings: ScalerSettings) -> WorkerHost:
             start_timeout=settings.start_timeout,
             retention=ctx.retention.retention,
             tombstone_for=ctx.retention.tombstone_for,
+            templates=partial(read_facts, where.runtime, where.templates_dir),
         )
         retry = SCALER_LIFECYCLE.retry.tuned(
             give_up_after=settings.give_up_after, heartbeat=settings.heartbeat_seconds

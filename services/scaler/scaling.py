@@ -35,11 +35,14 @@ from shared.errors import Conflict, IllegalTransition, NotFound, Unsupported
 from shared.lifecycle.pods import ensure_workload, workload_spec
 from shared.lifecycle.replay import plan, replay_key
 from shared.lifecycle.worker import PermanentFailure
+from shared.models.lifecycle import TemplateFacts, unknown_template
 from shared.models.messages import (
     CreateSandbox,
     KillSandbox,
     ProcessOutcome,
+    ResumeReport,
     ResumeSandbox,
+    ResumeTimings,
     SandboxCreated,
     SandboxFailed,
     SandboxKilled,
@@ -91,6 +94,42 @@ class Spans:
     def as_ms(self) -> dict[str, float]:
         return {**self._ms, "total_ms": round((self._last - self._started) * 1000, 1)}
 
+    def of(self, *phases: str) -> float:
+        return round(sum(self._ms.get(f"{p}_ms", 0.0) for p in phases), 1)
+
+    def timings(self) -> ResumeTimings:
+        """The report's view: the pod (scale, ready), the replay (list, start, mark)."""
+        return ResumeTimings(
+            claim_ms=self.of("claim"),
+            pod_ms=self.of("scale", "ready"),
+            files_ms=0.0,  # a resume's files are kept in place: mounted with the pod
+            replay_ms=self.of("replay_list", "replay_start", "replay_mark"),
+            total_ms=self.as_ms()["total_ms"],
+        )
+
+
+def resume_report(
+    record: SandboxRecord,
+    snapshot_id: str | None,
+    outcomes: list[ProcessOutcome],
+    facts: TemplateFacts,
+    timings: ResumeTimings,
+    *,
+    path: StartPath,
+) -> ResumeReport:
+    return ResumeReport(
+        at=t.now(),
+        path=path,
+        snapshot_id=snapshot_id,
+        template=record.template,
+        template_version=facts.version,
+        files_kept=facts.keeps_files,
+        processes=outcomes,
+        replayed=sum(1 for o in outcomes if o.new_pid is not None),
+        failed=sum(1 for o in outcomes if o.error is not None),
+        timings=timings,
+    )
+
 
 class Scaler:
     def __init__(
@@ -105,6 +144,7 @@ class Scaler:
         start_timeout: float = 10.0,
         retention: timedelta = timedelta(days=30),
         tombstone_for: timedelta = timedelta(days=1),
+        templates: Callable[[str], TemplateFacts] = unknown_template,
     ) -> None:
         self._store = store
         self._runtime = runtime
@@ -115,6 +155,7 @@ class Scaler:
         self._start_timeout = start_timeout
         self._retention = retention
         self._tombstone_for = tombstone_for
+        self._templates = templates
 
     # ---- create -------------------------------------------------------------------------
 
@@ -278,7 +319,7 @@ class Scaler:
             if t.waits_for_pause(current, generation=cmd.generation):
                 raise Retry("a pause is in flight; resume after it", delay=2.0) from None
             if t.done_before("resume", current, generation=cmd.generation):
-                await self._publish_resumed(current, [])  # done before; the event may be missing
+                await self._publish_resumed(current)  # done before; the event may be missing
             return "skipped"
         try:
             workload = await ensure_workload(self._runtime, record)
@@ -291,6 +332,11 @@ class Scaler:
             # Annotations as read before the scale: only this resume writes them meanwhile.
             outcomes = await self._replay(record, endpoint, workload.annotations, progress, spans)
             spans.mark("replay_mark")
+            snapshot_id = record.snapshot.id if record.snapshot else None
+            facts = self._templates(record.template)
+            report = resume_report(
+                record, snapshot_id, outcomes, facts, spans.timings(), path=_path(endpoint)
+            )
             record = await self._store.update(
                 sid,
                 t.running(
@@ -299,6 +345,7 @@ class Scaler:
                     host=endpoint.host,
                     pod_uid=endpoint.pod_uid,
                     timeout=cmd.timeout,
+                    report=report,
                 ),
             )
             spans.mark("commit")
@@ -306,7 +353,7 @@ class Scaler:
             if await self._clean_up_if_killed(sid):
                 return "skipped"
             raise
-        await self._publish_resumed(record, outcomes, path=_path(endpoint))
+        await self._publish_resumed(record)
         spans.mark("publish")
         metrics.observe("resume", "done", time.monotonic() - started)
         log.info("resume_timing", **spans.as_ms())
@@ -373,18 +420,18 @@ class Scaler:
         )
         return outcomes
 
-    async def _publish_resumed(
-        self, record: SandboxRecord, outcomes: list[ProcessOutcome], *, path: StartPath = "cold"
-    ) -> None:
-        sid = record.sandbox_id
+    async def _publish_resumed(self, record: SandboxRecord) -> None:
+        """From the record: a redelivery republishes the same report (and the same id)."""
+        report = record.last_resume
         await emit(
             self._publisher,
             SandboxResumed(
-                sandbox_id=sid,
+                sandbox_id=record.sandbox_id,
                 generation=record.generation,
                 at=t.now(),
-                path=path,
-                processes=outcomes,
+                path=report.path if report is not None else "cold",
+                processes=report.processes if report is not None else [],
+                report=report,
             ),
         )
 

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.domain.states import SandboxState
+from shared.models.messages import ResumeReport
 from shared.models.network import OPEN, NetworkPolicy
 
 SCHEMA_VERSION = 1
@@ -64,6 +65,7 @@ class SandboxRecord(BaseModel):
     origin: SnapshotRef | None = None
     pending: Pending | None = None
     failure: str | None = None  # reason of the last transition that gave up
+    last_resume: ResumeReport | None = None  # what the last resume restored, and its time
     updated_at: datetime
 
 

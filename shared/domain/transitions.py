@@ -19,6 +19,7 @@ from shared.domain.record import Mutation, Pending, SandboxRecord, SnapshotRef
 from shared.domain.states import SandboxState
 from shared.domain.timing import deadline_after, retained_until
 from shared.errors import IllegalTransition
+from shared.models.messages import ResumeReport
 from shared.redaction import redact_text
 
 S = SandboxState
@@ -182,8 +183,10 @@ def running(
     host: str,
     pod_uid: str,
     timeout: int | None = None,
+    report: ResumeReport | None = None,
 ) -> Mutation:
-    """Creating/resuming → running on a ready pod: a full timeout starts now, generation+1."""
+    """Creating/resuming → running on a ready pod: a full timeout starts now, generation+1.
+    A resume keeps its ``report`` on the record (shown by the APIs until the next resume)."""
     check = _require(op, cmd_msg_id)
 
     def mutate(record: SandboxRecord) -> SandboxRecord:
@@ -204,6 +207,7 @@ def running(
                 "retain_until": None,
                 "pending": None,
                 "failure": None,
+                "last_resume": report if report is not None else record.last_resume,
             }
         )
 

@@ -100,9 +100,46 @@ class ProcessOutcome(BaseModel):
     new_pid: int | None = None
     error: str | None = None
 
+    @field_validator("error")
+    @classmethod
+    def _no_secret_in_error(cls, value: str | None) -> str | None:
+        return None if value is None else redact_text(value)[:500]
+
 
 # How a sandbox got its pod: claimed from its template's warm pool, or started for it.
 StartPath = Literal["warm", "cold"]
+
+
+class ResumeTimings(BaseModel):
+    """Where a resume's time went, in milliseconds (phases in order; ``total_ms`` from the
+    command's claim to the record's commit). ``files_ms`` is 0 when the files were kept in place
+    (the layer or claim is mounted with the pod, inside ``pod_ms``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    claim_ms: float = 0.0
+    pod_ms: float = 0.0  # scale to 1 and wait for the pod (daemon healthy)
+    files_ms: float = 0.0
+    replay_ms: float = 0.0  # list what runs, start what is missing
+    total_ms: float = 0.0
+
+
+class ResumeReport(BaseModel):
+    """What a resume restored: each snapshot process (old and new pid, or its error), whether the
+    sandbox's files were kept, the template (and its version) the new pod runs, and the time."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at: datetime
+    path: StartPath = "cold"  # the pod: claimed from a warm pool, or started for this resume
+    snapshot_id: str | None = None
+    template: str
+    template_version: str | None = None  # content digest of the template the pod started from
+    files_kept: bool
+    processes: list[ProcessOutcome] = Field(default_factory=list)
+    replayed: int = 0  # processes running again (started now, or found already running)
+    failed: int = 0
+    timings: ResumeTimings = Field(default_factory=ResumeTimings)
 
 
 class SandboxCreated(_Event):
@@ -128,6 +165,7 @@ class SandboxResumed(_Event):
     type: Literal["sandbox.evt.resumed"] = "sandbox.evt.resumed"
     path: StartPath = "cold"
     processes: list[ProcessOutcome] = Field(default_factory=list)
+    report: ResumeReport | None = None  # also on the record (``last_resume``)
 
 
 class SandboxKilled(_Event):

@@ -265,7 +265,7 @@ async def connect_sandbox(
         sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
     )
     response.status_code = status.HTTP_201_CREATED if result.resumed else status.HTTP_200_OK
-    return sandbox_out(result.record, w.settings)
+    return sandbox_out(result.record, w.settings, resumed=result.resumed)
 
 
 @router.post(
@@ -285,7 +285,7 @@ async def resume_sandbox(
     result = await w.lifecycle.resume(
         sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
     )
-    return sandbox_out(result.record, w.settings)
+    return sandbox_out(result.record, w.settings, resumed=result.resumed)
 
 
 @router.post(

@@ -1,0 +1,51 @@
+"""``read_facts``: what a template says about a sandbox's lifecycle, for either runtime.
+
+The version is a digest of the template's content as the runtime reads it now (a resume renders
+the template as it is then), so a resume report shows when a pod came back on a changed template.
+A template that cannot be read is reported as unknown rather than failing the caller: the facts
+describe a transition, they never decide it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import structlog
+
+from shared.errors import ConfigError, NotFound
+from shared.models.lifecycle import TemplateFacts, unknown_template
+
+log = structlog.get_logger()
+
+
+def _digest(content: object) -> str:
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_facts(runtime: str, templates_dir: Path | None, name: str) -> TemplateFacts:
+    try:
+        if runtime == "kubernetes":
+            from shared.runtime.kubernetes.objects import persist_mode
+            from shared.runtime.kubernetes.templates import DEFAULT_TEMPLATES, PodTemplates
+
+            sources = (templates_dir, DEFAULT_TEMPLATES) if templates_dir else (DEFAULT_TEMPLATES,)
+            pod_template = PodTemplates(*sources).get(name)
+            return TemplateFacts(
+                name=name,
+                version=_digest(pod_template),
+                keeps_files=persist_mode(pod_template) != "none",
+            )
+        from shared.runtime.templates import load_template, template_dirs
+
+        template = load_template(name, template_dirs(templates_dir))
+        return TemplateFacts(
+            name=name,
+            version=_digest(template.model_dump(mode="json")),
+            keeps_files=template.persist == "layer",
+        )
+    except (NotFound, ConfigError) as e:
+        log.warning("template_facts_unknown", template=name, error=str(e))
+        return unknown_template(name)

@@ -1,0 +1,79 @@
+"""The resume report in memory (real lifecycle, snapshotter and scaler routers; fake runtime and
+daemon): every snapshot process with its old and new pid or its error, on the record, in the
+``resumed`` event, and the same again when a redelivered resume republishes the event."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from services.scaler.scaling import Scaler
+from shared.models.messages import ResumeSandbox, SandboxResumed, msg_id
+from shared.models.snapshots import ProcessConfig
+from shared.ports.lifecycle import CreateRequest
+from shared.ports.workloads import Endpoint
+from tests.fakes.publisher import RecordingPublisher
+from tests.fakes.system import InMemorySystem, in_memory_system
+
+pytestmark = pytest.mark.unit
+
+SERVER = ProcessConfig(cmd="/bin/bash", args=["-l", "-c", "python3 server.py"], cwd="/workspace")
+BROKEN = ProcessConfig(cmd="/nonexistent", args=["--ro-bind", "token=sk-secretsecretsecret"])
+
+
+@pytest.fixture
+async def system() -> AsyncIterator[InMemorySystem]:
+    async with in_memory_system() as s:
+        yield s
+
+
+async def _start(system: InMemorySystem, sid: str, config: ProcessConfig, tag: str | None) -> int:
+    record = await system.store.get(sid)
+    assert record is not None and record.host and record.pod_uid
+    endpoint = Endpoint(host=record.host, pod_uid=record.pod_uid)
+    return await system.envd.start_process(endpoint, config, tag=tag, access_token=None)
+
+
+async def test_report_lists_each_process_with_old_and_new_pid_or_error(
+    system: InMemorySystem,
+) -> None:
+    sid = "sbx-report"
+    await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id=sid))
+    server_pid = await _start(system, sid, SERVER, "web")
+    broken_pid = await _start(system, sid, BROKEN, None)
+    paused = await system.lifecycle.pause(sid, owner="alice", wait=5)
+    assert paused.snapshot is not None
+    system.envd.fail_cmds.add("/nonexistent")
+
+    result = await system.lifecycle.resume(sid, owner="alice", wait=5)
+    report = result.record.last_resume
+    assert report is not None
+    assert report.snapshot_id == paused.snapshot.id and report.template == "sandbox-base"
+    assert report.files_kept is True and (report.replayed, report.failed) == (1, 1)
+    web, broken = report.processes
+    assert (web.tag, web.old_pid, web.error) == ("web", server_pid, None)
+    live = system.envd.pods[result.record.pod_uid or ""]
+    assert web.new_pid == live[0].pid and web.new_pid != server_pid
+    assert (broken.old_pid, broken.new_pid) == (broken_pid, None)
+    assert broken.error is not None and "FileNotFoundError" in broken.error
+    assert report.timings.total_ms >= report.timings.pod_ms >= 0
+
+    (event,) = system.publisher.of_type(SandboxResumed)
+    assert event.report == report and event.processes == report.processes
+    assert "sk-secretsecretsecret" not in (broken.error or "")
+
+    # A redelivered command finding the resume done republishes the report from the record.
+    publisher = RecordingPublisher()
+    scaler = Scaler(
+        store=system.store, runtime=system.runtime, envd=system.envd, publisher=publisher
+    )
+    again = ResumeSandbox(sandbox_id=sid, generation=paused.generation)
+    assert await scaler.resume(again, msg_id("resume", sid, paused.generation)) == "skipped"
+    (republished,) = publisher.of_type(SandboxResumed)
+    assert republished.report == report
+
+
+async def test_a_never_paused_sandbox_has_no_report(system: InMemorySystem) -> None:
+    rec = await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-fresh"))
+    assert rec.last_resume is None
