@@ -16,7 +16,7 @@ from services.api.dashboard import dashboard_router
 from services.api.deps import Wiring
 from services.api.gate import ApiGate
 from services.api.observability import HttpMetrics, RequestContext
-from services.api.routes import admin, e2b, native, snapshots, telemetry
+from services.api.routes import admin, e2b, events, native, snapshots, telemetry
 from services.api.schemas import ErrorBody
 from services.api.sessions import Sessions
 from services.api.settings import ApiSettings
@@ -44,6 +44,7 @@ async def bus_wiring(
     """Connect to NATS and build the lifecycle service and key store over it."""
     from shared.auth.keys import KvApiKeys, KvUsers
     from shared.bus.broker import key_value, make_broker, prepare
+    from shared.bus.event_log import NatsEventLog
     from shared.bus.kv import NatsBucket, NatsCasBucket
     from shared.bus.publishing import BrokerPublisher
     from shared.bus.records import KvSandboxStore
@@ -57,6 +58,7 @@ async def bus_wiring(
         KV_USERS,
     )
     from shared.envd.client import ConnectEnvdClient
+    from shared.lifecycle.event_query import EventQuery
     from shared.lifecycle.service import SandboxLifecycle
     from shared.lifecycle.snapshots import SnapshotService
     from shared.quota.guard import QuotaGuard
@@ -97,6 +99,9 @@ async def bus_wiring(
                 users=users,
                 sessions=Sessions(NatsBucket(await key_value(broker, KV_SESSIONS))),
                 snapshots=snapshots,
+                events=EventQuery(
+                    NatsEventLog(broker.config.connection_state.stream, service="api"), store
+                ),
             )
         finally:
             await envd.close()
@@ -137,6 +142,7 @@ def create_app(
     app.include_router(telemetry.router)  # first: /sandboxes/metrics is not a sandbox id
     app.include_router(e2b.router)
     app.include_router(snapshots.router)
+    app.include_router(events.router)
     app.include_router(native.router)
     app.include_router(admin.router)
     app.include_router(dashboard_router(bus=bus))

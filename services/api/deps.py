@@ -16,6 +16,8 @@ from services.api.sessions import Sessions
 from services.api.settings import ApiSettings
 from shared.auth.models import User
 from shared.domain.record import SandboxRecord
+from shared.lifecycle.event_query import Page
+from shared.models.public_events import PublicEvent
 from shared.models.snapshot_records import SnapshotRecord
 from shared.ports.envd import EnvdTelemetry
 from shared.ports.lifecycle import Lifecycle
@@ -67,6 +69,16 @@ class Snapshots(Protocol):
     async def delete(self, snapshot_id: str, *, owner: str | None) -> None: ...
 
 
+class EventReader(Protocol):
+    """The slice of ``shared.lifecycle.event_query.EventQuery`` the events API uses."""
+
+    async def of_sandbox(
+        self, sandbox_id: str, *, owner: str | None, page: Page
+    ) -> list[PublicEvent]: ...
+
+    async def of_owner(self, owner: str | None, *, page: Page) -> list[PublicEvent]: ...
+
+
 class UserAdmin(Protocol):
     async def get(self, name: str) -> User | None: ...
 
@@ -86,6 +98,7 @@ class Wiring:
     users: UserAdmin | None = None  # the admin API's user store; None: 503 there
     sessions: Sessions | None = None  # dashboard sessions; None: in memory (one process)
     snapshots: Snapshots | None = None  # stored snapshots and fork; None: 501 there
+    events: EventReader | None = None  # the events API; None: 501 there
 
 
 _api_key = APIKeyHeader(name="X-API-KEY", auto_error=False, description="An API key (E2B SDK)")

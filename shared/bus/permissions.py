@@ -18,7 +18,7 @@ other user (including ``platform``) can read the replies it gets — KV reads, J
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shared.bus import subjects as s
 from shared.bus import topology as t
@@ -164,9 +164,12 @@ def users() -> list[User]:
         kv_read(t.KV_SESSIONS),
         kv_write(t.KV_SESSIONS),
         events_read(),
+        # the events API reads the stream through short-lived consumers of its own
+        evt_consumers(),
         # the dashboard's live feed: one core subscription (at-most-once is right for a screen)
         subscribe=(f"{s.EVT_PREFIX}.>",),
     )
+    api = replace(api, deny_publish=tuple(not_service_durables()))
     proxy = service(
         "proxy",
         "data plane: reads records, auto-resume (resume rate buckets by CAS), activity (moves "
@@ -238,16 +241,6 @@ def platform() -> User:
     no DLQ, no consumer at all on the SANDBOX_CMD work queue.
     """
     evt = t.STREAM_EVT
-    service_durables = [d for d in t.DURABLES if d.stream == evt]
-    deny: list[str] = []
-    for d in service_durables:
-        deny += [
-            f"{API}.CONSUMER.*.{evt}.{d.name}",
-            f"{API}.CONSUMER.*.{evt}.{d.name}.>",
-            f"{API}.CONSUMER.MSG.NEXT.{evt}.{d.name}",
-            f"{API}.CONSUMER.DURABLE.CREATE.{evt}.{d.name}",
-            f"$JS.ACK.{evt}.{d.name}.>",
-        ]
     return User(
         name="platform",
         doc="other platform services: publish sandbox.cmd.>, read sandbox.evt.>",
@@ -259,18 +252,42 @@ def platform() -> User:
             f"{API}.STREAM.MSG.GET.{evt}",
             f"{API}.DIRECT.GET.{evt}",
             f"{API}.DIRECT.GET.{evt}.>",
-            # Only creates with the name in the subject: the name-less form takes the name
-            # from the body and can REPLACE a service's durable (observed on 2.15.1).
-            f"{API}.CONSUMER.CREATE.{evt}.>",
-            f"{API}.CONSUMER.INFO.{evt}.*",
-            f"{API}.CONSUMER.DELETE.{evt}.*",
-            f"{API}.CONSUMER.MSG.NEXT.{evt}.*",
-            f"$JS.ACK.{evt}.>",
-            f"$JS.FC.{evt}.>",
+            *evt_consumers(),
         ),
         subscribe=("_INBOX.>", f"{s.EVT_PREFIX}.>"),
-        deny_publish=tuple(deny),
+        deny_publish=tuple(not_service_durables()),
     )
+
+
+def evt_consumers() -> list[str]:
+    """Consumers of one's own on SANDBOX_EVT (any name; with ``not_service_durables``)."""
+    evt = t.STREAM_EVT
+    return [
+        # Only creates with the name in the subject: the name-less form takes the name
+        # from the body and can REPLACE a service's durable (observed on 2.15.1).
+        f"{API}.CONSUMER.CREATE.{evt}.>",
+        f"{API}.CONSUMER.INFO.{evt}.*",
+        f"{API}.CONSUMER.DELETE.{evt}.*",
+        f"{API}.CONSUMER.MSG.NEXT.{evt}.*",
+        f"$JS.ACK.{evt}.>",
+        f"$JS.FC.{evt}.>",
+    ]
+
+
+def not_service_durables() -> list[str]:
+    """Denials that keep ``evt_consumers`` off every service's durable on SANDBOX_EVT: no
+    stealing, re-acking or replacing them."""
+    evt = t.STREAM_EVT
+    deny: list[str] = []
+    for d in (d for d in t.DURABLES if d.stream == evt):
+        deny += [
+            f"{API}.CONSUMER.*.{evt}.{d.name}",
+            f"{API}.CONSUMER.*.{evt}.{d.name}.>",
+            f"{API}.CONSUMER.MSG.NEXT.{evt}.{d.name}",
+            f"{API}.CONSUMER.DURABLE.CREATE.{evt}.{d.name}",
+            f"$JS.ACK.{evt}.{d.name}.>",
+        ]
+    return deny
 
 
 # ------------------------------------------------------------------ rendering

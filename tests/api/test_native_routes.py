@@ -113,6 +113,8 @@ async def test_openapi_describes_both_apis(client: httpx.AsyncClient) -> None:
         "/api/v1/sandbox/{name}",
         "/api/v1/sandbox/pause/{name}",
         "/api/v1/sandbox/resume/{name}",
+        "/events/sandboxes",
+        "/events/sandboxes/{sandbox_id}",
     ):
         assert path in paths, path
     schemes = spec["components"]["securitySchemes"]

@@ -17,8 +17,11 @@ from schemathesis.specs.openapi.checks import (
 from services.api.app import create_app
 from services.api.deps import Wiring
 from services.api.settings import ApiSettings
+from shared.lifecycle.event_query import EventQuery
 from shared.ports.lifecycle import CreateRequest
 from tests.api.fakes import FakeKeys, FakeLifecycle, FakeSnapshots
+from tests.fakes.events import InMemoryEventLog
+from tests.fakes.store import InMemorySandboxStore
 
 _KEY = "torpor_fuzz_key"
 
@@ -32,7 +35,11 @@ def _app() -> object:
         asyncio.run(lifecycle.create(CreateRequest(owner="fuzzer", sandbox_id=name)))
     cfg = ApiSettings()
     wiring = Wiring(
-        settings=cfg, lifecycle=lifecycle, keys=keys, snapshots=FakeSnapshots(lifecycle)
+        settings=cfg,
+        lifecycle=lifecycle,
+        keys=keys,
+        snapshots=FakeSnapshots(lifecycle),
+        events=EventQuery(InMemoryEventLog(), InMemorySandboxStore()),
     )
     return create_app(cfg, wiring=wiring)
 

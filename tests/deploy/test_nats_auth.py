@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from shared.bus import subjects as s
 from shared.bus import topology as t
 from shared.bus.broker import key_value, make_broker, prepare, subscriber_args
+from shared.bus.event_log import NatsEventLog
 from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import KvSandboxStore
 from shared.domain.record import SandboxRecord
@@ -108,7 +109,13 @@ JOBS: dict[str, Job] = {
 
 # Things a service must NOT be able to do (one representative denial each).
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "api": (f"$JS.API.CONSUMER.MSG.NEXT.{t.STREAM_CMD}.snapshotter-pause", "sandbox.evt.paused.x"),
+    "api": (
+        f"$JS.API.CONSUMER.MSG.NEXT.{t.STREAM_CMD}.snapshotter-pause",
+        "sandbox.evt.paused.x",
+        # the events API's own consumers on SANDBOX_EVT, never a service's durable
+        f"$JS.API.CONSUMER.MSG.NEXT.{t.STREAM_EVT}.scheduler-lifecycle",
+        f"$JS.API.CONSUMER.CREATE.{t.STREAM_EVT}.scheduler-lifecycle",
+    ),
     "proxy": (f"$KV.{t.KV_API_KEYS}.x", "sandbox.cmd.kill.x"),
     "scheduler": ("sandbox.cmd.create.x", f"$JS.API.STREAM.DELETE.{t.STREAM_CMD}"),
     "snapshotter": ("sandbox.cmd.pause.x", f"$KV.{t.KV_API_KEYS}.x"),
@@ -220,6 +227,9 @@ async def test_service_does_its_job_with_its_own_user(provisioned: AuthNats, ser
             js = broker.config.connection_state.stream
             await js.get_msg(t.STREAM_EVT, subject=s.of(s.EVT_ACTIVITY, sid))
             await live.unsubscribe()
+            # the events API: a short-lived consumer of its own, read back and deleted
+            read = await NatsEventLog(js, service="api").read([s.of(s.EVT_ACTIVITY, sid)], limit=10)
+            assert [e.subject for e in read] == [s.of(s.EVT_ACTIVITY, sid)]
         if job.dead_letters:
             assert await publisher.publish(
                 Probe(sandbox_id=sid), f"{s.DLQ_PREFIX}.test.{sid}", msg_id=f"dlq:{sid}"
