@@ -10,6 +10,7 @@ No module-level singletons: call ``load(SomeSettings)`` in the entrypoint and ha
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -149,6 +150,44 @@ class RuntimeSettings(SettingsBase):
     data_dir: Path = Path.home() / ".local" / "share" / "torpor"  # local runtime: pod dirs, volumes
     """State of `torpor up` and of the local runtime: NATS store, logs, `torpor.json`,
     `admin-api-key`, pod dirs, volumes."""
+    pools: str = Field(default="", max_length=4096)
+    """Warm pods per template, `TEMPLATE=N[,TEMPLATE=N]` (e.g. `sandbox-base=2`; empty: no
+    pools). A create or resume of such a template claims a ready pod instead of starting one
+    (the `created`/`resumed` events say `path: warm`), and falls back to a cold start when none
+    is ready; the runtime that supervises pods (the scaler's) refills the pool in the
+    background, one pod at a time and never while it starts a sandbox's pod. Pool pods belong
+    to no user and count against no quota. Local runtime (see
+    [architecture.md](architecture.md#warm-pools))."""
+
+    @field_validator("pools")
+    @classmethod
+    def _check_pools(cls, value: str) -> str:
+        parse_pools(value)
+        return value
+
+    @property
+    def pool_sizes(self) -> dict[str, int]:
+        return parse_pools(self.pools)
+
+
+_POOL_TEMPLATE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+MAX_POOL_SIZE = 64
+
+
+def parse_pools(value: str) -> dict[str, int]:
+    """``TEMPLATE=N,...`` into sizes; ``ValueError`` naming the bad entry."""
+    sizes: dict[str, int] = {}
+    for entry in filter(None, (e.strip() for e in value.split(","))):
+        template, sep, count = entry.partition("=")
+        template, count = template.strip(), count.strip()
+        if not sep or not _POOL_TEMPLATE.fullmatch(template):
+            raise ValueError(f"pool entry {entry[:80]!r}: expected TEMPLATE=N")
+        if not count.isdigit() or not 0 <= int(count) <= MAX_POOL_SIZE:
+            raise ValueError(f"pool size of {template}: a number from 0 to {MAX_POOL_SIZE}")
+        if template in sizes:
+            raise ValueError(f"pool of {template} given twice")
+        sizes[template] = int(count)
+    return sizes
 
 
 class HealthSettings(SettingsBase):

@@ -11,6 +11,7 @@ Connect-Timeout-Ms is not enforced by connectrpc's server; the Start handler rea
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -125,6 +126,9 @@ class DaemonState:
         self.access_token = access_token or None
         self.env_vars: dict[str, str] = {}
         self.default_workdir: str | None = None
+        # Where the daemon started: a warm pod's root can change under it at claim (its
+        # directory then still points into the old root), and /init enters it again by path.
+        self.start_cwd = os.getcwd()
 
     def base_env(self) -> dict[str, str]:
         return {**os.environ, **self.env_vars}
@@ -275,6 +279,8 @@ class EnvdApp:
             self.state.access_token = data["accessToken"]
         if isinstance(data.get("defaultWorkdir"), str) and data["defaultWorkdir"]:
             self.state.default_workdir = data["defaultWorkdir"]
+        with contextlib.suppress(OSError):
+            os.chdir(self.state.start_cwd)
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 

@@ -77,5 +77,6 @@ async def open_runtime(
         supervise=supervise,
         stop_pods_on_close=False,
         pod_cidr=(local or LocalRuntimeSettings()).pod_cidr,
+        pools=settings.pool_sizes,
     )
     return await runtime.start()

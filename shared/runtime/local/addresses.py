@@ -51,6 +51,15 @@ class AddressPool:
         except KeyNotFoundError:
             return
 
+    async def transfer(self, address: str, name: str) -> None:
+        """Workload ``name`` holds ``address`` now (a warm pod claimed with its address)."""
+        await self._kv.put(address_key(address), json.dumps({"workload": name}).encode())
+
+    async def release_held(self, address: str, name: str) -> None:
+        """Release ``address`` only while ``name`` holds it (safe to repeat after a crash)."""
+        if await self.holder(address) == name:
+            await self.release(address)
+
     async def release_orphans(self, names: set[str]) -> None:
         """Release addresses held by workloads not in ``names`` (e.g. deleted while down)."""
         for address in await self._candidates():

@@ -23,7 +23,7 @@ import structlog
 
 from shared.errors import RuntimeFailure
 from shared.ports.workloads import ENVD_PORT
-from shared.runtime.local import bwrap, disk, etc, limits, mounts, procfs, userns
+from shared.runtime.local import bwrap, disk, etc, inject, limits, mounts, procfs, userns
 from shared.runtime.local.layers import Layers, Persist
 from shared.runtime.local.records import PodRecord, WorkloadRecord
 from shared.runtime.templates import Template, load_template
@@ -98,6 +98,8 @@ class PodLauncher:
         )
         persist = Persist(template.persist)
         try:
+            if record.pool is not None:  # a warm pod's disk is always fresh
+                await asyncio.to_thread(self.layers.delete, record.name)
             await asyncio.to_thread(pod_dir.mkdir, 0o700)
             await asyncio.to_thread(
                 (pod_dir / _LAYER_NOTE).write_text,
@@ -113,7 +115,12 @@ class PodLauncher:
             )
             root = pod_dir / "root"
             await asyncio.to_thread(_mount_root, self._rootfs, layer, pod_dir, base)
-            volumes = await asyncio.to_thread(self._volumes, template, record, base)
+            # A warm pod gets the sandbox's volumes when it is claimed (see .pools).
+            volumes = (
+                []
+                if record.pool is not None
+                else await asyncio.to_thread(self._volumes, template, record, base)
+            )
             await asyncio.to_thread(
                 etc.write_etc,
                 pod_dir / "etc",
@@ -212,6 +219,57 @@ class PodLauncher:
             os.close(info_r)
             os.close(block_w)
         return process
+
+    def note_layer(self, uid: str, name: str, persist: Persist) -> None:
+        """Pod ``uid`` holds workload ``name``'s layer now (a claimed warm pod, see .pools)."""
+        pod_dir = self.pod_dir(uid)
+        assert pod_dir is not None
+        note = pod_dir / _LAYER_NOTE
+        partial = note.with_suffix(".partial")
+        partial.write_text(json.dumps({"name": name, "persist": persist.value}))
+        os.rename(partial, note)
+
+    def switch_layer(
+        self,
+        uid: str,
+        inner: int,
+        *,
+        pool: str,
+        name: str,
+        old_base: int,
+        new_base: int,
+        disk_bytes: int | None,
+    ) -> None:
+        """Give running pod ``uid`` (a warm pod of ``pool``, PID 1 ``inner``) workload
+        ``name``'s kept layer as its root: the layer's files take the pod's ids, the rootfs
+        goes under it and the pod's processes move onto it (:func:`.inject.switch_root`); the
+        pool's own layer goes. Repeatable after a crash."""
+        pod_dir = self.pod_dir(uid)
+        assert pod_dir is not None
+        mnt = self.layers.open(
+            name, base=old_base, disk_bytes=disk_bytes, persist=Persist.LAYER, holder=uid
+        )
+        self.layers.reown(name, old_base=old_base, new_base=new_base)
+        if not _root_upper_is(inner, mnt / "upper"):
+            root = pod_dir / "root"
+            mounts.unmount(root)
+            mounts.mount_overlay(pod_dir / "lower", mnt / "upper", mnt / "work", root)
+            inject.switch_root(inner, root, owner=new_base)
+        self.note_layer(uid, name, Persist.LAYER)
+        self.layers.delete(pool)
+
+    def held_layer(self, uid: str) -> str | None:
+        """The workload whose layer pod ``uid`` holds, from its note."""
+        pod_dir = self.pod_dir(uid)
+        try:
+            assert pod_dir is not None
+            return str(json.loads((pod_dir / _LAYER_NOTE).read_text())["name"])
+        except (AssertionError, OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def volumes(self, template: Template, record: WorkloadRecord, base: int) -> list[bwrap.Mount]:
+        """The template's volumes for ``record``, made and given to its ids."""
+        return self._volumes(template, record, base)
 
     def _volumes(self, template: Template, record: WorkloadRecord, base: int) -> list[bwrap.Mount]:
         mounts = []
@@ -348,6 +406,17 @@ class PodLauncher:
             "--sudo-socket",
             SUDO_SOCKET,
         ]
+
+
+def _root_upper_is(pid: int, upper: Path) -> bool:
+    """Whether the root of pod process ``pid`` is the overlay over ``upper``."""
+    wanted = f"upperdir={upper},"
+    with open(f"/proc/{pid}/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.split(" ")
+            if len(fields) > 4 and fields[4] == "/" and wanted in line:
+                return True
+    return False
 
 
 def _read_info(fd: int) -> dict[str, object]:

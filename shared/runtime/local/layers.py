@@ -181,6 +181,38 @@ class Layers:
             _run(["cp", "-a", "--", f"{source}/.", str(upper)], "cannot copy the files in")
             shift_ids(upper, base, base=base)
 
+    def hand_over(self, pool: str, name: str) -> None:
+        """A warm pod's fresh layer becomes workload ``name``'s (its pod keeps using it: the
+        mount moves with the folder). Idempotent; ``name`` must have no layer of its own."""
+        old, new = self.folder(pool), self.folder(name)
+        if not old.exists():
+            if new.exists():
+                return  # handed over before
+            msg = f"the layer of {pool} is gone"
+            raise RuntimeFailure(msg)
+        if new.exists():
+            msg = f"{name} has a layer of its own"
+            raise Conflict(msg)
+        os.rename(old, new)
+
+    def reown(self, name: str, *, old_base: int, new_base: int) -> None:
+        """Move the owners of a mounted layer's files from id range ``old_base`` into
+        ``new_base`` (a sandbox resumed into a warm pod takes the pod's ids). Ids outside the
+        old range are left alone, so a repeat after a crash finishes the job."""
+        mnt = self.folder(name) / "mnt"
+
+        def moved(value: int) -> int:
+            inside = old_base <= value < old_base + IDS_PER_SANDBOX
+            return value - old_base + new_base if inside else value
+
+        # Bottom-up: the layer's top folders change last.
+        for folder, dirs, files in os.walk(mnt, topdown=False, followlinks=False):
+            for entry in [*(os.path.join(folder, n) for n in [*dirs, *files]), folder]:
+                st = os.lstat(entry)
+                uid, gid = moved(st.st_uid), moved(st.st_gid)
+                if (uid, gid) != (st.st_uid, st.st_gid):
+                    os.chown(entry, uid, gid, follow_symlinks=False)
+
     def names(self) -> set[str]:
         try:
             return {e.name for e in os.scandir(self.root) if _NAME_RE.fullmatch(e.name)}

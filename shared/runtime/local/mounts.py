@@ -33,12 +33,13 @@ _SYS_MOVE_MOUNT = 429
 _SYS_MOUNT_SETATTR = 442
 _AT_FDCWD = -100
 _AT_EMPTY_PATH = 0x1000
+_AT_RECURSIVE = 0x8000
 _OPEN_TREE_CLONE = 1
 _OPEN_TREE_CLOEXEC = os.O_CLOEXEC
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
-_MOUNT_ATTR_RDONLY = 0x1
-_MOUNT_ATTR_NOSUID = 0x2
-_MOUNT_ATTR_NODEV = 0x4
+MOUNT_ATTR_RDONLY = _MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = _MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = _MOUNT_ATTR_NODEV = 0x4
 _MOUNT_ATTR_IDMAP = 0x100000
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
@@ -144,6 +145,25 @@ def idmapped_clone(source: Path, target: Path, *, userns_fd: int) -> None:
         os.close(fd)
 
 
+def set_attributes(tree_fd: int, flags: int) -> None:
+    """Set ``MOUNT_ATTR_*`` ``flags`` on a detached mount tree (``open_tree``) and its children."""
+    attr = _MountAttr(attr_set=flags)
+    syscall = _libc.syscall
+    syscall.restype = ctypes.c_long
+    if (
+        syscall(
+            _SYS_MOUNT_SETATTR,
+            tree_fd,
+            b"",
+            _AT_EMPTY_PATH | _AT_RECURSIVE,
+            ctypes.byref(attr),
+            ctypes.sizeof(attr),
+        )
+        != 0
+    ):
+        raise _fail("cannot set the attributes of a mount")
+
+
 def check_option_path(path: Path) -> None:
     if _UNSAFE_OPTION_CHARS & set(str(path)):
         msg = f"{str(path)[:200]!r}: the data dir path may not contain ',', ':', '\\' or newlines"
@@ -178,14 +198,14 @@ def is_mounted(target: Path) -> bool:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
                 fields = line.split(" ", 5)
-                if len(fields) > 4 and _unescape(fields[4]) == path:
+                if len(fields) > 4 and unescape(fields[4]) == path:
                     return True
     except OSError:
         return os.path.ismount(target)
     return False
 
 
-def _unescape(field: str) -> str:
+def unescape(field: str) -> str:
     """mountinfo's octal escapes (space, tab, newline, backslash)."""
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 

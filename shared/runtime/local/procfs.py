@@ -182,6 +182,18 @@ def scan_pods(runtime_root: Path) -> list[FoundPod]:
     return [FoundPod(pid=p.pid, uid=p.uid, workload=p.workload) for p in by_uid.values()]
 
 
+def inner_pid(outer: int) -> int | None:
+    """The pod's PID 1 (the inner bwrap, in the pod's namespaces) under outer bwrap ``outer``."""
+    try:  # its direct child, as a rule: no walk over every process
+        children = Path(f"/proc/{outer}/task/{outer}/children").read_text().split()
+    except OSError:
+        children = []
+    for pid in [*map(int, children), *descendants(outer)]:
+        if (_nspids(pid) or [""])[-1] == "1":
+            return pid
+    return None
+
+
 def descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for p in _pids():

@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -24,6 +25,7 @@ from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import PodLauncher
 from shared.runtime.local.network import PodNetwork
 from shared.runtime.local.network.names import pod_net_id
+from shared.runtime.local.pools import Pools, is_pool_name
 from shared.runtime.local.records import PodRecord, WorkloadRecord, WorkloadStore
 from shared.runtime.local.userns import IdRangePool
 
@@ -42,6 +44,9 @@ class Reconciler:
         launcher: PodLauncher,
         network: PodNetwork,
         poll_interval: float,
+        pools: Mapping[str, int] | None = None,
+        template_dirs: list[Path] | None = None,
+        pool_claim_timeout: float = 30.0,
     ) -> None:
         self._store = store
         self._addresses = addresses
@@ -51,7 +56,22 @@ class Reconciler:
         self._poll_interval = poll_interval
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: set[str] = set()
-        self._starting: set[str] = set()  # pod uids spawned but not yet recorded
+        self._starting: dict[str, str] = {}  # pod uids spawned but not yet recorded: workload
+        self.pools = (
+            Pools(
+                sizes=pools,
+                store=store,
+                addresses=addresses,
+                id_ranges=id_ranges,
+                launcher=launcher,
+                network=network,
+                template_dirs=template_dirs or [],
+                kick=self.kick,
+                claim_timeout=pool_claim_timeout,
+            )
+            if pools
+            else None
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
 
@@ -65,6 +85,8 @@ class Reconciler:
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
+        if self.pools is not None:
+            await self.pools.close()
 
     def kick(self, name: str, *, after: float = 0.0) -> None:
         """Schedule one reconcile of ``name`` (coalesced with any already queued)."""
@@ -189,8 +211,14 @@ class Reconciler:
             await asyncio.sleep(self._poll_interval)
             try:
                 await self.reconcile_all(stray_sweep=False)
+                if self.pools is not None:
+                    await self.pools.refill(busy=self._starting_sandbox)
             except Exception:
                 log.exception("runtime.local.monitor_failed")
+
+    def _starting_sandbox(self) -> bool:
+        """Whether a sandbox's (not a pool's) pod is being started here right now."""
+        return any(not is_pool_name(name) for name in self._starting.values())
 
     async def _step(self, name: str) -> bool:
         """One step towards the record's desired state; True when another step is needed."""
@@ -198,6 +226,10 @@ class Reconciler:
         if current is None:
             return False
         record, revision = current
+        if record.pool is not None and record.pool.claimed_by and not record.deleting:
+            if self.pools is not None:
+                await self.pools.claimed_step(record)
+            return False
         if record.terminating:
             for pod in record.terminating:
                 await self._discard(pod)
@@ -214,9 +246,10 @@ class Reconciler:
                 await self._launcher.delete_layer(name)  # kept files go with the sandbox
                 with contextlib.suppress(Conflict):
                     await self._store.remove(name, last=revision)
-                    await self._addresses.release(record.address)
+                    # Only while still its own: a claimed warm pod's went to the claimer.
+                    await self._addresses.release_held(record.address, name)
                     if record.id_base is not None:
-                        await self._id_ranges.release(record.id_base)
+                        await self._id_ranges.release_held(record.id_base, name)
                     log.info("runtime.local.deleted", workload=name)
                     return False
                 return True
@@ -229,6 +262,12 @@ class Reconciler:
             return False
         if record.pod is not None:
             if procfs.is_pod_alive(record.pod.pid, record.pod.uid, record.pod.start_ticks):
+                claim = record.pod.claim
+                if claim is not None and not claim.bound and self.pools is not None:
+                    wait = await self.pools.finish(record, revision)
+                    if wait is None:
+                        return True
+                    self.kick(name, after=wait)
                 return False
             await self._pod_died(record)
             return True
@@ -236,6 +275,8 @@ class Reconciler:
         if wait > 0:
             self.kick(name, after=wait)
             return False
+        if self.pools is not None and await self.pools.claim(record):
+            return True  # a warm pod: the next step binds it
         await self._start_pod(record)
         return False
 
@@ -276,7 +317,7 @@ class Reconciler:
             if fresh is None or not _wants_pod(fresh[0]) or fresh[0].address != record.address:
                 return
             record = fresh[0]
-            self._starting.add(uid)
+            self._starting[uid] = record.name
             try:
                 try:
                     await self._network.setup(net_id, record.address, record.network)
@@ -297,7 +338,7 @@ class Reconciler:
 
                 current, _ = await self._store.mutate(record.name, change)
             finally:
-                self._starting.discard(uid)
+                self._starting.pop(uid, None)
         if current.pod is None or current.pod.uid != uid:  # scaled to 0 or deleted meanwhile
             await self._discard(pod)
             return
@@ -363,6 +404,11 @@ class Reconciler:
 def _needs_work(record: WorkloadRecord) -> bool:
     if record.terminating or record.deleting:
         return True
+    if record.pool is not None and record.pool.claimed_by:
+        return True  # a claim to finish, or an abandoned one to clean up
+    claim = record.pod.claim if record.pod is not None else None
+    if claim is not None and not claim.bound:
+        return claim.lease_until <= time.time()  # else its binder is at it
     if record.replicas == 0:
         return record.pod is not None
     if record.pod is None:

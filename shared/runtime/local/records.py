@@ -32,6 +32,32 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class Claim(_Frozen):
+    """A warm pod taken from a pool (see .pools): where it came from and how far its binding to
+    the sandbox got. The pod serves nothing of the sandbox before ``bound``."""
+
+    pool: str  # the pool workload the pod was started for
+    secret: str  # that pool pod's one-time daemon token, replaced by the sandbox's at binding
+    old_address: str | None = None  # the sandbox's own before the claim: released at binding
+    old_id_base: int | None = None
+    # The sandbox had no kept layer at claim: it takes the pod's fresh one (else the pod's root
+    # becomes its kept layer).
+    fresh: bool = True
+    # Who binds it, until when: one runtime at a time; another takes over after the lease (its
+    # binder died). Binding is repeatable, so a takeover finishes the job.
+    binder: str = ""
+    lease_until: float = 0.0
+    bound: bool = False
+
+
+class Pool(_Frozen):
+    """On a pool workload (a warm pod of ``template`` waiting for a sandbox)."""
+
+    template: str
+    claimed_by: str | None = None  # the sandbox whose claim took the pod (a CAS: one winner)
+    claimed_at: float = 0.0  # wall clock
+
+
 class PodRecord(_Frozen):
     """One started pod: the outer bwrap process and its private workspace."""
 
@@ -42,6 +68,7 @@ class PodRecord(_Frozen):
     ready: bool = False  # the daemon answered /health once
     start_ticks: int | None = None  # the outer bwrap's start time: with pid, its identity
     address: str | None = None  # its address in the pod network (None: older records)
+    claim: Claim | None = None  # a warm pod from a pool (None: started for this workload)
 
 
 class WorkloadRecord(_Frozen):
@@ -62,6 +89,7 @@ class WorkloadRecord(_Frozen):
     restarts: int = 0  # crashes since the last scale to 1 (drives the restart back-off)
     not_before: float = 0.0  # wall clock: no restart before this (crash back-off)
     deleting: bool = False
+    pool: Pool | None = None  # a pool workload: its pod waits, warm, for a sandbox to claim it
 
 
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-revision check

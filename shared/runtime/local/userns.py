@@ -68,6 +68,15 @@ class IdRangePool:
         with contextlib.suppress(KeyNotFoundError):
             await self._kv.purge(range_key(base))
 
+    async def transfer(self, base: int, name: str) -> None:
+        """Workload ``name`` holds range ``base`` now (a warm pod claimed with its ids)."""
+        await self._kv.put(range_key(base), json.dumps({"workload": name}).encode())
+
+    async def release_held(self, base: int, name: str) -> None:
+        """Release range ``base`` only while ``name`` holds it (safe to repeat)."""
+        if await self.holder(base) == name:
+            await self.release(base)
+
     async def holder(self, base: int) -> str | None:
         return await reservation_holder(self._kv, range_key(base))
 

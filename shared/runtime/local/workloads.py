@@ -65,6 +65,7 @@ from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import STAGE_DIR, PodLauncher
 from shared.runtime.local.layers import Layers
 from shared.runtime.local.network import PodNetwork
+from shared.runtime.local.pools import is_pool_name
 from shared.runtime.local.reconciler import Reconciler
 from shared.runtime.local.records import WorkloadRecord, WorkloadStore
 from shared.runtime.local.userns import IdRangePool
@@ -97,6 +98,8 @@ class LocalRuntime:
         pod_cidr: str = "auto",
         poll_interval: float = 1.0,
         rootfs: Path | None = None,
+        pools: Mapping[str, int] | None = None,
+        pool_claim_timeout: float = 30.0,
     ) -> None:
         self._nats_url = nats_url
         self._nats_options = dict(nats_options or {})  # credentials, inbox prefix
@@ -111,6 +114,9 @@ class LocalRuntime:
         self._network = PodNetwork(self._data_dir, pod_cidr=pod_cidr)  # ConfigError if bad
         self._poll_interval = poll_interval
         self._rootfs = rootfs
+        # Warm pods per template (see .pools), kept by a supervising runtime.
+        self._pools = {t: n for t, n in (pools or {}).items() if n > 0} if supervise else {}
+        self._pool_claim_timeout = pool_claim_timeout
         self._nc: Client | None = None
         self._store_: WorkloadStore | None = None
         self._addresses_: AddressPool | None = None
@@ -161,6 +167,9 @@ class LocalRuntime:
             launcher=self._launcher,
             network=self._network,
             poll_interval=self._poll_interval,
+            pools=self._pools,
+            template_dirs=self._template_dirs,
+            pool_claim_timeout=self._pool_claim_timeout,
         )
         if self._supervise:
             await self._reconciler_.reconcile_all(stray_sweep=True)
@@ -231,8 +240,8 @@ class LocalRuntime:
     async def create(self, spec: WorkloadSpec) -> Workload:
         # The name becomes a KV key, a hostname, a log file name and a bwrap argument: a DNS
         # label (as Kubernetes requires too), checked before anything else.
-        if not _NAME_RE.fullmatch(spec.name):
-            msg = f"invalid workload name {spec.name[:80]!r}: must be a DNS label"
+        if not _NAME_RE.fullmatch(spec.name) or is_pool_name(spec.name):
+            msg = f"invalid workload name {spec.name[:80]!r}: must be a DNS label, not pool-*"
             raise RuntimeFailure(msg)
         # An unknown template is NotFound now, not a pod that never starts.
         await asyncio.to_thread(load_template, spec.template, self._template_dirs)
@@ -360,6 +369,13 @@ class LocalRuntime:
                     raise NotFound(msg)
                 record, _ = current
                 pod = record.pod
+                if pod is not None and pod.claim is not None:
+                    # A warm pod: ready once bound to this workload (see .pools).
+                    if pod.claim.bound and pod.ready:
+                        return Endpoint(
+                            host=record.address, port=ENVD_PORT, pod_uid=pod.uid, warm=True
+                        )
+                    pod = None
                 # The daemon binds before importing its app: one patient probe is the fastest.
                 patience = max(0.05, min(deadline - time.monotonic(), 5.0))
                 if pod is not None and await self._healthy(client, record.address, patience):
@@ -410,10 +426,31 @@ class LocalRuntime:
             if current is None or current[0].deleting:
                 continue
             record, revision = current
+            if record.pool is not None:  # a warm pod waiting for a sandbox: nobody's workload
+                continue
             if labels and any(record.labels.get(k) != v for k, v in labels.items()):
                 continue
             out.append(self._view(record, revision))
         return out
+
+    async def warm_pods(self, template: str) -> int:
+        """Pods of ``template``'s pool ready to be claimed now (tests, benchmarks, status)."""
+        count = 0
+        for name in await self._store.names():
+            current = await self._store.get(name) if is_pool_name(name) else None
+            if current is None:
+                continue
+            record = current[0]
+            if (
+                record.pool is not None
+                and record.template == template
+                and record.pool.claimed_by is None
+                and not record.deleting
+                and record.pod is not None
+                and record.pod.ready
+            ):
+                count += 1
+        return count
 
     # ---- kept files (the snapshot code's port; see .layers) ------------------------------
 
