@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -52,6 +53,11 @@ def make_broker(settings: BusSettings, *, service: str, **kwargs: Any) -> NatsBr
         inbox_prefix=f"_INBOX_{service}",
         ack_policy=AckPolicy.NACK_ON_ERROR,
         middlewares=[LogContextMiddleware, RetryDlqMiddleware],
+        # FastStream's own access logger prints every message ("Received", "Processed") to
+        # stdout in its own colour format, past our JSON renderer and redaction. Route its lines
+        # through ours, and its per-message lines at DEBUG: they cost CPU on every message.
+        logger=logging.getLogger("torpor.bus"),
+        log_level=logging.DEBUG,
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
         graceful_timeout=20,
