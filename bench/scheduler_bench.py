@@ -79,7 +79,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     n = args.sandboxes
     tmp = Path(tempfile.mkdtemp(prefix="sched-bench-"))
     server = EmbeddedNats(data_dir=tmp / "nats").start()
-    proc: subprocess.Popen[bytes] | None = None
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         nc = await nats.connect(server.url, max_reconnect_attempts=-1)
         js = nc.jetstream(timeout=30)
@@ -141,16 +141,19 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         }
         log = open(tmp / "scheduler.log", "wb")  # noqa: SIM115
         t_arm = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.scheduler.main"],
-            env=env,
-            stdout=log,
-            stderr=log,
-            cwd=ROOT,
-        )
+        for i in range(args.replicas):  # replicas share the durables (one work queue)
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "services.scheduler.main"],
+                    env={**env, "TORPOR_HEALTH_PORT": str(port if i == 0 else free_port())},
+                    stdout=log,
+                    stderr=log,
+                    cwd=ROOT,
+                )
+            )
         await asyncio.sleep(1)
         while not await consumer_idle(js, SCHEDULER_LIFECYCLE.stream, SCHEDULER_LIFECYCLE.name):
-            if proc.poll() is not None:
+            if any(p.poll() is not None for p in procs):
                 raise RuntimeError("scheduler died; see " + str(tmp / "scheduler.log"))
             await asyncio.sleep(0.5)
         arm_s = time.monotonic() - t_arm
@@ -160,28 +163,29 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 
         # 3. idle window (must end before the first deadline)
         idle_window = max(0.0, min(args.idle_window, slack - 1))
-        rss_idle = mem_kib(proc.pid, "VmRSS")
-        c0 = cpu_seconds(proc.pid)
+        rss_idle = sum(mem_kib(p.pid, "VmRSS") for p in procs)
+        c0 = sum(cpu_seconds(p.pid) for p in procs)
         await asyncio.sleep(idle_window)
-        idle_cpu = (cpu_seconds(proc.pid) - c0) / idle_window if idle_window else float("nan")
+        c1 = sum(cpu_seconds(p.pid) for p in procs)
+        idle_cpu = (c1 - c0) / idle_window if idle_window else float("nan")
         print(
             f"idle: {idle_window:.1f}s window, cpu {100 * idle_cpu:.2f}%, rss {rss_idle} KiB",
             flush=True,
         )
 
         # 4. fire: wait for the last deadline, then for the fired consumer to drain.
-        c_fire = cpu_seconds(proc.pid)
+        c_fire = sum(cpu_seconds(p.pid) for p in procs)
         t_fire = time.monotonic()
         last = max(deadlines.values())
         while datetime.now(UTC) < last + timedelta(seconds=1) or not await consumer_idle(
             js, SCHEDULER_FIRED.stream, SCHEDULER_FIRED.name
         ):
-            if proc.poll() is not None:
+            if any(p.poll() is not None for p in procs):
                 raise RuntimeError("scheduler died; see " + str(tmp / "scheduler.log"))
             await asyncio.sleep(1)
-        fire_cpu_s = cpu_seconds(proc.pid) - c_fire
+        fire_cpu_s = sum(cpu_seconds(p.pid) for p in procs) - c_fire
         fire_wall = time.monotonic() - t_fire
-        rss_peak = mem_kib(proc.pid, "VmHWM")
+        rss_peak = sum(mem_kib(p.pid, "VmHWM") for p in procs)
 
         lateness: list[float] = []
         seen: set[str] = set()
@@ -202,13 +206,16 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                 await asyncio.gather(*(m.ack() for m in msgs))
         await nc.close()
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            proc.wait(30)
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            p.wait(30)
         server.stop()
 
     return {
         "sandboxes": n,
+        "replicas": args.replicas,
         "spread_s": [args.spread_min, args.spread_max],
         "load_s": round(load_s, 1),
         "arm_s": round(arm_s, 1),
@@ -243,6 +250,7 @@ def main() -> None:
         "--margin", type=float, default=None, help="s from load to the spread start"
     )
     parser.add_argument("--idle-window", type=float, default=10.0)
+    parser.add_argument("--replicas", type=int, default=1, help="scheduler processes")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scheduler.json")
     args = parser.parse_args()
     if args.margin is None:
