@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from shared.bus.server import free_port
-from tests.dashboard.upstack import REPO, TORPOR, Up, clean_env
+from tests.support.env import REPO, TORPOR, cli_env
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +54,8 @@ def _in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedPro
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
-def as_user(up: Up, user: str, **extra: str) -> dict[str, str]:
-    return clean_env(E2B_API_URL=up.api_url, E2B_API_KEY=up.keys[user], **extra)
+def as_user(up: Stack, user: str, **extra: str) -> dict[str, str]:
+    return cli_env(E2B_API_URL=up.api_url, E2B_API_KEY=up.keys[user], **extra)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -75,7 +76,7 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def test_full_lifecycle_through_the_cli(up: Up, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_full_lifecycle_through_the_cli(up: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     env = as_user(up, "alice")
     name = _name("cli")
 
@@ -135,7 +136,7 @@ def test_full_lifecycle_through_the_cli(up: Up, monkeypatch: pytest.MonkeyPatch)
     assert after[-1] == "killed"
 
 
-def test_pausing_twice_is_one_line_and_exit_1(up: Up) -> None:
+def test_pausing_twice_is_one_line_and_exit_1(up: Stack) -> None:
     env = as_user(up, "bob")
     name = _name("twice")
     ok(run("create", "--name", name, env=env))
@@ -149,9 +150,9 @@ def test_pausing_twice_is_one_line_and_exit_1(up: Up) -> None:
         run("kill", name, env=env)
 
 
-def test_wrong_key_is_one_readable_line_and_exit_1(up: Up) -> None:
+def test_wrong_key_is_one_readable_line_and_exit_1(up: Stack) -> None:
     secret = "torpor_" + "0" * 48
-    env = clean_env(E2B_API_URL=up.api_url, E2B_API_KEY=secret)
+    env = cli_env(E2B_API_URL=up.api_url, E2B_API_KEY=secret)
     for args in (("list",), ("get", "whatever"), ("create",), ("logs", "whatever")):
         result = run(*args, env=env, real=args == ("list",))
         line = one_error_line(result)
@@ -161,7 +162,7 @@ def test_wrong_key_is_one_readable_line_and_exit_1(up: Up) -> None:
     assert ok(run("list", "--api-key", up.keys["bob"], env=env)) is not None
 
 
-def test_unknown_sandbox_is_one_readable_line_and_exit_1(up: Up) -> None:
+def test_unknown_sandbox_is_one_readable_line_and_exit_1(up: Stack) -> None:
     env = as_user(up, "alice")
     for command in ("get", "pause", "resume", "kill", "logs"):
         line = one_error_line(run(command, "no-such-sandbox", env=env, real=command == "get"))
@@ -179,13 +180,13 @@ def test_unknown_sandbox_is_one_readable_line_and_exit_1(up: Up) -> None:
     assert "not a sandbox name" in one_error_line(run("get", "Bad_Name", env=env))
 
 
-def test_falls_back_to_the_running_instance_like_torpor_env(up: Up) -> None:
-    local = clean_env(TORPOR_DATA_DIR=str(up.data_dir))
+def test_falls_back_to_the_running_instance_like_torpor_env(up: Stack) -> None:
+    local = cli_env(TORPOR_DATA_DIR=str(up.data_dir))
     assert ok(run("list", "--json", env=local)).strip().startswith("[")
-    assert ok(run("list", "--json", "--data-dir", str(up.data_dir), env=clean_env()))
+    assert ok(run("list", "--json", "--data-dir", str(up.data_dir), env=cli_env()))
 
     # TORPOR_API_* wins over E2B_API_*.
-    both = clean_env(
+    both = cli_env(
         TORPOR_API_URL=up.api_url,
         TORPOR_API_KEY=up.keys["bob"],
         E2B_API_URL="http://127.0.0.1:1",
@@ -200,19 +201,19 @@ def test_falls_back_to_the_running_instance_like_torpor_env(up: Up) -> None:
         f"http://127.0.0.1:{free_port()}",
         "--data-dir",
         str(up.data_dir),
-        env=clean_env(),
+        env=cli_env(),
     )
     assert elsewhere.returncode == 2
     assert "no API key" in elsewhere.stderr
 
     unreachable = run(
-        "list", "--url", f"http://127.0.0.1:{free_port()}", "--api-key", "x", env=clean_env()
+        "list", "--url", f"http://127.0.0.1:{free_port()}", "--api-key", "x", env=cli_env()
     )
     assert "cannot reach the torpor API" in one_error_line(unreachable)
 
 
 def test_nothing_to_talk_to_is_a_config_error(tmp_path: Any) -> None:
-    result = run("list", "--data-dir", str(tmp_path), env=clean_env(), real=True)
+    result = run("list", "--data-dir", str(tmp_path), env=cli_env(), real=True)
     assert result.returncode == 2
     assert "start 'torpor up'" in result.stderr
     assert "Traceback" not in result.stderr

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import skip_or_fail
-from tests.dashboard.upstack import REPO, Up
+from tests.support.env import REPO
+from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -50,7 +51,7 @@ def browser() -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def _page(browser: Any, up: Up) -> Iterator[Any]:
+def _page(browser: Any, up: Stack) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(60_000)
@@ -78,7 +79,7 @@ def _wait_state(page: Any, name: str, state: str, timeout: float = 60_000) -> No
     page.wait_for_selector(f"{_row(page, name)}[data-state='{state}']", timeout=timeout)
 
 
-def _api(up: Up, user: str, method: str, path: str, **kwargs: Any) -> Any:
+def _api(up: Stack, user: str, method: str, path: str, **kwargs: Any) -> Any:
     with up.client(user) as c:
         r = c.request(method, path, **kwargs)
     assert r.status_code < 300, r.text
@@ -86,7 +87,7 @@ def _api(up: Up, user: str, method: str, path: str, **kwargs: Any) -> Any:
 
 
 def test_sign_in_pause_resume_and_expiry_in_chromium(
-    up: Up, browser: Any, monkeypatch: pytest.MonkeyPatch
+    up: Stack, browser: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from e2b import Sandbox
 

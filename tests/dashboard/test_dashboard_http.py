@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.dashboard.upstack import Up
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -25,14 +25,14 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def _create(up: Up, user: str, name: str, **extra: Any) -> dict[str, Any]:
+def _create(up: Stack, user: str, name: str, **extra: Any) -> dict[str, Any]:
     with up.client(user) as c:
         r = c.post("/api/v1/sandbox", json={"name": name, "timeout": 600, **extra})
     assert r.status_code == 201, r.text
     return r.json()
 
 
-def _kill(up: Up, user: str, name: str) -> None:
+def _kill(up: Stack, user: str, name: str) -> None:
     with up.client(user) as c:
         c.delete(f"/api/v1/sandbox/{name}")
 
@@ -55,7 +55,7 @@ def _login_csrf(c: httpx.Client) -> dict[str, str]:
     return {"X-CSRF-Token": c.get("/dashboard/api/csrf").json()["csrfToken"]}
 
 
-def _login(up: Up, user: str) -> _Session:
+def _login(up: Stack, user: str) -> _Session:
     c = _Session(base_url=up.api_url, timeout=90)
     r = c.post("/dashboard/login", json={"apiKey": up.keys[user]}, headers=_login_csrf(c))
     assert r.status_code == 200, r.text
@@ -63,7 +63,7 @@ def _login(up: Up, user: str) -> _Session:
     return c
 
 
-def test_page_is_served_with_a_strict_content_security_policy(up: Up) -> None:
+def test_page_is_served_with_a_strict_content_security_policy(up: Stack) -> None:
     page = httpx.get(f"{up.api_url}/dashboard")
     assert page.status_code == 200
     assert "<title>torpor" in page.text
@@ -77,7 +77,7 @@ def test_page_is_served_with_a_strict_content_security_policy(up: Up) -> None:
     assert httpx.get(f"{up.api_url}/dashboard/static/../app.py").status_code == 404
 
 
-def test_login_sets_an_httponly_cookie_and_never_logs_the_key(up: Up) -> None:
+def test_login_sets_an_httponly_cookie_and_never_logs_the_key(up: Stack) -> None:
     with httpx.Client(base_url=up.api_url) as c:
         bad = c.post("/dashboard/login", json={"apiKey": "e2b_wrong"}, headers=_login_csrf(c))
         assert bad.status_code == 401
@@ -109,7 +109,7 @@ def test_login_sets_an_httponly_cookie_and_never_logs_the_key(up: Up) -> None:
         assert secret not in logs
 
 
-def test_each_user_sees_only_their_own_and_admins_see_everyone(up: Up) -> None:
+def test_each_user_sees_only_their_own_and_admins_see_everyone(up: Stack) -> None:
     mine = _name("scope")
     _create(up, "alice", mine)
     try:
@@ -135,7 +135,7 @@ def test_each_user_sees_only_their_own_and_admins_see_everyone(up: Up) -> None:
         _kill(up, "alice", mine)
 
 
-def test_pause_shows_the_decoded_snapshot_and_writes_need_the_dashboard_header(up: Up) -> None:
+def test_pause_shows_the_decoded_snapshot_and_writes_need_the_dashboard_header(up: Stack) -> None:
     name = _name("snap")
     created = _create(up, "alice", name)
     assert created["state"] == "running"
@@ -171,7 +171,7 @@ def test_pause_shows_the_decoded_snapshot_and_writes_need_the_dashboard_header(u
         _kill(up, "alice", name)
 
 
-def test_native_events_endpoint_for_the_cli(up: Up) -> None:
+def test_native_events_endpoint_for_the_cli(up: Stack) -> None:
     name = _name("logs")
     sandbox_id = _create(up, "bob", name)["sandboxId"]
     _kill(up, "bob", name)
@@ -258,7 +258,7 @@ def _until(events: queue.Queue, predicate: Any, timeout: float = 30) -> list[dic
     raise AssertionError(f"event not seen within {timeout}s; saw {seen}")
 
 
-def test_live_events_reach_only_the_owner_and_admins(up: Up) -> None:
+def test_live_events_reach_only_the_owner_and_admins(up: Stack) -> None:
     hers, his = _name("live-a"), _name("live-b")
     with (
         _sse(_login(up, "alice")) as alice_events,
@@ -285,7 +285,7 @@ def test_live_events_reach_only_the_owner_and_admins(up: Up) -> None:
         assert killed[-1]["data"]["type"] == "sandbox.evt.killed"
 
 
-def test_admin_sees_users_with_their_pause_resume_status(up: Up) -> None:
+def test_admin_sees_users_with_their_pause_resume_status(up: Stack) -> None:
     with _login(up, "alice") as alice:
         assert alice.get("/dashboard/api/users").status_code == 403
     with _login(up, "root") as root:

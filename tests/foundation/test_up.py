@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import signal
 import subprocess
 import threading
@@ -21,7 +20,7 @@ from shared.auth.keys import KvApiKeys, KvUsers
 from shared.bus.kv import NatsBucket
 from shared.bus.server import free_port
 from shared.bus.topology import KV_API_KEYS, KV_USERS
-from tests.support.env import TORPOR, clean_env, torpor
+from tests.support.env import TORPOR, clean_env, parse_exports, torpor
 from tests.support.pods import processes_mentioning, service_pids
 from tests.support.stack import up_args
 
@@ -79,21 +78,12 @@ def up(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Up]:
             os.kill(pid, signal.SIGKILL)
 
 
-def _exports(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        assert line.startswith("export "), line
-        key, _, value = line.removeprefix("export ").partition("=")
-        out[key] = shlex.split(value)[0]
-    return out
-
-
 async def test_up_env_restart_and_clean_sigterm(up: Up) -> None:
     up.wait_all_up()
 
     env = torpor("env", "--data-dir", str(up.data_dir))
     assert env.returncode == 0, env.stderr
-    exports = _exports(env.stdout)
+    exports = parse_exports(env.stdout)
     assert exports["E2B_API_URL"] == f"http://127.0.0.1:{up.api_port}"
     assert exports["E2B_SANDBOX_URL"] == f"http://127.0.0.1:{up.proxy_port}"
     # The exported NATS works (as the operator) and the exported key is a real admin key.

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import skip_or_fail
-from tests.dashboard.upstack import Up, need_up, torpor_up
 from tests.security.embedded import EmbeddedBus, placeholder_up
 from tests.security.network_support import outside_host
+from tests.support.fixtures import need_bwrap
+from tests.support.stack import Stack
 
 __all__ = ["outside_host"]  # the pod network tests' fixture
 
@@ -25,10 +25,9 @@ def placeholder_bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedd
 
 
 @pytest.fixture(scope="session")
-def full_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+def full_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A complete ``torpor up`` (local runtime: bubblewrap), logging as a user's would
     (console format, whose default tracebacks used to print every frame's locals)."""
-    if reason := need_up():
-        skip_or_fail(reason)
-    with torpor_up(tmp_path_factory.mktemp("secrets"), TORPOR_LOG_FORMAT="console") as running:
-        yield running
+    need_bwrap()
+    with Stack.up(tmp_path_factory.mktemp("secrets"), TORPOR_LOG_FORMAT="console").running() as up:
+        yield up

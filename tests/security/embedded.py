@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,7 +14,9 @@ from pathlib import Path
 
 from services.cli import catalog
 from shared.bus.server import free_port
-from tests.dashboard.upstack import REPO, TORPOR, clean_env
+from tests.support import pods, processes
+from tests.support.env import cli_env
+from tests.support.stack import up_args
 
 
 @dataclass
@@ -46,16 +47,10 @@ def placeholder_up(root: Path, *, timeout: float = 90) -> Iterator[EmbeddedBus]:
     """``torpor up`` with every service an idle placeholder: each connects as its own user but
     binds no durable, so a test can use the service users itself without competing."""
     data_dir = root / "data"
-    root.mkdir(parents=True, exist_ok=True)
-    out = (root / "up.log").open("wb")
-    ports = ["--nats-port", "0", "--api-port", str(free_port()), "--proxy-port", str(free_port())]
-    proc = subprocess.Popen(
-        [*TORPOR, "up", "--data-dir", str(data_dir), *ports],
-        cwd=REPO,
-        env=clean_env(TORPOR_PLACEHOLDERS=",".join(catalog.NAMES), TORPOR_STOP_GRACE="5"),
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    proc = processes.spawn(
+        up_args(data_dir, free_port(), free_port()),
+        env=cli_env(TORPOR_PLACEHOLDERS=",".join(catalog.NAMES), TORPOR_STOP_GRACE="5"),
+        log=root / "up.log",
     )
     try:
         deadline = time.monotonic() + timeout
@@ -72,35 +67,12 @@ def placeholder_up(root: Path, *, timeout: float = 90) -> Iterator[EmbeddedBus]:
             time.sleep(0.3)
         yield EmbeddedBus.of(data_dir)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        out.close()
+        processes.stop([proc], sig=signal.SIGINT, grace=30, group=False)
 
 
 def service_pids(data_dir: Path) -> dict[str, int]:
     """The supervised service processes of one instance (``... -m services.cli run <name>``)."""
-    found: dict[str, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if f"TORPOR_DATA_DIR={data_dir}".encode() not in environ.split(b"\0"):
-            continue
-        if b"run" in argv and argv.index(b"run") + 1 < len(argv):
-            name = argv[argv.index(b"run") + 1].decode()
-            if name in catalog.NAMES:
-                found[name] = int(entry.name)
-    return found
+    return pods.service_pids(data_dir, catalog.NAMES)
 
 
 def environ_of(pid: int) -> dict[str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shlex
 import signal
 import subprocess
 import time
@@ -18,7 +17,6 @@ import pytest
 
 from shared.bus import topology as t
 from shared.bus.server import EmbeddedNats, free_port
-from tests.dashboard.upstack import REPO, TORPOR, clean_env
 from tests.deploy import test_nats_auth as deploy
 from tests.deploy.nats_auth import NATS_DIR, connect
 from tests.security.embedded import (
@@ -28,6 +26,7 @@ from tests.security.embedded import (
     nats_server_pid,
     service_pids,
 )
+from tests.support.env import REPO, TORPOR, cli_env, parse_exports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -151,21 +150,12 @@ async def test_platform_cannot_do_anything_else(placeholder_bus: EmbeddedBus) ->
 # ------------------------------------------------------------------ the CLI's credentials
 
 
-def _exports(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        assert line.startswith("export "), line
-        key, _, value = line.removeprefix("export ").partition("=")
-        out[key] = shlex.split(value)[0]
-    return out
-
-
 def _torpor(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*TORPOR, *args],
         capture_output=True,
         text=True,
-        env=clean_env(),
+        env=cli_env(),
         cwd=REPO,
         timeout=60,
         check=False,
@@ -178,7 +168,7 @@ async def test_torpor_env_exports_the_operator_or_the_platform_user(
     data = str(placeholder_bus.data_dir)
     out = _torpor("env", "--data-dir", data)
     assert out.returncode == 0, out.stderr
-    operator = _exports(out.stdout)
+    operator = parse_exports(out.stdout)
     assert operator["NATS_USER"] == "admin"
     assert operator["NATS_URL"] == placeholder_bus.anonymous_url  # no password in the URL
     nc = await nats.connect(
@@ -192,7 +182,7 @@ async def test_torpor_env_exports_the_operator_or_the_platform_user(
 
     out = _torpor("env", "--data-dir", data, "--nats-user", "platform")
     assert out.returncode == 0, out.stderr
-    platform = _exports(out.stdout)
+    platform = parse_exports(out.stdout)
     assert platform["NATS_USER"] == "platform"
     assert "E2B_API_KEY" not in platform
     assert platform["NATS_PASSWORD"] == placeholder_bus.passwords["platform"]
@@ -223,7 +213,7 @@ def _run_placeholder(nats_url: str, **extra: str) -> str:
     proc = subprocess.Popen(
         [*TORPOR, "run", "scheduler"],
         cwd=REPO,
-        env=clean_env(
+        env=cli_env(
             NATS_URL=nats_url,
             TORPOR_PLACEHOLDERS="scheduler",
             TORPOR_HEALTH_PORT=str(free_port()),

@@ -12,7 +12,7 @@ from shared.bus.broker import connect_options, redact_url
 from shared.bus.credentials import load_or_create, read, server_env
 from shared.errors import ConfigError
 from shared.settings import BusSettings, load
-from tests.dashboard.upstack import REPO, TORPOR, clean_env
+from tests.support.env import REPO, TORPOR, cli_env
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_cli_refuses_half_credentials_without_echoing_them() -> None:
         [*TORPOR, "keys", "list", "--nats-url", "nats://127.0.0.1:1"],
         capture_output=True,
         text=True,
-        env=clean_env(NATS_PASSWORD="pw-half-secret"),
+        env=cli_env(NATS_PASSWORD="pw-half-secret"),
         cwd=REPO,
         timeout=60,
         check=False,

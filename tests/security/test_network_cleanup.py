@@ -20,8 +20,9 @@ from e2b import Sandbox
 from shared.models.network import NetworkPolicy
 from shared.runtime.local import LocalRuntime, procfs
 from shared.runtime.local.network import PodNetwork
-from tests.dashboard.upstack import torpor_up
 from tests.security.network_support import leftovers, require_root_network, sh
+from tests.support.pods import processes_mentioning
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 OWNER = Path(__file__).resolve().parents[1] / "runtime_local" / "owner_process.py"
@@ -93,58 +94,40 @@ async def test_restart_after_kill9_removes_only_its_own_leftovers(
     assert leftovers(tmp_path / "other") == []
 
 
-def _sandbox(up_env: dict[str, str]) -> Sandbox:
-    return Sandbox.create(template="sandbox-base", timeout=300, **_opts(up_env))
+def _sandbox(up: Stack) -> Sandbox:
+    return Sandbox.create(template="sandbox-base", timeout=300, **up.sdk_opts("alice"))
 
 
 def _instance_processes(data_dir: Path) -> list[int]:
     """`torpor up`, its services and its pods: every process that names the data dir."""
-    marker = str(data_dir).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if marker in blob:
-            found.append(int(entry.name))
-    return found
+    return processes_mentioning(str(data_dir), zombies=True)
 
 
 @pytest.mark.timeout(900)  # two whole instances one after the other; slow on a loaded machine
 def test_torpor_up_restarted_after_kill9_then_stopped_leaves_nothing(tmp_path: Path) -> None:
     require_root_network()
     data_dir = tmp_path / "data"
-    with torpor_up(tmp_path / "first") as first:
+    with Stack.up(tmp_path / "first").running() as first:
         data_dir = first.data_dir
-        sbx = _sandbox(first.sdk_env("alice"))
+        sbx = _sandbox(first)
         assert sbx.commands.run("echo hi").stdout == "hi\n"
         # Crash: SIGKILL `torpor up`, its services and its pods at once.
         for pid in _instance_processes(data_dir):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        first.proc.wait(10)
+        first.procs["up"].wait(10)
         wait_no_pods(data_dir)
         crashed = [n for n in leftovers(data_dir) if not n.startswith("table")]
         assert crashed  # a crash leaves the pod's namespace and link behind ...
-        with torpor_up(tmp_path / "second", data_dir=data_dir) as second:
+        with Stack.up(tmp_path / "second", data_dir=data_dir).running() as second:
             # ... which the restarted instance removes (its pods get fresh ones).
-            again = Sandbox.connect(sbx.sandbox_id, **_opts(second.sdk_env("alice")))
+            again = Sandbox.connect(sbx.sandbox_id, **second.sdk_opts("alice"))
             assert again.commands.run("echo again").stdout == "again\n"
             assert not set(crashed) & set(leftovers(data_dir))
-            second.proc.send_signal(signal.SIGINT)
-            assert second.proc.wait(60) == 0
+            second.procs["up"].send_signal(signal.SIGINT)
+            assert second.procs["up"].wait(60) == 0
             # A clean stop leaves nothing: no link, namespace, table, mount, pod or process.
             assert leftovers(data_dir) == [], "torpor up left network objects behind"
             assert procfs.scan_pods(data_dir) == []
             assert _instance_processes(data_dir) == []
 
-
-def _opts(env: dict[str, str]) -> dict[str, str]:
-    return {
-        "api_key": env["E2B_API_KEY"],
-        "api_url": env["E2B_API_URL"],
-        "sandbox_url": env["E2B_SANDBOX_URL"],
-    }

@@ -23,9 +23,9 @@ from e2b import Sandbox
 from shared.auth.traffic import traffic_token
 from shared.bus import subjects as s
 from shared.bus import topology as t
-from tests.dashboard.upstack import Up
 from tests.deploy.nats_auth import Errors
 from tests.security.embedded import EmbeddedBus
+from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -59,8 +59,8 @@ async def sniff(bus: EmbeddedBus, user: str, *subjects: str) -> AsyncIterator[Sn
         await nc.drain()
 
 
-def sdk(up: Up, user: str = "alice") -> dict[str, object]:
-    return {"api_key": up.keys[user], "api_url": up.api_url, "sandbox_url": up.proxy_url}
+def sdk(up: Stack, user: str = "alice") -> dict[str, object]:
+    return up.sdk_opts(user)
 
 
 @dataclass
@@ -81,7 +81,7 @@ class Secrets:
         return {k: v for k, v in found.items() if v}
 
 
-def lifecycle_through_the_sdk(up: Up, secrets: Secrets) -> None:
+def lifecycle_through_the_sdk(up: Stack, secrets: Secrets) -> None:
     sbx = Sandbox.create(
         template="sandbox-base",
         timeout=300,
@@ -132,7 +132,7 @@ async def read_event_history(bus: EmbeddedBus, sandbox_id: str) -> Sniffed:
     return out
 
 
-async def test_no_secret_on_the_bus_during_a_sandbox_lifecycle(full_up: Up) -> None:
+async def test_no_secret_on_the_bus_during_a_sandbox_lifecycle(full_up: Stack) -> None:
     bus = EmbeddedBus.of(full_up.data_dir)
     secrets = Secrets(env_value=f"s3cr3t-{uuid.uuid4().hex}", api_key=full_up.keys["alice"])
     async with (
@@ -179,7 +179,7 @@ async def test_no_secret_on_the_bus_during_a_sandbox_lifecycle(full_up: Up) -> N
     assert any(secrets.env_value.encode() in d for d in record_writes), "sniffer saw no record"
 
 
-async def test_no_secret_in_dead_letters(full_up: Up) -> None:
+async def test_no_secret_in_dead_letters(full_up: Stack) -> None:
     """A malformed command quoting a secret is dead-lettered masked."""
     bus = EmbeddedBus.of(full_up.data_dir)
     secret = f"dlq-{uuid.uuid4().hex}"
@@ -209,7 +209,7 @@ async def test_no_secret_in_dead_letters(full_up: Up) -> None:
     assert json.loads(msg.data)["sandbox_id"] == sid
 
 
-async def test_error_paths_leave_no_key_or_token_in_any_log(full_up: Up) -> None:
+async def test_error_paths_leave_no_key_or_token_in_any_log(full_up: Stack) -> None:
     bus = EmbeddedBus.of(full_up.data_dir)
     alice = full_up.keys["alice"]
     sbx = await asyncio.to_thread(Sandbox.create, template="sandbox-base", **sdk(full_up))
@@ -295,7 +295,7 @@ def log_files(data_dir: Path) -> list[Path]:
     return found
 
 
-def test_log_files_are_owner_only(full_up: Up) -> None:
+def test_log_files_are_owner_only(full_up: Stack) -> None:
     for path in log_files(full_up.data_dir):
         assert path.stat().st_mode & 0o077 == 0, f"{path} is {oct(path.stat().st_mode & 0o777)}"
     for folder in (full_up.data_dir, full_up.data_dir / "logs", full_up.data_dir / "nats"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,16 @@ def clean_env(**extra: str) -> dict[str, str]:
 def cli_env(**extra: str) -> dict[str, str]:
     """``clean_env`` for the ``torpor`` command whose output a test reads."""
     return clean_env(**CLI, **extra)
+
+
+def parse_exports(text: str) -> dict[str, str]:
+    """The variables of ``torpor env``'s output (``export NAME=value`` lines, shell-quoted)."""
+    out = {}
+    for line in text.splitlines():
+        assert line.startswith("export "), line
+        key, _, value = line.removeprefix("export ").partition("=")
+        out[key] = shlex.split(value)[0]
+    return out
 
 
 def torpor(

@@ -4,8 +4,7 @@
 (``python -m services.cli run <name>``, exactly what ``torpor up`` supervises) with ``replicas``
 copies of each, on the local runtime (bubblewrap pods) or, with ``runtime="kubernetes"`` and the
 rig's kubeconfig in ``env``, on a kube-apiserver. A test may ``kill9`` and ``start_service`` any
-of them, or ``restart_nats``. ``Stack.up(root)`` is ``torpor up`` itself instead, with keys made by
-``torpor keys create``.
+of them, or ``restart_nats``. ``Stack.up(root)`` is ``torpor up`` itself instead.
 
 ``fast_redelivery``: the durables get a 4 s ack wait (a killed handler's message comes back after
 that) and handlers heartbeat every second; the services are told not to converge the topology
@@ -33,13 +32,15 @@ from typing import Any, Literal
 import httpx
 import nats
 
+from services.cli.upping import operator_bus
+from shared.bus.credentials import read as read_credentials
 from shared.bus.server import EmbeddedNats, free_port
 from shared.bus.topology import DURABLES, ensure_topology
 from shared.runtime.local import LocalRuntime
 from shared.runtime.local.network import release_instance
 from tests.support import processes
 from tests.support.env import clean_env, cli_env
-from tests.support.keys import USERS, cli_key, make_keys
+from tests.support.keys import USERS, make_keys
 from tests.support.pods import daemon_pids, kill_pods
 
 SERVICES = ("api", "proxy", "scheduler", "snapshotter", "scaler")
@@ -385,8 +386,9 @@ class Stack:
                             self._nats_url = json.loads(state.read_text())["nats_url"]
                             continue
                 await asyncio.sleep(0.3)
-        for user, admin in self.users.items():
-            self.keys[user] = await asyncio.to_thread(cli_key, self.data_dir, user, admin=admin)
+        # As the operator (``torpor keys`` on this instance would be the same user).
+        bus = operator_bus(self._nats_url, read_credentials(self.data_dir / "nats"))
+        self.keys = await make_keys(bus, self.users, provision=False)
 
 
 def up_args(data_dir: Path, api_port: int, proxy_port: int) -> list[str]:
