@@ -25,13 +25,15 @@ from typing import Any
 import httpx
 from common import (
     STATS_HEADERS,
-    TorporStack,
+    USER,
+    Stack,
     create_sandbox,
     loadavg,
     pause,
     stats_row,
     summary,
     table,
+    torpor_stack,
     write_result,
 )
 
@@ -42,8 +44,8 @@ from shared.ports.workloads import Endpoint
 COMMANDS = ["exec sleep 300001", "exec sleep 300002"]
 
 
-async def _seed(stack: TorporStack, envd: ConnectEnvdClient, store: Any) -> tuple[str, str]:
-    async with stack.client() as http:
+async def _seed(stack: Stack, envd: ConnectEnvdClient, store: Any) -> tuple[str, str]:
+    async with stack.aclient(USER) as http:
         sbx = await create_sandbox(http, autoResume=True)
     sid = sbx["sandboxID"]
     rec = await store.get(sid)
@@ -70,7 +72,7 @@ async def _request(proxy: httpx.AsyncClient, sid: str, token: str) -> tuple[floa
         return time.perf_counter() - t0, type(e).__name__
 
 
-async def _resumed_events(stack: TorporStack, sid: str) -> int:
+async def _resumed_events(stack: Stack, sid: str) -> int:
     import nats
 
     nc = await nats.connect(stack.nats_url)
@@ -96,10 +98,10 @@ async def run(rounds: int, burst: int) -> dict[str, Any]:
     errors: dict[str, int] = {}
     extra_resumes = 0
     loads: list[float] = []
-    async with TorporStack() as stack, stack.store() as store:
+    async with torpor_stack() as stack, stack.store() as store:
         limits = httpx.Limits(max_connections=burst + 4)
         async with (
-            stack.client() as http,
+            stack.aclient(USER) as http,
             httpx.AsyncClient(base_url=stack.proxy_url, timeout=120, limits=limits) as proxy,
         ):
             try:

@@ -8,7 +8,7 @@ tens of minutes on two cores). It
    outside every repository;
 2. makes a scratch virtualenv with the ``e2b`` SDK and the suite's pytest plugins (never the
    project's .venv: the suite pins its own plugins);
-3. starts a private torpor stack (``bench.common.TorporStack``), or with ``--use-env`` uses the
+3. starts a private torpor stack (``bench.common.torpor_stack``), or with ``--use-env`` uses the
    one ``eval "$(torpor env)"`` points at;
 4. runs pytest on the backend tests (the sandbox and API directories, not the template build,
    volume or offline unit tests) and prints pass/fail counts by file.
@@ -125,14 +125,14 @@ def summarize(report: Path) -> tuple[int, int, int]:
 
 
 async def with_stack(python: Path, suite: Path, args: argparse.Namespace) -> Path:
-    from bench.common import TorporStack
+    from bench.common import USER, torpor_stack
 
-    async with TorporStack(log_level="info") as stack:
+    async with torpor_stack(log_level="info") as stack:
         print(f"torpor stack at {stack.api_url} (logs in {stack.root}/logs)")
         env = {
             "E2B_API_URL": stack.api_url,
             "E2B_SANDBOX_URL": stack.proxy_url,
-            "E2B_API_KEY": stack.api_key,
+            "E2B_API_KEY": stack.keys[USER],
         }
         return await asyncio.to_thread(run_pytest, python, suite, env, args)
 

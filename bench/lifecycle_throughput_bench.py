@@ -21,13 +21,15 @@ import time
 from typing import Any
 
 from common import (
-    TorporStack,
+    USER,
+    Stack,
     connect,
     create_sandbox,
     loadavg,
     pause,
     summary,
     table,
+    torpor_stack,
     write_result,
 )
 
@@ -38,8 +40,8 @@ from shared.ports.workloads import Endpoint
 COMMAND = "exec sleep 400001"
 
 
-async def _one(stack: TorporStack, index: int, envd: ConnectEnvdClient, store: Any) -> str:
-    async with stack.client(index=index) as http:
+async def _one(stack: Stack, index: int, envd: ConnectEnvdClient, store: Any) -> str:
+    async with stack.aclient(USER, index=index) as http:
         sid = str((await create_sandbox(http))["sandboxID"])
     rec = await store.get(sid)
     await envd.start_process(
@@ -56,7 +58,7 @@ async def run(replicas: int, sandboxes: int, cycles: int) -> dict[str, Any]:
     pauses: list[float] = []
     resumes: list[float] = []
     failures: list[str] = []
-    async with TorporStack(replicas=replicas) as stack, stack.store() as store:
+    async with torpor_stack(replicas=replicas) as stack, stack.store() as store:
         try:
             ids = []
             for i in range(0, sandboxes, 4):  # create in small groups (2 cores)
@@ -66,7 +68,7 @@ async def run(replicas: int, sandboxes: int, cycles: int) -> dict[str, Any]:
             load_before = loadavg()
 
             async def worker(i: int, sid: str) -> None:
-                async with stack.client(index=i) as http:
+                async with stack.aclient(USER, index=i) as http:
                     for _ in range(cycles):
                         try:
                             t0 = time.perf_counter()

@@ -28,16 +28,12 @@ import json
 import os
 import platform
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -46,7 +42,6 @@ if str(REPO) not in sys.path:
 from shared.bus.broker import key_value, make_broker, prepare  # noqa: E402
 from shared.bus.publishing import BrokerPublisher  # noqa: E402
 from shared.bus.records import KvSandboxStore  # noqa: E402
-from shared.bus.server import EmbeddedNats, free_port  # noqa: E402
 from shared.bus.topology import KV_SANDBOXES  # noqa: E402
 from shared.envd.client import ConnectEnvdClient  # noqa: E402
 from shared.lifecycle.replay import duplicates  # noqa: E402
@@ -57,6 +52,7 @@ from shared.ports.lifecycle import CreateRequest  # noqa: E402
 from shared.ports.workloads import Endpoint, WorkloadSpec  # noqa: E402
 from shared.runtime.local import LocalRuntime  # noqa: E402
 from shared.settings import BusSettings, LoggingSettings  # noqa: E402
+from tests.support.stack import Stack  # noqa: E402
 
 configure(LoggingSettings(log_level="warning"), service="bench")
 
@@ -83,65 +79,6 @@ def summary(seconds: list[float]) -> dict[str, float]:
     }
 
 
-class Workers:
-    """The snapshotter and the scaler as processes; stopped with SIGTERM at the end."""
-
-    def __init__(self, nats_url: str, data_dir: Path, logs: Path) -> None:
-        self.nats_url = nats_url
-        self.data_dir = data_dir
-        self.logs = logs
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.ports: list[int] = []
-
-    def start(self, service: str, *, log_level: str = "warning") -> None:
-        port = free_port()
-        env = {
-            **os.environ,
-            "NATS_URL": self.nats_url,
-            "TORPOR_RUNTIME": "local",
-            "TORPOR_DATA_DIR": str(self.data_dir),
-            "TORPOR_HEALTH_HOST": "127.0.0.1",
-            "TORPOR_HEALTH_PORT": str(port),
-            "TORPOR_LOG_LEVEL": log_level,
-            "TORPOR_LOG_FORMAT": "json",
-        }
-        with (self.logs / f"{service}.log").open("ab") as log:
-            self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "services.cli", "run", service],
-                    cwd=REPO,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
-        self.ports.append(port)
-
-    async def ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
-            for port in self.ports:
-                while True:
-                    with contextlib.suppress(httpx.HTTPError):
-                        if (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
-                            break
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("workers not ready")
-                    await asyncio.sleep(0.1)
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 async def load_1m() -> float:
     return os.getloadavg()[0]
 
@@ -150,90 +87,100 @@ async def run(cycles: int, sandboxes: int) -> dict[str, Any]:
     if shutil.which("bwrap") is None:
         raise SystemExit("bubblewrap (bwrap) is required: apt-get install -y bubblewrap")
     tmp = Path(tempfile.mkdtemp(prefix="torpor-prbench-"))
-    server = EmbeddedNats(data_dir=tmp / "nats").start()
-    workers = Workers(server.url, tmp / "rt", tmp)
-    bus = BusSettings(nats_url=server.url)
-    client = make_broker(bus, service="bench")
-    envd = ConnectEnvdClient()
-    floor = LocalRuntime(
-        nats_url=server.url,
-        data_dir=tmp / "podstart",
-        bucket="bench_podstart",
-        stop_pods_on_close=True,
+    # info: the scaler's ``resume_timing`` lines give the per-phase breakdown below.
+    workers = Stack(
+        tmp,
+        services=("snapshotter", "scaler"),
+        users={},
+        log_level="warning",
+        env_of={"scaler": {"TORPOR_LOG_LEVEL": "info"}},
+        data_dir=tmp / "rt",
+        log_dir=tmp,
     )
     pause_s: list[float] = []
     resume_s: list[float] = []
     pod_start_s: list[float] = []
     bad_replays = 0
     loads: list[float] = []
+    phases: dict[str, dict[str, float]] = {}
     try:
-        await prepare(client, bus)
-        await client.start()
-        workers.start("snapshotter")
-        # info: the scaler's ``resume_timing`` lines give the per-phase breakdown below.
-        workers.start("scaler", log_level="info")
-        await workers.ready()
-        await floor.start()
-        await floor.create(WorkloadSpec(name="floor", owner="bench", replicas=0))
-        store = KvSandboxStore(await key_value(client, KV_SANDBOXES))
-        lifecycle = SandboxLifecycle(store, BrokerPublisher(client))
-        sids = [f"bench-{i}" for i in range(sandboxes)]
-        for sid in sids:
-            rec = await lifecycle.create(CreateRequest(owner="bench", sandbox_id=sid), wait=120)
-            assert rec.host is not None
-            assert rec.pod_uid is not None
-            for command in COMMANDS:
-                await envd.start_process(
-                    Endpoint(host=rec.host, pod_uid=rec.pod_uid),
-                    ProcessConfig(cmd="/bin/bash", args=["-l", "-c", command], cwd="/workspace"),
-                    tag=None,
-                    access_token=rec.envd_access_token,
-                )
-        for cycle in range(cycles):
-            sid = sids[cycle % len(sids)]
-            t0 = time.perf_counter()
-            await lifecycle.pause(sid, owner="bench", wait=120)
-            t1 = time.perf_counter()
-            result = await lifecycle.resume(sid, owner="bench", wait=120)
-            t2 = time.perf_counter()
-            pause_s.append(t1 - t0)
-            resume_s.append(t2 - t1)
-            rec = result.record
-            assert rec.host is not None
-            assert rec.pod_uid is not None
-            live = await envd.list_processes(
-                Endpoint(host=rec.host, pod_uid=rec.pod_uid), access_token=rec.envd_access_token
+        async with workers:
+            bus = BusSettings(nats_url=workers.nats_url)
+            client = make_broker(bus, service="bench")
+            envd = ConnectEnvdClient()
+            floor = LocalRuntime(
+                nats_url=workers.nats_url,
+                data_dir=tmp / "podstart",
+                bucket="bench_podstart",
+                stop_pods_on_close=True,
             )
-            if duplicates(live) or sorted(p.config.args[-1] for p in live) != sorted(COMMANDS):
-                bad_replays += 1
-            t3 = time.perf_counter()
-            await floor.scale("floor", 1)
-            await floor.wait_ready("floor", timeout=120)
-            pod_start_s.append(time.perf_counter() - t3)
-            await floor.scale("floor", 0)
-            await floor.wait_stopped("floor", timeout=60)
-            loads.append(await load_1m())
-            print(
-                f"cycle {cycle + 1:3d}/{cycles}  pause {pause_s[-1] * 1000:7.1f} ms  "
-                f"resume {resume_s[-1] * 1000:7.1f} ms  pod start {pod_start_s[-1] * 1000:7.1f} ms",
-                flush=True,
-            )
-        for sid in sids:
-            await lifecycle.kill(sid, owner="bench", wait=60)
+            try:
+                await prepare(client, bus)
+                await client.start()
+                await floor.start()
+                await floor.create(WorkloadSpec(name="floor", owner="bench", replicas=0))
+                store = KvSandboxStore(await key_value(client, KV_SANDBOXES))
+                lifecycle = SandboxLifecycle(store, BrokerPublisher(client))
+                sids = [f"bench-{i}" for i in range(sandboxes)]
+                for sid in sids:
+                    request = CreateRequest(owner="bench", sandbox_id=sid)
+                    rec = await lifecycle.create(request, wait=120)
+                    assert rec.host is not None
+                    assert rec.pod_uid is not None
+                    for command in COMMANDS:
+                        await envd.start_process(
+                            Endpoint(host=rec.host, pod_uid=rec.pod_uid),
+                            ProcessConfig(
+                                cmd="/bin/bash", args=["-l", "-c", command], cwd="/workspace"
+                            ),
+                            tag=None,
+                            access_token=rec.envd_access_token,
+                        )
+                for cycle in range(cycles):
+                    sid = sids[cycle % len(sids)]
+                    t0 = time.perf_counter()
+                    await lifecycle.pause(sid, owner="bench", wait=120)
+                    t1 = time.perf_counter()
+                    result = await lifecycle.resume(sid, owner="bench", wait=120)
+                    t2 = time.perf_counter()
+                    pause_s.append(t1 - t0)
+                    resume_s.append(t2 - t1)
+                    rec = result.record
+                    assert rec.host is not None
+                    assert rec.pod_uid is not None
+                    live = await envd.list_processes(
+                            Endpoint(host=rec.host, pod_uid=rec.pod_uid),
+                        access_token=rec.envd_access_token,
+                    )
+                    replayed = sorted(p.config.args[-1] for p in live)
+                    if duplicates(live) or replayed != sorted(COMMANDS):
+                        bad_replays += 1
+                    t3 = time.perf_counter()
+                    await floor.scale("floor", 1)
+                    await floor.wait_ready("floor", timeout=120)
+                    pod_start_s.append(time.perf_counter() - t3)
+                    await floor.scale("floor", 0)
+                    await floor.wait_stopped("floor", timeout=60)
+                    loads.append(await load_1m())
+                    print(
+                        f"cycle {cycle + 1:3d}/{cycles}  pause {pause_s[-1] * 1000:7.1f} ms  "
+                        f"resume {resume_s[-1] * 1000:7.1f} ms  "
+                        f"pod start {pod_start_s[-1] * 1000:7.1f} ms",
+                        flush=True,
+                    )
+                for sid in sids:
+                    await lifecycle.kill(sid, owner="bench", wait=60)
+            finally:
+                workers.stop_services()
+                phases = resume_phases(tmp / "scaler.log")
+                await floor.close()
+                # The workers never stop pods (by design): a last supervisor on their data dir does.
+                with contextlib.suppress(Exception):
+                    async with workers.observer():
+                        pass
+                await envd.close()
+                await client.stop()
     finally:
-        workers.stop()
-        phases = resume_phases(tmp / "scaler.log")
-        await floor.close()
-        # The workers never stop pods (by design): a last supervisor on their data dir does.
-        with contextlib.suppress(Exception):
-            sweeper = LocalRuntime(
-                nats_url=server.url, data_dir=tmp / "rt", stop_pods_on_close=True
-            )
-            await sweeper.start()
-            await sweeper.close()
-        await envd.close()
-        await client.stop()
-        server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
     pause, resume, pod = summary(pause_s), summary(resume_s), summary(pod_start_s)

@@ -47,7 +47,8 @@ from typing import Any
 from common import (
     RESULTS,
     STATS_HEADERS,
-    TorporStack,
+    USER,
+    Stack,
     connect,
     create_sandbox,
     loadavg,
@@ -56,6 +57,7 @@ from common import (
     stats_row,
     summary,
     table,
+    torpor_stack,
     write_result,
 )
 
@@ -74,10 +76,9 @@ RawCycle = Callable[[], Coroutine[Any, Any, tuple[float, float, float]]]
 
 
 @contextlib.asynccontextmanager
-async def raw_local(stack: TorporStack) -> AsyncIterator[RawCycle]:
+async def raw_local(stack: Stack) -> AsyncIterator[RawCycle]:
     from shared.runtime.local import LocalRuntime
 
-    assert stack.root is not None
     runtime = LocalRuntime(
         nats_url=stack.nats_url,
         data_dir=stack.root / "raw",
@@ -139,9 +140,9 @@ async def _raw_cycles(runtime: Any) -> AsyncIterator[RawCycle]:
 # ---------------------------------------------------------------- the whole system
 
 
-async def seed(stack: TorporStack, envd: ConnectEnvdClient, count: int) -> list[str]:
+async def seed(stack: Stack, envd: ConnectEnvdClient, count: int) -> list[str]:
     ids = []
-    async with stack.client() as http, stack.store() as store:
+    async with stack.aclient(USER) as http, stack.store() as store:
         for _ in range(count):
             sbx = await create_sandbox(http)
             sid = sbx["sandboxID"]
@@ -167,7 +168,7 @@ async def replayed_once(store: Any, envd: ConnectEnvdClient, sid: str) -> bool:
 
 
 async def measure(
-    stack: TorporStack, raw: RawCycle, cycles: int, sandboxes: int, gap: float = 0.0
+    stack: Stack, raw: RawCycle, cycles: int, sandboxes: int, gap: float = 0.0
 ) -> dict[str, Any]:
     envd = ConnectEnvdClient()
     pauses: list[float] = []
@@ -181,7 +182,7 @@ async def measure(
     try:
         ids = await seed(stack, envd, sandboxes)
         await raw()  # warm-up of the bare workload (first pod start pays imports and caches)
-        async with stack.client() as http, stack.store() as store:
+        async with stack.aclient(USER) as http, stack.store() as store:
             for sid in ids:  # and one untimed cycle per sandbox
                 await pause(http, sid)
                 await connect(http, sid)
@@ -243,7 +244,7 @@ async def measure(
 
 
 async def run_local(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, Any]:
-    async with TorporStack() as stack, raw_local(stack) as raw:
+    async with torpor_stack() as stack, raw_local(stack) as raw:
         return await measure(stack, raw, cycles, sandboxes, gap)
 
 
@@ -274,7 +275,7 @@ async def run_real_node(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[s
             "TORPOR_READY_TIMEOUT": "180",
         }
         async with (
-            TorporStack(runtime="kubernetes", env=env, root=work / "stack") as stack,
+            torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
             raw_kubernetes(kubeconfig, "bench-raw") as raw,
         ):
             result = await measure(stack, raw, cycles, sandboxes, gap)
@@ -316,7 +317,7 @@ async def run_kubernetes(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[
             "TORPOR_READY_TIMEOUT": "120",
         }
         async with (
-            TorporStack(runtime="kubernetes", env=env, root=work / "stack") as stack,
+            torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
             raw_kubernetes(plane.kubeconfig, "bench-raw") as raw,
         ):
             result = await measure(stack, raw, cycles, sandboxes, gap)

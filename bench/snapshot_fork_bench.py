@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/snapshot_fork_bench.py --sizes 0,64,256 --rounds 3
 
-What runs: a private torpor stack (``bench.common.TorporStack``: nats-server and the five services
+What runs: a private torpor stack (``bench.common.torpor_stack``: nats-server and the five services
 as processes, local runtime, bubblewrap pods). For each size (MiB written into the source's
 ``/workspace`` as one file, plus a background process), each round times, one at a time:
 
@@ -32,10 +32,11 @@ if str(REPO) not in sys.path:
 
 from bench.common import (  # noqa: E402
     STATS_HEADERS,
-    TorporStack,
+    USER,
     stats_row,
     summary,
     table,
+    torpor_stack,
     write_result,
 )
 
@@ -90,9 +91,9 @@ async def main() -> None:
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
 
     results: dict[str, Any] = {}
-    async with TorporStack() as stack:
+    async with torpor_stack() as stack:
         opts = {
-            "api_key": stack.api_key,
+            "api_key": stack.keys[USER],
             "api_url": stack.api_url,
             "sandbox_url": stack.proxy_url,
         }

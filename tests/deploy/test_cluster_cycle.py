@@ -9,11 +9,11 @@ service may hit a permission error on either side.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +34,8 @@ from tests.deploy.nats_auth import AuthNats, start_auth_nats
 from tests.deploy.test_manifests import _render, configmap
 from tests.k8s.kubelet import TestKubelet
 from tests.k8s.rig import ClusterAccess
+from tests.support import processes
+from tests.support.env import clean_env
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -94,18 +96,6 @@ def service_account_kubeconfig(api: Apiserver, access: ClusterAccess, ns: str, p
     return path
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{log.stem} exited {proc.returncode}: {log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.3)
-    raise AssertionError(f"{log.stem} not ready at {url}: {log.read_text()[-3000:]}")
-
-
 @contextlib.contextmanager
 def services(
     env_of: dict[str, dict[str, str]], logs: Path
@@ -113,26 +103,14 @@ def services(
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, env in env_of.items():
-            procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "run", name],
-                cwd=REPO,
-                env=env,
-                stdout=(logs / f"{name}.log").open("wb"),
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            procs[name] = processes.spawn(["run", name], env=env, log=logs / f"{name}.log")
         yield procs
     finally:
-        for proc in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+        processes.stop(procs.values(), grace=20)
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    asyncio.run(processes.await_http(url, proc, log.stem, log=log, timeout=90))
 
 
 @pytest.fixture
@@ -197,7 +175,7 @@ def _run_cycle(
     for key, text in configmap(docs, "torpor-sandbox-templates")["data"].items():
         (templates / key).write_text(text)
     config = configmap(docs, "torpor-config")["data"]
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("TORPOR_", "NATS_", "PAUSE_"))}
+    base = clean_env()
     # free_port() may hand out a just-released port twice: take distinct ones up front.
     ports: list[int] = []
     while len(ports) < len(SERVICES):

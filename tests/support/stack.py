@@ -99,6 +99,8 @@ class Stack:
     env_of: dict[str, dict[str, str]] = field(default_factory=dict)
     log_level: str = "debug"
     log_format: str = "json"
+    # How long a service may take to answer its health check (imports are slow under load).
+    ready_timeout: float = 180.0
     # A template folder the services read (``TORPOR_TEMPLATES_DIR``); None: the packaged ones.
     templates: dict[str, str] | None = None
     data_dir: Path = field(default=Path())
@@ -314,14 +316,14 @@ class Stack:
         path = "/health" if service_of(key) in HTTP else "/readyz"
         return self.url(key) + path
 
-    async def wait_ready(self, key: str, timeout: float = 180.0) -> None:
+    async def wait_ready(self, key: str, timeout: float | None = None) -> None:
         try:
             await processes.await_http(
                 self.health_url(key),
                 self.procs[key],
                 key,
                 log=self.logs / f"{key}.log",
-                timeout=timeout,
+                timeout=self.ready_timeout if timeout is None else timeout,
             )
         except RuntimeError as e:
             raise StackDidNotStart(f"{e} (logs in {self.logs})") from e
