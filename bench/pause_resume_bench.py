@@ -149,7 +149,7 @@ async def run(cycles: int, sandboxes: int) -> dict[str, Any]:
                     assert rec.host is not None
                     assert rec.pod_uid is not None
                     live = await envd.list_processes(
-                            Endpoint(host=rec.host, pod_uid=rec.pod_uid),
+                        Endpoint(host=rec.host, pod_uid=rec.pod_uid),
                         access_token=rec.envd_access_token,
                     )
                     replayed = sorted(p.config.args[-1] for p in live)

@@ -130,4 +130,3 @@ def test_torpor_up_restarted_after_kill9_then_stopped_leaves_nothing(tmp_path: P
             assert leftovers(data_dir) == [], "torpor up left network objects behind"
             assert procfs.scan_pods(data_dir) == []
             assert _instance_processes(data_dir) == []
-
