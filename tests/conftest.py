@@ -14,11 +14,12 @@ import socket
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from shared.bus.server import EmbeddedNats
+if TYPE_CHECKING:  # imported by the fixture: nats is not needed by every run (``make unit``)
+    from shared.bus.server import EmbeddedNats
 
 # k8s_cluster, k8s_kubelet, k8s_namespace, k8s_runtime; the shared systems (stack, up)
 pytest_plugins = ["tests.k8s.plugin", "tests.support.fixtures"]
@@ -70,6 +71,8 @@ def _unit_isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    from shared.bus.server import EmbeddedNats
+
     server = EmbeddedNats(data_dir=tmp_path_factory.mktemp("nats")).start()
     yield server
     server.stop()
@@ -83,6 +86,8 @@ def nats_url(nats_server: EmbeddedNats) -> str:
 @pytest.fixture
 def fresh_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
     """A private server for tests that kill or restart the broker."""
+    from shared.bus.server import EmbeddedNats
+
     server = EmbeddedNats(data_dir=tmp_path / "nats").start()
     yield server
     server.stop()

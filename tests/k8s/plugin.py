@@ -20,17 +20,20 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from kubernetes.aio import client as k8s
-from kubernetes.aio import config as k8s_config
-from kubernetes.aio.client.exceptions import ApiException
 
-from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
-from tests.k8s.kubelet import TestKubelet
-from tests.k8s.provisioner import TestProvisioner
 from tests.k8s.realnode import RealNodeAccess, provide_real_node
 from tests.k8s.rig import ClusterAccess, ClusterUnavailable, provide_cluster
+
+# The Kubernetes client is imported where it is used: every pytest run loads this plugin, and
+# importing it costs seconds (most of `make unit`'s start-up before this was lazy).
+if TYPE_CHECKING:
+    from kubernetes.aio import client as k8s
+
+    from shared.runtime.kubernetes import KubernetesRuntime, PodTemplates
+    from tests.k8s.kubelet import TestKubelet
 
 ON_CI_ENV = "CI"
 # Test-only templates (e.g. a pod that never becomes ready), searched before deploy/sandbox-base.
@@ -38,6 +41,8 @@ TEST_TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 def sandbox_templates() -> PodTemplates:
+    from shared.runtime.kubernetes import DEFAULT_TEMPLATES, PodTemplates
+
     return PodTemplates(TEST_TEMPLATES, DEFAULT_TEMPLATES)
 
 
@@ -80,6 +85,8 @@ def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNodeAcce
         _skip_or_fail(f"no real Kubernetes node: {e}")
         return
     # Sandbox pods mount a claim each (files kept across a pause): hostPath volumes on the node.
+    from tests.k8s.provisioner import TestProvisioner
+
     volumes = TestProvisioner(Path(access.cluster.kubeconfig), workdir / "volumes").start()
     try:
         yield access
@@ -96,11 +103,7 @@ async def real_namespace(real_node: RealNodeAccess) -> AsyncIterator[str]:
     try:
         await create_namespace(api, name)
         yield name
-        try:
-            await k8s.CoreV1Api(api).delete_namespace(name)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        await delete_namespace(api, name)
     finally:
         await api.close()  # type: ignore[no-untyped-call]
 
@@ -110,6 +113,8 @@ async def real_runtime(
     real_node: RealNodeAccess, real_namespace: str
 ) -> AsyncIterator[KubernetesRuntime]:
     """The adapter with deploy/sandbox-base unchanged: its image is the one built here."""
+    from shared.runtime.kubernetes import KubernetesRuntime
+
     runtime = await KubernetesRuntime.from_kubeconfig(
         Path(real_node.cluster.kubeconfig), namespace=real_namespace, templates=sandbox_templates()
     )
@@ -121,6 +126,8 @@ async def real_runtime(
 def k8s_kubelet(
     k8s_cluster: ClusterAccess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TestKubelet]:
+    from tests.k8s.kubelet import TestKubelet
+
     kubelet = TestKubelet(
         kubeconfig=k8s_cluster.kubeconfig, workdir=tmp_path_factory.mktemp("kubelet")
     ).start()
@@ -129,12 +136,17 @@ def k8s_kubelet(
 
 
 async def admin_client(access: ClusterAccess | Path) -> k8s.ApiClient:
+    from kubernetes.aio import config as k8s_config
+
     path = access.kubeconfig if isinstance(access, ClusterAccess) else access
     return await k8s_config.new_client_from_config(config_file=str(path))  # type: ignore[no-any-return,no-untyped-call]
 
 
 async def create_namespace(api: k8s.ApiClient, name: str, *, timeout: float = 30.0) -> None:
     """Create ``name`` and wait for its default ServiceAccount (pods need it to be admitted)."""
+    from kubernetes.aio import client as k8s
+    from kubernetes.aio.client.exceptions import ApiException
+
     core = k8s.CoreV1Api(api)
     await core.create_namespace(
         k8s.V1Namespace.model_validate(
@@ -152,6 +164,17 @@ async def create_namespace(api: k8s.ApiClient, name: str, *, timeout: float = 30
         await asyncio.sleep(0.1)
 
 
+async def delete_namespace(api: k8s.ApiClient, name: str) -> None:
+    from kubernetes.aio import client as k8s
+    from kubernetes.aio.client.exceptions import ApiException
+
+    try:
+        await k8s.CoreV1Api(api).delete_namespace(name)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
 @pytest.fixture
 async def k8s_namespace(k8s_cluster: ClusterAccess) -> AsyncIterator[str]:
     api = await admin_client(k8s_cluster)
@@ -159,11 +182,7 @@ async def k8s_namespace(k8s_cluster: ClusterAccess) -> AsyncIterator[str]:
     try:
         await create_namespace(api, name)
         yield name
-        try:
-            await k8s.CoreV1Api(api).delete_namespace(name)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        await delete_namespace(api, name)
     finally:
         await api.close()  # type: ignore[no-untyped-call]
 
@@ -172,6 +191,8 @@ async def k8s_namespace(k8s_cluster: ClusterAccess) -> AsyncIterator[str]:
 async def k8s_runtime(
     k8s_cluster: ClusterAccess, k8s_kubelet: TestKubelet, k8s_namespace: str
 ) -> AsyncIterator[KubernetesRuntime]:
+    from shared.runtime.kubernetes import KubernetesRuntime
+
     runtime = await KubernetesRuntime.from_kubeconfig(
         Path(k8s_cluster.kubeconfig), namespace=k8s_namespace, templates=sandbox_templates()
     )

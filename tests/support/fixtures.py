@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import skip_or_fail
-from tests.support.stack import SEED_TEMPLATE, Stack, StackDidNotStart
+
+# tests.support.stack is imported by the fixtures: every pytest run (``make unit`` too) loads this
+# plugin, and the stack's imports (the CLI, the local runtime) cost seconds.
+if TYPE_CHECKING:
+    from tests.support.stack import Stack
 
 
 def need_bwrap() -> None:
@@ -24,6 +29,8 @@ def need_bwrap() -> None:
 
 def started(stack: Stack) -> Iterator[Stack]:
     """``stack`` running for the duration of a fixture; one that does not start skips (off CI)."""
+    from tests.support.stack import StackDidNotStart
+
     need_bwrap()
     try:
         with stack.running() as running:
@@ -34,6 +41,8 @@ def started(stack: Stack) -> Iterator[Stack]:
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from tests.support.stack import SEED_TEMPLATE, Stack
+
     yield from started(
         Stack(tmp_path_factory.mktemp("stack"), templates={"sandbox-base": SEED_TEMPLATE})
     )
@@ -41,4 +50,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture(scope="session")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from tests.support.stack import Stack
+
     yield from started(Stack.up(tmp_path_factory.mktemp("up")))
