@@ -12,21 +12,20 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from services.cli import sandbox_view as view
 from services.cli.instance import read_admin_key, read_state
 from shared.errors import ConfigError
 from shared.ids import is_valid_sandbox_id
 from shared.settings import RuntimeSettings, load
 
 if TYPE_CHECKING:
-    from services.cli.api_client import RemoteEvent, RemoteSandbox, SandboxApi
+    from services.cli.api_client import SandboxApi
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -111,127 +110,6 @@ def _check_name(name: str) -> str:
     return name
 
 
-# ---- formatting ----------------------------------------------------------------------------
-
-
-def _span(seconds: float) -> str:
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m}m{s:02d}s"
-    h, m = divmod(m, 60)
-    if h < 48:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
-
-
-def _ago(at: datetime | None) -> str:
-    return "-" if at is None else _span((datetime.now(UTC) - at).total_seconds()) + " ago"
-
-
-def _until(at: datetime | None) -> str:
-    if at is None:
-        return "-"
-    delta = (at - datetime.now(UTC)).total_seconds()
-    return f"in {_span(delta)}" if delta >= 0 else f"{_span(-delta)} ago"
-
-
-STATE_STYLE = {
-    "running": "green",
-    "paused": "blue",
-    "pausing": "yellow",
-    "resuming": "yellow",
-    "creating": "yellow",
-    "failed": "red",
-    "killing": "red",
-    "killed": "red",
-}
-
-
-def _state(state: str) -> str:
-    return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
-
-
-def _sandboxes_table(items: list[RemoteSandbox]) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("NAME", "OWNER", "STATE", "TEMPLATE", "AGE", "DEADLINE", "SNAPSHOT"):
-        table.add_column(column, no_wrap=True)
-    for s in items:
-        snap = f"{s.snapshot.process_count} proc" if s.snapshot else "-"
-        table.add_row(
-            s.name,
-            s.owner,
-            _state(s.state),
-            s.template,
-            _span((datetime.now(UTC) - s.created_at).total_seconds()),
-            _until(s.deadline),
-            snap,
-        )
-    return table
-
-
-def _snapshot_table(sandbox: RemoteSandbox) -> Table | None:
-    from shared.models.snapshots import Snapshot
-
-    if sandbox.snapshot is None:
-        return None
-    try:
-        snap = Snapshot.decode(sandbox.snapshot.annotation)
-    except ValueError:
-        return None
-    table = Table(
-        title=f"snapshot captured {snap.captured_time}",
-        title_justify="left",
-        box=None,
-        header_style="bold",
-        pad_edge=False,
-    )
-    for column in ("PID", "CMD", "ARGS", "CWD", "TAG"):
-        table.add_column(column, overflow="fold")
-    for p in snap.processes:
-        table.add_row(
-            str(p.pid), p.config.cmd, json.dumps(p.config.args), p.config.cwd or "", p.tag or ""
-        )
-    if not snap.processes:
-        table.add_row("-", "(no processes were running)", "", "", "")
-    return table
-
-
-def _detail(sandbox: RemoteSandbox) -> None:
-    out = _out()
-    table = Table(box=None, show_header=False, pad_edge=False)
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    rows: list[tuple[str, str]] = [
-        ("name", sandbox.name),
-        ("sandbox id", sandbox.sandbox_id or sandbox.name),
-        ("owner", sandbox.owner),
-        ("state", _state(sandbox.state)),
-        ("template", sandbox.template),
-        ("timeout", f"{sandbox.timeout}s"),
-        ("auto pause", "yes" if sandbox.auto_pause else "no"),
-        ("auto resume", "yes" if sandbox.auto_resume else "no"),
-        ("created", f"{sandbox.created_at:%Y-%m-%d %H:%M:%S}Z ({_ago(sandbox.created_at)})"),
-        ("deadline", _until(sandbox.deadline)),
-    ]
-    if sandbox.paused_at is not None:
-        rows.append(("paused", _ago(sandbox.paused_at)))
-    if sandbox.retain_until is not None:
-        rows.append(("kept until", f"{sandbox.retain_until:%Y-%m-%d %H:%M:%S}Z"))
-    if sandbox.failure:
-        rows.append(("last failure", sandbox.failure))
-    rows.extend((f"metadata.{k}", v) for k, v in sorted(sandbox.metadata.items()))
-    for key, value in rows:
-        table.add_row(key, value)
-    out.print(table)
-    if (snap := _snapshot_table(sandbox)) is not None:
-        out.print()
-        out.print(snap)
-
-
 def _json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, default=str))
 
@@ -267,7 +145,7 @@ def list_(
     if not items:
         _err().print("no sandboxes")
         return
-    _out().print(_sandboxes_table(items))
+    _out().print(view.sandboxes_table(items))
 
 
 @app.command()
@@ -284,7 +162,11 @@ def get(
     if as_json:
         _json(sandbox.model_dump(mode="json", by_alias=True))
         return
-    _detail(sandbox)
+    out = _out()
+    for n, table in enumerate(view.detail_tables(sandbox)):
+        if n:
+            out.print()
+        out.print(table)
 
 
 @app.command()
@@ -346,8 +228,8 @@ def pause(
     if as_json:
         _json(sandbox.model_dump(mode="json", by_alias=True))
         return
-    _out().print(f"{sandbox.name} is {_state(sandbox.state)}")
-    if (snap := _snapshot_table(sandbox)) is not None:
+    _out().print(f"{sandbox.name} is {view.state(sandbox.state)}")
+    if (snap := view.snapshot_table(sandbox)) is not None:
         _out().print(snap)
 
 
@@ -365,7 +247,9 @@ def resume(
     if as_json:
         _json(sandbox.model_dump(mode="json", by_alias=True))
         return
-    _out().print(f"{sandbox.name} is {_state(sandbox.state)}, deadline {_until(sandbox.deadline)}")
+    _out().print(
+        f"{sandbox.name} is {view.state(sandbox.state)}, deadline {view.until(sandbox.deadline)}"
+    )
 
 
 @app.command()
@@ -396,27 +280,4 @@ def logs(  # noqa: PLR0917 - typer options
     if as_json:
         _json([e.model_dump(mode="json", by_alias=True) for e in events])
         return
-    _out().print(_events_table(events))
-
-
-def _event_details(event: RemoteEvent) -> str:
-    skip = {"type", "sandbox_id", "schema_version", "at"}
-    parts = []
-    for key, value in event.data.items():
-        if key in skip:
-            continue
-        shown = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
-        parts.append(f"{key}={shown}")
-    return " ".join(parts)
-
-
-def _events_table(events: list[RemoteEvent]) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    table.add_column("SEQ", justify="right", no_wrap=True)
-    table.add_column("TIME (UTC)", no_wrap=True)
-    table.add_column("EVENT", no_wrap=True)
-    table.add_column("DETAILS", overflow="fold")
-    for e in events:
-        at = f"{e.at.astimezone(UTC):%Y-%m-%d %H:%M:%S}" if e.at else "-"
-        table.add_row(str(e.seq or "-"), at, e.fact, _event_details(e))
-    return table
+    _out().print(view.events_table(events))
