@@ -8,7 +8,7 @@ harmless work and the record says exactly how far a sandbox got:
 - pause    ``pausing`` + stored snapshot → (check the annotation is that snapshot, scale 0, wait
            stopped) → ``paused``. Never scales to 0 unless the workload carries the snapshot.
 - resume   ``paused|failed`` → ``resuming`` → (scale 1, wait ready, replay once per pod)
-           → ``running``
+           → ``running``; the replay (and a snapshot's files on create) is ``restoring.py``
 - kill     any → ``killing`` → (delete workload) → ``killed`` (a tombstone)
 
 An operation that loses its record to a concurrent kill cleans up the workload it may have
@@ -20,21 +20,21 @@ a crash between the CAS and the publish never loses an event.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Literal
 
 import structlog
 
 from services.scaler import metrics
+from services.scaler.restoring import Progress, Restorer
 from shared.bus.retry import Retry
 from shared.domain import states
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
-from shared.errors import Conflict, IllegalTransition, NotFound, Unsupported
+from shared.errors import IllegalTransition, NotFound
 from shared.lifecycle.pods import ensure_workload, workload_spec
-from shared.lifecycle.replay import plan, replay_key
-from shared.lifecycle.worker import PermanentFailure
+from shared.lifecycle.worker import PermanentFailure, fail_transition
 from shared.models.lifecycle import TemplateFacts, unknown_template
 from shared.models.messages import (
     CreateSandbox,
@@ -44,7 +44,6 @@ from shared.models.messages import (
     ResumeSandbox,
     ResumeTimings,
     SandboxCreated,
-    SandboxFailed,
     SandboxKilled,
     SandboxPaused,
     SandboxResumed,
@@ -52,21 +51,13 @@ from shared.models.messages import (
     SetSandboxNetwork,
     StartPath,
 )
-from shared.models.snapshots import Snapshot
 from shared.ports.bus import Publisher, SandboxStore, emit
 from shared.ports.envd import Envd
 from shared.ports.runtime import Runtime
-from shared.ports.workloads import (
-    ANNOTATION_REPLAYED,
-    ANNOTATION_RESTORED,
-    ANNOTATION_SNAPSHOT,
-    Endpoint,
-    Workload,
-)
+from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
 
 log = structlog.get_logger()
 
-Progress = Callable[[], Awaitable[None]]
 Outcome = Literal["done", "skipped"]
 
 
@@ -148,11 +139,10 @@ class Scaler:
     ) -> None:
         self._store = store
         self._runtime = runtime
-        self._envd = envd
+        self._restorer = Restorer(runtime, envd, start_timeout)
         self._publisher = publisher
         self._ready_timeout = ready_timeout
         self._stop_timeout = stop_timeout
-        self._start_timeout = start_timeout
         self._retention = retention
         self._tombstone_for = tombstone_for
         self._templates = templates
@@ -182,11 +172,11 @@ class Scaler:
                 return "skipped"
             raise PermanentFailure(str(e)) from e
         if from_snapshot:
-            workload = await self._restore_origin_files(record, workload)
+            workload = await self._restorer.origin_files(record, workload)
         await self._runtime.scale(sid, 1)
         endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
         outcomes = (
-            await self._replay(record, endpoint, workload.annotations, _no_progress)
+            await self._restorer.replay(record, endpoint, workload.annotations, _no_progress)
             if from_snapshot
             else []
         )
@@ -203,21 +193,6 @@ class Scaler:
         await self._publish_created(record, outcomes, path=_path(endpoint))
         metrics.observe("create", "done", time.monotonic() - started)
         return "done"
-
-    async def _restore_origin_files(self, record: SandboxRecord, workload: Workload) -> Workload:
-        """A sandbox started from a stored snapshot gets its files before its first pod, once
-        (the workload's ``torpor.dev/restored-snapshot`` says it is done)."""
-        snapshot_id = record.origin_snapshot_id
-        assert snapshot_id is not None
-        if workload.annotations.get(ANNOTATION_RESTORED) == snapshot_id:
-            return workload
-        try:
-            await self._runtime.restore_files(snapshot_id, record.sandbox_id)
-        except (NotFound, Unsupported, Conflict) as e:  # no retry brings the files back
-            raise PermanentFailure(str(e)) from e
-        return await self._runtime.patch_annotations(
-            record.sandbox_id, {ANNOTATION_RESTORED: snapshot_id}
-        )
 
     async def _publish_created(
         self,
@@ -330,7 +305,9 @@ class Scaler:
             spans.mark("ready")
             await progress()
             # Annotations as read before the scale: only this resume writes them meanwhile.
-            outcomes = await self._replay(record, endpoint, workload.annotations, progress, spans)
+            outcomes = await self._restorer.replay(
+                record, endpoint, workload.annotations, progress, spans.mark
+            )
             spans.mark("replay_mark")
             snapshot_id = record.snapshot.id if record.snapshot else None
             facts = self._templates(record.template)
@@ -360,65 +337,6 @@ class Scaler:
         for o in outcomes:
             metrics.REPLAYED.labels("ok" if o.error is None else "error").inc()
         return "done"
-
-    async def _replay(
-        self,
-        record: SandboxRecord,
-        endpoint: Endpoint,
-        annotations: Mapping[str, str],
-        progress: Progress,
-        spans: Spans | None = None,
-    ) -> list[ProcessOutcome]:
-        """Start every snapshot process once in this pod, in order; failures are reported."""
-        value = annotations.get(ANNOTATION_SNAPSHOT)
-        if value is None and record.snapshot is not None:
-            value = record.snapshot.annotation
-            await self._runtime.patch_annotations(record.sandbox_id, {ANNOTATION_SNAPSHOT: value})
-        if value is None:
-            return []  # never paused (e.g. resuming a failed create): nothing to replay
-        snapshot = Snapshot.decode(value)
-        key = replay_key(snapshot.id, endpoint.pod_uid)
-        if annotations.get(ANNOTATION_REPLAYED) == key:
-            log.info("replay_already_done", snapshot_id=snapshot.id, pod_uid=endpoint.pod_uid)
-            return []
-        token = record.envd_access_token
-        running = await self._envd.list_processes(
-            endpoint, access_token=token, timeout=self._start_timeout
-        )
-        if spans is not None:
-            spans.mark("replay_list")
-        outcomes: list[ProcessOutcome] = []
-        for step in plan(snapshot.processes, running):
-            p = step.process
-            outcome = ProcessOutcome(
-                cmd=p.config.cmd, args=list(p.config.args), tag=p.tag, old_pid=p.pid
-            )
-            if step.running_pid is not None:
-                outcomes.append(outcome.model_copy(update={"new_pid": step.running_pid}))
-                continue
-            try:
-                pid = await self._envd.start_process(
-                    endpoint, p.config, tag=p.tag, access_token=token, timeout=self._start_timeout
-                )
-                outcomes.append(outcome.model_copy(update={"new_pid": pid}))
-            except Exception as e:
-                log.warning(
-                    "replay_process_failed", cmd=p.config.cmd, args=p.config.args, error=repr(e)
-                )
-                outcomes.append(
-                    outcome.model_copy(update={"error": f"{type(e).__name__}: {e}"[:500]})
-                )
-            await progress()
-        if spans is not None:
-            spans.mark("replay_start")
-        await self._runtime.patch_annotations(record.sandbox_id, {ANNOTATION_REPLAYED: key})
-        log.info(
-            "replayed",
-            snapshot_id=snapshot.id,
-            started=sum(1 for o in outcomes if o.new_pid is not None),
-            failed=sum(1 for o in outcomes if o.error is not None),
-        )
-        return outcomes
 
     async def _publish_resumed(self, record: SandboxRecord) -> None:
         """From the record: a redelivery republishes the same report (and the same id)."""
@@ -512,18 +430,14 @@ class Scaler:
         cmd_msg_id: str | None = None,
         generation: int | None = None,
     ) -> None:
-        record = await self._store.update(
-            sandbox_id, t.failed(op, reason, cmd_msg_id=cmd_msg_id, generation=generation)
+        await fail_transition(
+            self._store,
+            self._publisher,
+            op,
+            sandbox_id,
+            reason,
+            cmd_msg_id=cmd_msg_id,
+            generation=generation,
         )
         metrics.observe(op, "failed", None)
         log.error("transition_failed", op=op, reason=reason)
-        await emit(
-            self._publisher,
-            SandboxFailed(
-                sandbox_id=sandbox_id,
-                generation=record.generation,
-                at=t.now(),
-                op=op,
-                reason=reason,
-            ),
-        )

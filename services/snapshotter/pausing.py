@@ -2,7 +2,7 @@
 
 Order of effects, each safe to repeat:
 1. CAS ``running → pausing`` owned by the command's message id (a redelivery continues).
-2. ``List`` the daemon's processes and build the seed's snapshot.
+2. ``List`` the daemon's processes and build the snapshot (``Snapshot.capture``).
 3. Patch the workload: the snapshot annotation, and the replay key of the pod it was captured
    from (that pod already runs these processes).
 4. CAS the snapshot (a full copy of the annotation value) into the record.
@@ -28,7 +28,8 @@ from shared.domain.record import SandboxRecord, SnapshotRef
 from shared.errors import EnvdUnavailable, IllegalTransition, NotFound
 from shared.lifecycle.pods import current_endpoint
 from shared.lifecycle.replay import replay_key
-from shared.models.messages import PauseSandbox, SandboxFailed, SandboxSnapshotted
+from shared.lifecycle.worker import fail_transition
+from shared.models.messages import PauseSandbox, SandboxSnapshotted
 from shared.models.snapshots import MAX_SNAPSHOT_ANNOTATION_BYTES, Snapshot
 from shared.ports.bus import Publisher, SandboxStore, emit
 from shared.ports.envd import Envd
@@ -119,18 +120,8 @@ class Snapshotter:
 
     async def give_up(self, cmd: PauseSandbox, cmd_msg_id: str, reason: str) -> None:
         """Fail the pause on the record (the pod keeps running; nothing was scaled down)."""
-        record = await self._store.update(
-            cmd.sandbox_id, t.failed("pause", reason, cmd_msg_id=cmd_msg_id)
+        await fail_transition(
+            self._store, self._publisher, "pause", cmd.sandbox_id, reason, cmd_msg_id=cmd_msg_id
         )
         metrics.SNAPSHOTS.labels("failed").inc()
         log.error("pause_failed", reason=reason)
-        await emit(
-            self._publisher,
-            SandboxFailed(
-                sandbox_id=cmd.sandbox_id,
-                generation=record.generation,
-                at=t.now(),
-                op="pause",
-                reason=reason,
-            ),
-        )

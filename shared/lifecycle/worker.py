@@ -23,7 +23,11 @@ from faststream.exceptions import AckMessage, NackMessage, RejectMessage, SkipMe
 from shared.bus import subjects
 from shared.bus.middleware import MSG_ID_HEADER
 from shared.bus.retry import PERMANENT, PoisonMessage, Retry, RetryPolicy
+from shared.domain import transitions as t
+from shared.domain.record import SandboxRecord
 from shared.errors import IllegalTransition, RuntimeFailure, SnapshotTooLarge
+from shared.models.messages import SandboxFailed
+from shared.ports.bus import Publisher, SandboxStore, emit
 
 log = structlog.get_logger()
 
@@ -60,7 +64,8 @@ def checked_sandbox_id(msg: Any, body_sandbox_id: str) -> str:
 @contextlib.asynccontextmanager
 async def heartbeat(msg: Any, *, every: float) -> AsyncIterator[None]:
     """Tell JetStream we are still working (``+WPI``) so a long handler (waiting for a pod,
-    replaying) is not redelivered to another replica while it runs (bus design pitfall 8)."""
+    replaying) is not redelivered to another replica while it runs (JetStream hands a message
+    not acknowledged within ``ack_wait`` to another consumer)."""
 
     async def beat() -> None:
         while True:
@@ -150,3 +155,28 @@ async def _fail(fail: FailFn, reason: str) -> None:
         await fail(reason)
     except IllegalTransition as e:
         log.info("give_up_not_applicable", error=str(e))
+
+
+async def fail_transition(
+    store: SandboxStore,
+    publisher: Publisher,
+    op: t.Op,
+    sandbox_id: str,
+    reason: str,
+    *,
+    cmd_msg_id: str | None = None,
+    generation: int | None = None,
+) -> SandboxRecord:
+    """Give up ``op``: the record says ``failed`` with the reason, and ``sandbox.evt.failed``
+    tells everyone else (the api's waiter answers with it). ``IllegalTransition`` when the
+    record has moved on (``_fail`` logs that)."""
+    record = await store.update(
+        sandbox_id, t.failed(op, reason, cmd_msg_id=cmd_msg_id, generation=generation)
+    )
+    await emit(
+        publisher,
+        SandboxFailed(
+            sandbox_id=sandbox_id, generation=record.generation, at=t.now(), op=op, reason=reason
+        ),
+    )
+    return record
