@@ -1,4 +1,4 @@
-"""Building and connecting the FastStream broker every service uses (bus design §7.1)."""
+"""Building and connecting the FastStream broker every service uses (docs/bus.md, "Workers")."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def warn_if_anonymous(nc: Client, settings: BusSettings) -> None:
     bus. ``torpor up`` and ``deploy/nats`` always authenticate; test stacks may not."""
     if accepts_anonymous(nc, settings):
         log.warning(
-            "bus.anonymous_access",
+            "bus_anonymous_access",
             detail="the NATS server accepts clients without credentials: any process that can "
             "reach it can read and forge every command, event and record",
             nats_url=redact_url(settings.nats_url),

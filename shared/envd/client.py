@@ -146,7 +146,7 @@ class ConnectEnvdClient:
             pid = int(message["event"]["start"]["pid"])
         except (KeyError, TypeError, ValueError) as exc:
             raise EnvdError(f"expected a start event, got {message!r}", code="internal") from exc
-        log.info("envd.process_started", host=endpoint.host, pid=pid, cmd=config.cmd, tag=tag)
+        log.info("envd_process_started", host=endpoint.host, pid=pid, cmd=config.cmd, tag=tag)
         return pid
 
     async def metrics(

@@ -312,7 +312,7 @@ async def test_kill9_of_the_owner_during_claims_leaves_no_orphan_pods(
     try:
         assert owner.stdout is not None
         for line in owner.stdout:  # kill -9 right after a claim's first step
-            if "runtime.local.pool_claimed" in line:
+            if "runtime_local_pool_claimed" in line:
                 break
         else:
             pytest.fail(f"the owner exited with {owner.wait(10)} before claiming")

@@ -250,12 +250,12 @@ async def test_a_service_on_an_open_bus_warns_once(tmp_path: Path) -> None:
     server = EmbeddedNats(data_dir=tmp_path / "open-nats").start()
     try:
         anonymous = await asyncio.to_thread(_run_placeholder, server.url)
-        assert anonymous.count("bus.anonymous_access") == 1, anonymous
+        assert anonymous.count("bus_anonymous_access") == 1, anonymous
         # Credentials do not help when the server ignores them; none is logged.
         with_password = await asyncio.to_thread(
             _run_placeholder, server.url, NATS_USER="scheduler", NATS_PASSWORD="pSECRETpw"
         )
-        assert with_password.count("bus.anonymous_access") == 1, with_password
+        assert with_password.count("bus_anonymous_access") == 1, with_password
         assert "pSECRETpw" not in with_password
     finally:
         server.stop()
@@ -265,4 +265,4 @@ def test_services_on_the_authenticated_bus_do_not_warn(placeholder_bus: Embedded
     for name in ("api", "proxy", "scheduler", "snapshotter", "scaler"):
         log = (placeholder_bus.data_dir / "logs" / f"{name}.log").read_text()
         assert "placeholder_ready" in log
-        assert "bus.anonymous_access" not in log
+        assert "bus_anonymous_access" not in log

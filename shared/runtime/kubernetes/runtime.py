@@ -158,7 +158,7 @@ class KubernetesRuntime:
             if existing is None:
                 raise
             return existing
-        log.info("k8s.workload_created", name=spec.name, namespace=self._ns)
+        log.info("k8s_workload_created", name=spec.name, namespace=self._ns)
         # After the ReplicaSet, which owns it: no claim without an owner. Its pods wait for it.
         if uses_claim(body["spec"]["template"]):
             assert rs.metadata is not None
@@ -223,7 +223,7 @@ class KubernetesRuntime:
         if workload is None:
             msg = f"ReplicaSet {self._ns}/{name} vanished while scaling"
             raise NotFound(msg)
-        log.info("k8s.workload_scaled", name=name, replicas=replicas)
+        log.info("k8s_workload_scaled", name=name, replicas=replicas)
         return workload
 
     async def set_network(self, name: str, policy: NetworkPolicy) -> None:
@@ -243,7 +243,7 @@ class KubernetesRuntime:
                 force=True,
                 _content_type=APPLY_PATCH,
             )
-        log.info("k8s.network_policy_applied", name=name, egress_rules=len(body["spec"]["egress"]))
+        log.info("k8s_network_policy_applied", name=name, egress_rules=len(body["spec"]["egress"]))
 
     async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
         rs = await self._read(name)
@@ -277,7 +277,7 @@ class KubernetesRuntime:
         except NotFound:
             pass
         else:
-            log.info("k8s.workload_deleted", name=name, namespace=self._ns)
+            log.info("k8s_workload_deleted", name=name, namespace=self._ns)
         await self.wait_stopped(name, timeout=pods_gone_timeout)
         # The kept files go with the sandbox (the garbage collector would delete the owned claim
         # too; this does not wait for it, and covers a claim whose owner is already gone).
@@ -344,7 +344,7 @@ class KubernetesRuntime:
                 current = self._templates.get(template)
             except NotFound:
                 # Losing the sandbox would be worse than running it on its old template.
-                log.warning("k8s.template_gone_at_resume", name=name, template=template)
+                log.warning("k8s_template_gone_at_resume", name=name, template=template)
                 return False
             size = claim_size(current)
             fresh = rerendered_pod_template(rs, current)
@@ -371,7 +371,7 @@ class KubernetesRuntime:
                 if _lost_race(e):
                     continue
                 raise
-            log.info("k8s.pod_template_rerendered", name=name, template=template)
+            log.info("k8s_pod_template_rerendered", name=name, template=template)
             return True
         msg = f"{what}: still contended after {_PATCH_ATTEMPTS} attempts"
         raise Conflict(msg)
@@ -399,7 +399,7 @@ class KubernetesRuntime:
                             await self._core.create_namespaced_persistent_volume_claim(
                                 self._ns, k8s.V1PersistentVolumeClaim.model_validate(body)
                             )
-                        log.info("k8s.claim_created", name=name, claim=claim)
+                        log.info("k8s_claim_created", name=name, claim=claim)
                         return
                     except Conflict:
                         pass
@@ -413,7 +413,7 @@ class KubernetesRuntime:
                         msg = f"{what}: a claim of that name exists and is not torpor's"
                         raise Conflict(msg)
                     if (existing.get("metadata") or {}).get("deletionTimestamp") is None:
-                        log.info("k8s.stale_claim_deleted", name=name, claim=claim)
+                        log.info("k8s_stale_claim_deleted", name=name, claim=claim)
                         with contextlib.suppress(NotFound), api_errors(what):
                             await self._core.delete_namespaced_persistent_volume_claim(
                                 claim, self._ns
@@ -433,7 +433,7 @@ class KubernetesRuntime:
         meta = found.get("metadata") or {}
         labels = meta.get("labels") or {}
         if labels.get(LABEL_SANDBOX_ID) != name or labels.get(LABEL_MANAGED_BY) != MANAGED_BY:
-            log.warning("k8s.foreign_claim_left_alone", name=name, claim=claim)
+            log.warning("k8s_foreign_claim_left_alone", name=name, claim=claim)
             return
         options = k8s.V1DeleteOptions.model_validate({"preconditions": {"uid": meta.get("uid")}})
         try:
@@ -444,7 +444,7 @@ class KubernetesRuntime:
         except (NotFound, Conflict):
             pass  # gone, or replaced meanwhile by a new sandbox's claim
         else:
-            log.info("k8s.claim_deleted", name=name, claim=claim)
+            log.info("k8s_claim_deleted", name=name, claim=claim)
 
     async def _read_claim(self, claim: str) -> dict[str, Any] | None:
         try:
@@ -524,7 +524,7 @@ class KubernetesRuntime:
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     yield kind, event["object"]
         except (TimeoutError, ConnectionError) as e:
-            log.debug("k8s.watch_ended", error=repr(e))  # relist and continue
+            log.debug("k8s_watch_ended", error=repr(e))  # relist and continue
         finally:
             resp.release()
 

@@ -87,12 +87,12 @@ async def precompile(python: str, prefix: Path) -> None:
         )
         out, _ = await proc.communicate()
     except OSError as e:
-        log.warning("runtime.local.precompile_failed", error=str(e))
+        log.warning("runtime_local_precompile_failed", error=str(e))
         return
     if proc.returncode != 0:
-        log.warning("runtime.local.precompile_failed", output=out.decode(errors="replace")[-300:])
+        log.warning("runtime_local_precompile_failed", output=out.decode(errors="replace")[-300:])
     else:
-        log.info("runtime.local.precompiled", output=out.decode(errors="replace").strip())
+        log.info("runtime_local_precompiled", output=out.decode(errors="replace").strip())
 
 
 async def ensure(python: str, prefix: Path) -> None:

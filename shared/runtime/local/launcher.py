@@ -296,7 +296,7 @@ class PodLauncher:
         pod on its list and tries again instead of forgetting a running pod."""
         pod_dir = self.pod_dir(pod.uid)
         if pod_dir is None:
-            log.error("runtime.local.invalid_pod_uid", pod_uid=pod.uid[:80])
+            log.error("runtime_local_invalid_pod_uid", pod_uid=pod.uid[:80])
             return
         await self._stop(pod.uid)
         await self._discard(pod.uid, pod_dir)
@@ -448,12 +448,12 @@ def remove_pod_dir(pod_dir: Path) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISDIR(st.st_mode):
-        log.error("runtime.local.pod_dir_not_a_folder", pod_dir=str(pod_dir))
+        log.error("runtime_local_pod_dir_not_a_folder", pod_dir=str(pod_dir))
         return
     for mounted in ("workspace", "root", "lower"):
         # Never remove through a mount: ``root`` holds the sandbox's kept files.
         if mounts.is_mounted(pod_dir / mounted):
-            log.error("runtime.local.pod_dir_still_mounted", pod_dir=str(pod_dir), at=mounted)
+            log.error("runtime_local_pod_dir_still_mounted", pod_dir=str(pod_dir), at=mounted)
             return
     shutil.rmtree(pod_dir, ignore_errors=True)
 

@@ -62,7 +62,7 @@ class Cgroups:
         try:
             return _detect_v2(instance) or _detect_v1(instance)
         except OSError as e:
-            log.warning("runtime.local.cgroups_unavailable", error=str(e))
+            log.warning("runtime_local_cgroups_unavailable", error=str(e))
             return None
 
     def folders(self, uid: str) -> list[Path]:

@@ -147,7 +147,7 @@ class Pools:
             await self._addresses.release(address)
             await self._id_ranges.release(id_base)
             return
-        log.info("runtime.local.pool_filling", workload=name, template=template)
+        log.info("runtime_local_pool_filling", workload=name, template=template)
         self._kick(name)
 
     async def _trim(self) -> None:
@@ -202,7 +202,7 @@ class Pools:
             await self._store.mutate(name, change)
         except NotFound:
             return
-        log.info("runtime.local.pool_ready", workload=name, pod_uid=uid)
+        log.info("runtime_local_pool_ready", workload=name, pod_uid=uid)
 
     # ---- claiming ----------------------------------------------------------------------
 
@@ -288,7 +288,7 @@ class Pools:
         if current_record is None or current_record.pod != claimed:
             await self.discard(name)  # claimed for nothing: it goes, unused
             return current_record is not None and current_record.pod is not None
-        log.info("runtime.local.pool_claimed", workload=record.name, pool=name, pod_uid=pod.uid)
+        log.info("runtime_local_pool_claimed", workload=record.name, pool=name, pod_uid=pod.uid)
         return True
 
     async def finish(self, record: WorkloadRecord, revision: int) -> float | None:
@@ -343,7 +343,7 @@ class Pools:
             await self._bind_daemon(record, claim)
             mark("daemon")
         except (RuntimeFailure, OSError, httpx.HTTPError, NotFound) as e:
-            log.warning("runtime.local.pool_claim_failed", workload=name, error=str(e)[:300])
+            log.warning("runtime_local_pool_claim_failed", workload=name, error=str(e)[:300])
             await self._give_up(record)
             return None
 
@@ -357,7 +357,7 @@ class Pools:
         await self._store.mutate(name, bound)
         await self._forget_pool(claim.pool, name)
         log.info(
-            "runtime.local.pool_bound",
+            "runtime_local_pool_bound",
             workload=name,
             pod_uid=pod.uid,
             bind_ms=round((time.monotonic() - started) * 1000, 1),
@@ -481,5 +481,5 @@ class Pools:
             return
         if time.time() - record.pool.claimed_at < self._claim_timeout:
             return
-        log.warning("runtime.local.pool_claim_abandoned", workload=record.name, claimer=claimer)
+        log.warning("runtime_local_pool_claim_abandoned", workload=record.name, claimer=claimer)
         await self.discard(record.name)

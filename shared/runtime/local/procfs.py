@@ -229,7 +229,7 @@ async def stop_pod(uid: str, *, runtime_root: Path, grace: float) -> None:
     for proc in sorted(procs, key=lambda p: p.outer):  # inner (PID 1 inside) first
         _signal(proc.pid, signal.SIGKILL)
     if not await _wait_gone(procs, 10.0):
-        log.error("runtime.local.pod_unkillable", pod_uid=uid, pids=sorted(bwraps))
+        log.error("runtime_local_pod_unkillable", pod_uid=uid, pids=sorted(bwraps))
 
 
 async def _wait_gone(procs: list[_PodProcess], within: float) -> bool:

@@ -103,7 +103,7 @@ class Reconciler:
             try:
                 await self.reconcile(name)
             except Exception:
-                log.exception("runtime.local.reconcile_failed", workload=name)
+                log.exception("runtime_local_reconcile_failed", workload=name)
 
         self._spawn_task(run())
 
@@ -118,7 +118,7 @@ class Reconciler:
                 return
             except RuntimeFailure as e:
                 # E.g. a pod that did not die yet: the record keeps it, the next pass retries.
-                log.warning("runtime.local.reconcile_retry", workload=name, error=str(e))
+                log.warning("runtime_local_reconcile_retry", workload=name, error=str(e))
                 self.kick(name, after=1.0)
 
     async def reconcile_all(self, *, stray_sweep: bool) -> None:
@@ -180,7 +180,7 @@ class Reconciler:
                     known.add(current[0].pod.uid)
         for uid in await self._launcher.scan():
             if uid not in known and uid not in self._starting:
-                log.info("runtime.local.stray_stopped", pod_uid=uid)
+                log.info("runtime_local_stray_stopped", pod_uid=uid)
                 await self._launcher.stop_stray(uid)
 
     async def stop_everything(self) -> None:
@@ -214,7 +214,7 @@ class Reconciler:
                 if self.pools is not None:
                     await self.pools.refill(busy=self._starting_sandbox)
             except Exception:
-                log.exception("runtime.local.monitor_failed")
+                log.exception("runtime_local_monitor_failed")
 
     def _starting_sandbox(self) -> bool:
         """Whether a sandbox's (not a pool's) pod is being started here right now."""
@@ -250,7 +250,7 @@ class Reconciler:
                     await self._addresses.release_held(record.address, name)
                     if record.id_base is not None:
                         await self._id_ranges.release_held(record.id_base, name)
-                    log.info("runtime.local.deleted", workload=name)
+                    log.info("runtime_local_deleted", workload=name)
                     return False
                 return True
             await self._store.mutate(name, _pod_to_terminating)
@@ -285,7 +285,7 @@ class Reconciler:
         assert dead is not None
         backoff = min(0.5 * 2**record.restarts, _BACKOFF_MAX)
         log.warning(
-            "runtime.local.pod_died", workload=record.name, pod_uid=dead.uid, restart_in=backoff
+            "runtime_local_pod_died", workload=record.name, pod_uid=dead.uid, restart_in=backoff
         )
 
         def change(r: WorkloadRecord) -> WorkloadRecord | None:
@@ -344,7 +344,7 @@ class Reconciler:
             return
         if current.network != record.network:  # changed while the pod was starting
             await self.apply_network(record.name)
-        log.info("runtime.local.pod_started", workload=record.name, pod_uid=uid, pid=process.pid)
+        log.info("runtime_local_pod_started", workload=record.name, pod_uid=uid, pid=process.pid)
         self._spawn_task(self._watch_exit(record.name, process))
 
     async def _usable_address(self, record: WorkloadRecord) -> WorkloadRecord:
@@ -362,7 +362,7 @@ class Reconciler:
             await self._addresses.release(address)
         else:
             await self._addresses.release(old)
-            log.info("runtime.local.readdressed", workload=record.name, old=old, new=address)
+            log.info("runtime_local_readdressed", workload=record.name, old=old, new=address)
         return current
 
     async def _discard(self, pod: PodRecord) -> None:

@@ -174,7 +174,7 @@ class LocalRuntime:
         if self._supervise:
             await self._reconciler_.reconcile_all(stray_sweep=True)
             self._reconciler_.start_monitor()
-        log.info("runtime.local.started", data_dir=str(self._data_dir), cgroups=bool(cgroups))
+        log.info("runtime_local_started", data_dir=str(self._data_dir), cgroups=bool(cgroups))
         return self
 
     async def __aenter__(self) -> LocalRuntime:
@@ -281,7 +281,7 @@ class LocalRuntime:
                 msg = f"workload {spec.name} vanished while being created"
                 raise Conflict(msg)
             return self._view(*current)
-        log.info("runtime.local.created", workload=spec.name, address=address)
+        log.info("runtime_local_created", workload=spec.name, address=address)
         self._reconciler.kick(spec.name)
         return self._view(record, revision)
 

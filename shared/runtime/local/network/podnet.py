@@ -89,7 +89,7 @@ class PodNetwork:
                 self._subnet = found
                 if self._setting is not None and self._setting != found:
                     log.warning(
-                        "runtime.local.network.kept_range",
+                        "runtime_local_network_kept_range",
                         range=str(found),
                         setting=str(self._setting),
                         reason="pods of the last run may still use it; stop them to change it",
@@ -98,7 +98,7 @@ class PodNetwork:
             else:
                 self._subnet = await self._claim()
         await asyncio.to_thread(_enable_forwarding)
-        log.info("runtime.local.network.open", range=str(self._subnet), table=self.names.table)
+        log.info("runtime_local_network_open", range=str(self._subnet), table=self.names.table)
         return self
 
     async def _claim(self) -> ipaddress.IPv4Network:
@@ -123,7 +123,7 @@ class PodNetwork:
                 [self._ip, "route", "add", "unreachable", str(candidate)], check=False
             )
             if added.returncode == 0:
-                log.info("runtime.local.network.claimed", range=str(candidate))
+                log.info("runtime_local_network_claimed", range=str(candidate))
                 return candidate
             await run([self._nft, "delete", "table", "inet", self.names.table], check=False)
             if self._setting is not None:  # claimed by another instance a moment ago
@@ -216,7 +216,7 @@ class PodNetwork:
         ids = {names.id_of_link(n) for n in links.own_links(names.link_prefix)}
         ids |= {names.id_of_netns(n) for n in links.own_netns(names.netns_prefix)}
         for net_id in sorted(i for i in ids if i is not None and i not in keep):
-            log.info("runtime.local.network.leftover_removed", net_id=net_id)
+            log.info("runtime_local_network_leftover_removed", net_id=net_id)
             await links.remove(self._ip, netns=names.netns(net_id), link=names.link(net_id))
 
     async def release(self) -> None:
@@ -232,7 +232,7 @@ class PodNetwork:
         if claimed is not None:
             await run([self._ip, "route", "del", "unreachable", str(claimed)], check=False)
         await run([self._nft, "delete", "table", "inet", self.names.table], check=False)
-        log.info("runtime.local.network.released", range=str(claimed), table=self.names.table)
+        log.info("runtime_local_network_released", range=str(claimed), table=self.names.table)
 
 
 async def release_instance(data_dir: Path) -> None:
@@ -248,7 +248,7 @@ def _enable_forwarding() -> None:
     try:
         if IP_FORWARD.read_text().strip() != "1":
             IP_FORWARD.write_text("1")
-            log.info("runtime.local.network.forwarding_enabled")
+            log.info("runtime_local_network_forwarding_enabled")
     except OSError as e:
         msg = f"cannot enable IPv4 forwarding ({e.strerror}): pods would have no egress"
         raise ConfigError(msg) from e
