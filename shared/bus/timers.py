@@ -1,4 +1,6 @@
-"""NATS message schedules (ADR-51, server 2.12+) as durable timers: the adapter.
+"""NATS message schedules (server 2.12+; NATS ADR-51,
+https://github.com/nats-io/nats-architecture-and-design/blob/main/adr/ADR-51.md) as durable
+timers: the adapter.
 
 A timer is a *holder* message on ``sandbox.sched.<holder>.<sid>`` with ``Nats-Schedule: @at
 <RFC3339 UTC>`` and ``Nats-Schedule-Target: sandbox.timer.fired.<sid>``. The server keeps it

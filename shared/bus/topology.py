@@ -1,7 +1,8 @@
 """Streams, consumers and KV buckets, created idempotently at start-up by every service.
 
 One definition, here; FastStream subscribers bind with ``declare=False`` so no service can
-overwrite a stream's config with defaults (pitfall 4 in the bus design). Existing consumers are
+overwrite a stream's config with defaults (FastStream's ``JStream("X")`` with default arguments
+replaces an existing stream's config, with only a warning). Existing consumers are
 updated in place with ``add_consumer`` (create-or-update), since binding ignores new config.
 """
 

@@ -19,7 +19,7 @@ from shared.ports.workloads import (
 def workload_spec(record: SandboxRecord, *, replicas: int = 1) -> WorkloadSpec:
     annotations = {}
     if record.snapshot is not None:
-        # Re-creating a lost workload keeps the last snapshot where the seed says it lives.
+        # Re-creating a lost workload keeps the last snapshot in its annotation.
         annotations[ANNOTATION_SNAPSHOT] = record.snapshot.annotation
     elif record.origin is not None:
         # Started from a stored snapshot: its processes are the ones to replay.

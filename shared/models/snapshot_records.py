@@ -1,6 +1,6 @@
 """A stored snapshot (E2B's ``create_snapshot``): one KV entry per snapshot in ``torpor_snapshots``.
 
-A snapshot is a sandbox's process list (the seed's snapshot format, the same value a pause
+A snapshot is a sandbox's process list (``shared.models.snapshots``, the same value a pause
 stores) plus its files (kept by the runtime under the snapshot id), so any number of sandboxes can
 start from it: files copied, processes replayed, like a resume. It belongs to its owner alone:
 to everyone else it does not exist. Writes are compare-and-set on the revision, like sandboxes.
@@ -70,7 +70,7 @@ class SnapshotRecord(BaseModel):
     template: str
     envs: dict[str, str] = Field(default_factory=dict)
     network: NetworkPolicy = OPEN
-    annotation: str | None = None  # base64 seed snapshot (process list); set when ready
+    annotation: str | None = None  # base64 ``Snapshot`` (process list); set when ready
     process_count: int = 0
     files_bytes: int | None = None  # what the runtime stored for the files
     files_only: bool = False  # E2B memory=false: sandboxes from it start no processes

@@ -1,4 +1,5 @@
-"""The seed's snapshot format, exactly.
+"""The snapshot format of the seed (the project's brief, whose example is
+tests/e2e/seed_example.py; README.md, "The seed example against torpor"), exactly.
 
 ``base64(JSON({"captured_time": "<RFC 3339, UTC, Z>", "processes": [{"config": {"cmd", "args",
 "cwd", "envs"?}, "pid", "tag"?}]}))``, written as the ReplicaSet annotation

@@ -13,7 +13,7 @@ LABEL_SANDBOX_ID = "torpor.dev/sandbox-id"
 LABEL_OWNER = "torpor.dev/owner"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "torpor"
-# The seed's snapshot lives in this annotation on the ReplicaSet.
+# The last snapshot (``shared.models.snapshots``) lives in this annotation on the ReplicaSet.
 ANNOTATION_SNAPSHOT = "torpor.dev/snapshot"
 # Which snapshot the current pod has already replayed (keyed by snapshot id: replay once).
 ANNOTATION_REPLAYED = "torpor.dev/replayed-snapshot"
