@@ -1,13 +1,11 @@
 """The services ``torpor up`` supervises; add an entry here to supervise one more.
 
 Every service is a package ``services.<name>`` with ``main.py`` defining
-``main(argv: list[str] | None = None) -> int``. A service that does not exist yet runs as an
-idle placeholder (``services.cli.placeholder``) so the rest of the system can come up around it.
+``main(argv: list[str] | None = None) -> int`` (``torpor run <name>`` calls it).
 """
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 
@@ -39,11 +37,3 @@ def by_name(name: str) -> ServiceSpec:
             return spec
     msg = f"unknown service {name!r}; choose one of: {', '.join(NAMES)}"
     raise KeyError(msg)
-
-
-def is_implemented(name: str) -> bool:
-    """Whether ``services/<name>/main.py`` exists (without importing it)."""
-    try:
-        return importlib.util.find_spec(f"services.{name}.main") is not None
-    except ModuleNotFoundError:
-        return False

@@ -28,7 +28,7 @@ from services.cli.instance import (
 )
 from services.cli.settings import UpSettings
 from shared.errors import ConfigError, NotFound
-from shared.settings import BusSettings, LoggingSettings, RuntimeSettings, load
+from shared.settings import BusSettings, RuntimeSettings, load
 
 app = typer.Typer(
     add_completion=False,
@@ -130,21 +130,11 @@ def run(
 
 
 def run_service(name: str, argv: list[str]) -> int:
-    forced = {s.strip() for s in os.environ.get("TORPOR_PLACEHOLDERS", "").split(",")}
-    if catalog.is_implemented(name) and name not in forced:
-        module = importlib.import_module(f"services.{name}.main")
-        return int(module.main(argv) or 0)
     if name not in catalog.NAMES:
         msg = f"unknown service {name!r}; choose one of: {', '.join(catalog.NAMES)}"
         raise ConfigError(msg)
-    from services.cli import placeholder
-    from shared.logging import configure
-    from shared.settings import HealthSettings
-
-    bus = load(BusSettings)
-    configure(load(LoggingSettings), service=name)
-    health = load(HealthSettings)
-    return asyncio.run(placeholder.serve(name, bus=bus, health=health))
+    module = importlib.import_module(f"services.{name}.main")
+    return int(module.main(argv) or 0)
 
 
 @app.command()

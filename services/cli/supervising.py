@@ -24,6 +24,10 @@ from services.cli.catalog import ServiceSpec
 from services.cli.probing import http_status
 
 _PR_SET_PDEATHSIG = 1
+# The supervisor runs ``<python> -m SERVICE_MODULE run <name>`` for each service. The one hook
+# for tests: tests/support/placeholder.py points it at idle stand-ins to test the supervisor and
+# the bus's users without the services' own code.
+SERVICE_MODULE = "services.cli"
 
 
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: the child only makes one call
@@ -83,7 +87,7 @@ class Supervisor:
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     def command(self, child: Child) -> list[str]:
-        return [self.python, "-m", "services.cli", "run", child.name]
+        return [self.python, "-m", SERVICE_MODULE, "run", child.name]
 
     async def _spawn(self, child: Child) -> None:
         env = {

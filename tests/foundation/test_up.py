@@ -20,6 +20,7 @@ from shared.auth.keys import KvApiKeys, KvUsers
 from shared.bus.kv import NatsBucket
 from shared.bus.server import free_port
 from shared.bus.topology import KV_API_KEYS, KV_USERS
+from tests.support import placeholder
 from tests.support.env import TORPOR, clean_env, parse_exports, torpor
 from tests.support.pods import processes_mentioning, service_pids
 from tests.support.stack import up_args
@@ -31,15 +32,14 @@ class Up:
     def __init__(self, data_dir: Path, *, placeholders: bool = False) -> None:
         self.data_dir = data_dir
         self.api_port, self.proxy_port = free_port(), free_port()
+        # placeholders: torpor up supervising idle stand-ins (tests/support/placeholder.py)
+        command = placeholder.COMMAND if placeholders else TORPOR
         self.proc = subprocess.Popen(
-            [*TORPOR, *up_args(data_dir, self.api_port, self.proxy_port)],
+            [*command, *up_args(data_dir, self.api_port, self.proxy_port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=clean_env(
-                TORPOR_STOP_GRACE="10",
-                TORPOR_PLACEHOLDERS=",".join(catalog.NAMES) if placeholders else "",
-            ),
+            env=clean_env(TORPOR_STOP_GRACE="10"),
             start_new_session=True,
         )
         self.lines: list[str] = []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from services.cli import catalog
 from shared.bus.server import free_port
-from tests.support import pods, processes
+from tests.support import placeholder, pods, processes
 from tests.support.env import cli_env
 from tests.support.stack import up_args
 
@@ -44,13 +44,15 @@ class EmbeddedBus:
 
 @contextlib.contextmanager
 def placeholder_up(root: Path, *, timeout: float = 90) -> Iterator[EmbeddedBus]:
-    """``torpor up`` with every service an idle placeholder: each connects as its own user but
-    binds no durable, so a test can use the service users itself without competing."""
+    """``torpor up`` with every service an idle placeholder (``tests/support/placeholder.py``):
+    each connects as its own user but binds no durable, so a test can use the service users
+    itself without competing."""
     data_dir = root / "data"
     proc = processes.spawn(
         up_args(data_dir, free_port(), free_port()),
-        env=cli_env(TORPOR_PLACEHOLDERS=",".join(catalog.NAMES), TORPOR_STOP_GRACE="5"),
+        env=cli_env(TORPOR_STOP_GRACE="5"),
         log=root / "up.log",
+        command=placeholder.COMMAND,
     )
     try:
         deadline = time.monotonic() + timeout
@@ -59,7 +61,7 @@ def placeholder_up(root: Path, *, timeout: float = 90) -> Iterator[EmbeddedBus]:
                 raise RuntimeError((root / "up.log").read_text(errors="replace")[-3000:])
             logs = [data_dir / "logs" / f"{n}.log" for n in catalog.NAMES]
             if (data_dir / "torpor.json").exists() and all(
-                p.exists() and "placeholder_ready" in p.read_text(errors="replace") for p in logs
+                p.exists() and placeholder.READY in p.read_text(errors="replace") for p in logs
             ):
                 break
             if time.monotonic() > deadline:

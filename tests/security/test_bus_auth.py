@@ -26,6 +26,7 @@ from tests.security.embedded import (
     nats_server_pid,
     service_pids,
 )
+from tests.support import placeholder
 from tests.support.env import REPO, TORPOR, cli_env, parse_exports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -211,11 +212,10 @@ def _run_placeholder(nats_url: str, **extra: str) -> str:
     """Start one service (a placeholder: connects, serves health) and return its log once it
     is ready."""
     proc = subprocess.Popen(
-        [*TORPOR, "run", "scheduler"],
+        [*placeholder.COMMAND, "run", "scheduler"],
         cwd=REPO,
         env=cli_env(
             NATS_URL=nats_url,
-            TORPOR_PLACEHOLDERS="scheduler",
             TORPOR_HEALTH_PORT=str(free_port()),
             TORPOR_HEALTH_HOST="127.0.0.1",
             **extra,
@@ -230,7 +230,7 @@ def _run_placeholder(nats_url: str, **extra: str) -> str:
         assert proc.stdout is not None
         deadline = time.monotonic() + 60
         os.set_blocking(proc.stdout.fileno(), False)
-        while time.monotonic() < deadline and not any("placeholder_ready" in x for x in lines):
+        while time.monotonic() < deadline and not any(placeholder.READY in x for x in lines):
             chunk = proc.stdout.readline()
             if chunk:
                 lines.append(chunk)
@@ -242,7 +242,7 @@ def _run_placeholder(nats_url: str, **extra: str) -> str:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(20)
     text = "".join(lines)
-    assert "placeholder_ready" in text, text
+    assert placeholder.READY in text, text
     return text
 
 
@@ -264,5 +264,5 @@ async def test_a_service_on_an_open_bus_warns_once(tmp_path: Path) -> None:
 def test_services_on_the_authenticated_bus_do_not_warn(placeholder_bus: EmbeddedBus) -> None:
     for name in ("api", "proxy", "scheduler", "snapshotter", "scaler"):
         log = (placeholder_bus.data_dir / "logs" / f"{name}.log").read_text()
-        assert "placeholder_ready" in log
+        assert placeholder.READY in log
         assert "bus_anonymous_access" not in log

@@ -18,12 +18,14 @@ import httpx
 from tests.support.env import REPO, TORPOR
 
 
-def spawn(args: list[str], *, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``torpor <args>`` in its own session, its output appended to ``log``."""
+def spawn(
+    args: list[str], *, env: dict[str, str], log: Path, command: list[str] = TORPOR
+) -> subprocess.Popen[bytes]:
+    """``torpor <args>`` (or ``command``) in its own session, its output appended to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         return subprocess.Popen(
-            [*TORPOR, *args],
+            [*command, *args],
             cwd=REPO,
             env=env,
             stdout=out,
