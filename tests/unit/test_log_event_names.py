@@ -60,5 +60,5 @@ def test_the_scan_sees_the_log_calls() -> None:
     names = {name for path in sources() for _, name in event_names(path)}
     assert len(names) > 50
     assert {"resume_timing", "bus_anonymous_access", "k8s_workload_created"} <= names
-    assert not EVENT.fullmatch("runtime_local_pod_started")
+    assert not EVENT.fullmatch("runtime.local.pod_started")
     assert not EVENT.fullmatch("metrics sample failed")
