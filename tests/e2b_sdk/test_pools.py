@@ -6,6 +6,7 @@ replays the sandbox's processes in it; the events say so."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import nats
 import pytest
 from e2b import Sandbox
+from nats.js.errors import NotFoundError
 
 from shared.bus.topology import KV_WORKLOADS
 from shared.runtime.local.pools import is_pool_name
@@ -55,8 +57,17 @@ async def _warm(nats_url: str) -> int:
 async def _last_event(nats_url: str, kind: str, sandbox_id: str) -> dict[str, Any]:
     nc = await nats.connect(nats_url)
     try:
-        msg = await nc.jetstream().get_last_msg("SANDBOX_EVT", f"sandbox.evt.{kind}.{sandbox_id}")
-        return dict(json.loads(msg.data))
+        # The api answers once the record is running; the event follows that CAS.
+        for _ in range(100):
+            with contextlib.suppress(NotFoundError):
+                msg = await nc.jetstream().get_last_msg(
+                    "SANDBOX_EVT", f"sandbox.evt.{kind}.{sandbox_id}"
+                )
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"no {kind} event of {sandbox_id}")
+        return dict(json.loads(msg.data or b"{}"))
     finally:
         await nc.close()
 

@@ -18,6 +18,7 @@ import pytest
 from shared.errors import RuntimeFailure
 from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.local import LocalRuntime, disk, mounts, procfs
+from shared.runtime.local import limits as local_limits
 from shared.runtime.local.pools import slot_name
 from tests.conftest import skip_or_fail
 from tests.runtime_local.support import TEMPLATES, runtime_kwargs
@@ -59,6 +60,15 @@ async def pool_uids(rt: LocalRuntime) -> set[str]:
         if current is not None and current[0].pod is not None:
             uids.add(current[0].pod.uid)
     return uids
+
+
+def cpu_weight(data_dir: Path, uid: str) -> str | None:
+    """The pod's cgroup v2 ``cpu.weight`` (None without cgroup v2 delegation)."""
+    path = local_limits.CGROUP_ROOT / local_limits.instance_name(data_dir) / uid / "cpu.weight"
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
 
 
 async def cleanup(data_dir: Path) -> None:
@@ -167,9 +177,12 @@ async def test_create_and_resume_claim_warm_pods_bound_to_the_sandbox(
     spec = WorkloadSpec(
         name=name, owner="alice", access_token=token_of(name), envs={"FOO": "--ro-bind"}
     )
+    # Waiting pods yield the CPU (cgroup v2 here: cpu.weight 10), a claimed one gets 100.
+    assert {cpu_weight(data_dir, uid) for uid in warm} <= {"10", None}
     await rt.create(spec)
     ep = await rt.wait_ready(name, timeout=READY)
     assert ep.warm and ep.pod_uid in warm
+    assert cpu_weight(data_dir, ep.pod_uid) in {"100", None}
 
     # Bound at claim: the pool's one-time token is dead, the sandbox's works; its env, its
     # hostname, its volume.

@@ -40,6 +40,9 @@ SANDBOX_USER_ID = 1000  # `user` in the rootfs (deploy/sandbox-base/configure.sh
 # In a pod folder: which layer the pod holds, so whoever discards the pod (even as a stray after
 # a restart) puts the right one back.
 _LAYER_NOTE = "layer.json"
+# cgroup ``cpu.weight`` of a warm pod until it is claimed (100: every other pod's).
+POOL_CPU_WEIGHT = 10
+DEFAULT_CPU_WEIGHT = 100
 
 
 class PodLauncher:
@@ -149,6 +152,8 @@ class PodLauncher:
             )
             if self._cgroups is not None:
                 await asyncio.to_thread(self._cgroups.create, uid, pod_limits)
+                if record.pool is not None:  # a warm pod yields the CPU to sandboxes
+                    await asyncio.to_thread(self._cgroups.set_cpu_weight, uid, POOL_CPU_WEIGHT)
             process = await self._spawn(launch, pod_limits, pod_dir, enter)
         except (OSError, RuntimeFailure) as e:
             await self._discard(uid, pod_dir)
@@ -257,6 +262,11 @@ class PodLauncher:
             inject.switch_root(inner, root, owner=new_base)
         self.note_layer(uid, name, Persist.LAYER)
         self.layers.delete(pool)
+
+    def claimed(self, uid: str) -> None:
+        """A warm pod serves a sandbox now: the CPU weight of any pod."""
+        if self._cgroups is not None:
+            self._cgroups.set_cpu_weight(uid, DEFAULT_CPU_WEIGHT)
 
     def held_layer(self, uid: str) -> str | None:
         """The workload whose layer pod ``uid`` holds, from its note."""

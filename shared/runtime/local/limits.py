@@ -112,6 +112,16 @@ class Cgroups:
             for pid in pids:
                 (folder / "cgroup.procs").write_text(str(pid))
 
+    def set_cpu_weight(self, uid: str, weight: int) -> None:
+        """The pod's share of contended CPU (cgroup v2 ``cpu.weight``, 100 by default; v1
+        ``cpu.shares``, scaled): warm pods wait at a low weight until claimed (see .pools)."""
+        for controller, parent in self.parents.items():
+            shares = weight * 1024 // 100
+            name, value = ("cpu.weight", weight) if self.v2 else ("cpu.shares", shares)
+            if self.v2 or "cpu" in controller.split(","):
+                with contextlib.suppress(OSError):
+                    (parent / uid / name).write_text(str(max(2, value)))
+
     def procs(self, uid: str) -> set[int]:
         """Every process of the pod (sandbox code cannot leave its cgroup)."""
         found: set[int] = set()

@@ -376,6 +376,7 @@ class Pools:
         inner = await asyncio.to_thread(procfs.inner_pid, pod.pid)
         if inner is None:
             raise RuntimeFailure(f"the warm pod {pod.uid} is gone")
+        await asyncio.to_thread(self._launcher.claimed, pod.uid)
         mark("find")
         layers = self._launcher.layers
         held = await asyncio.to_thread(self._launcher.held_layer, pod.uid)
