@@ -27,6 +27,7 @@ from typing import Literal
 import structlog
 
 from services.scaler import metrics
+from services.scaler.reports import Spans, path_of, resume_report
 from services.scaler.restoring import Progress, Restorer
 from shared.bus.retry import Retry
 from shared.domain import states
@@ -40,9 +41,7 @@ from shared.models.messages import (
     CreateSandbox,
     KillSandbox,
     ProcessOutcome,
-    ResumeReport,
     ResumeSandbox,
-    ResumeTimings,
     SandboxCreated,
     SandboxKilled,
     SandboxPaused,
@@ -54,7 +53,7 @@ from shared.models.messages import (
 from shared.ports.bus import Publisher, SandboxStore, emit
 from shared.ports.envd import Envd
 from shared.ports.runtime import Runtime
-from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
+from shared.ports.workloads import ANNOTATION_SNAPSHOT
 
 log = structlog.get_logger()
 
@@ -63,63 +62,6 @@ Outcome = Literal["done", "skipped"]
 
 async def _no_progress() -> None:
     return None
-
-
-def _path(endpoint: Endpoint) -> StartPath:
-    return "warm" if endpoint.warm else "cold"
-
-
-class Spans:
-    """Durations of consecutive phases (ms), for the ``resume_timing`` log line."""
-
-    def __init__(self, started: float) -> None:
-        self._last = started
-        self._started = started
-        self._ms: dict[str, float] = {}
-
-    def mark(self, phase: str) -> None:
-        now = time.monotonic()
-        self._ms[f"{phase}_ms"] = round((now - self._last) * 1000, 1)
-        self._last = now
-
-    def as_ms(self) -> dict[str, float]:
-        return {**self._ms, "total_ms": round((self._last - self._started) * 1000, 1)}
-
-    def of(self, *phases: str) -> float:
-        return round(sum(self._ms.get(f"{p}_ms", 0.0) for p in phases), 1)
-
-    def timings(self) -> ResumeTimings:
-        """The report's view: the pod (scale, ready), the replay (list, start, mark)."""
-        return ResumeTimings(
-            claim_ms=self.of("claim"),
-            pod_ms=self.of("scale", "ready"),
-            files_ms=0.0,  # a resume's files are kept in place: mounted with the pod
-            replay_ms=self.of("replay_list", "replay_start", "replay_mark"),
-            total_ms=self.as_ms()["total_ms"],
-        )
-
-
-def resume_report(
-    record: SandboxRecord,
-    snapshot_id: str | None,
-    outcomes: list[ProcessOutcome],
-    facts: TemplateFacts,
-    timings: ResumeTimings,
-    *,
-    path: StartPath,
-) -> ResumeReport:
-    return ResumeReport(
-        at=t.now(),
-        path=path,
-        snapshot_id=snapshot_id,
-        template=record.template,
-        template_version=facts.version,
-        files_kept=facts.keeps_files,
-        processes=outcomes,
-        replayed=sum(1 for o in outcomes if o.new_pid is not None),
-        failed=sum(1 for o in outcomes if o.error is not None),
-        timings=timings,
-    )
 
 
 class Scaler:
@@ -190,7 +132,7 @@ class Scaler:
         except IllegalTransition:
             await self._clean_up_if_killed(sid)
             raise
-        await self._publish_created(record, outcomes, path=_path(endpoint))
+        await self._publish_created(record, outcomes, path=path_of(endpoint))
         metrics.observe("create", "done", time.monotonic() - started)
         return "done"
 
@@ -312,7 +254,7 @@ class Scaler:
             snapshot_id = record.snapshot.id if record.snapshot else None
             facts = self._templates(record.template)
             report = resume_report(
-                record, snapshot_id, outcomes, facts, spans.timings(), path=_path(endpoint)
+                record, snapshot_id, outcomes, facts, spans.timings(), path=path_of(endpoint)
             )
             record = await self._store.update(
                 sid,

@@ -1,0 +1,71 @@
+"""What a scaler operation tells about itself: the path its pod came by, the durations of a
+resume's phases (the ``resume_timing`` log line) and the resume report kept on the record and
+carried by the ``resumed`` event."""
+
+from __future__ import annotations
+
+import time
+
+from shared.domain import transitions as t
+from shared.domain.record import SandboxRecord
+from shared.models.lifecycle import TemplateFacts
+from shared.models.messages import ProcessOutcome, ResumeReport, ResumeTimings, StartPath
+from shared.ports.workloads import Endpoint
+
+
+def path_of(endpoint: Endpoint) -> StartPath:
+    """How the pod came: from a warm pool, or started for this sandbox."""
+    return "warm" if endpoint.warm else "cold"
+
+
+class Spans:
+    """Durations of consecutive phases (ms), for the ``resume_timing`` log line."""
+
+    def __init__(self, started: float) -> None:
+        self._last = started
+        self._started = started
+        self._ms: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        now = time.monotonic()
+        self._ms[f"{phase}_ms"] = round((now - self._last) * 1000, 1)
+        self._last = now
+
+    def as_ms(self) -> dict[str, float]:
+        return {**self._ms, "total_ms": round((self._last - self._started) * 1000, 1)}
+
+    def of(self, *phases: str) -> float:
+        return round(sum(self._ms.get(f"{p}_ms", 0.0) for p in phases), 1)
+
+    def timings(self) -> ResumeTimings:
+        """The report's view: the pod (scale, ready), the replay (list, start, mark)."""
+        return ResumeTimings(
+            claim_ms=self.of("claim"),
+            pod_ms=self.of("scale", "ready"),
+            files_ms=0.0,  # a resume's files are kept in place: mounted with the pod
+            replay_ms=self.of("replay_list", "replay_start", "replay_mark"),
+            total_ms=self.as_ms()["total_ms"],
+        )
+
+
+def resume_report(
+    record: SandboxRecord,
+    snapshot_id: str | None,
+    outcomes: list[ProcessOutcome],
+    facts: TemplateFacts,
+    timings: ResumeTimings,
+    *,
+    path: StartPath,
+) -> ResumeReport:
+    return ResumeReport(
+        at=t.now(),
+        path=path,
+        snapshot_id=snapshot_id,
+        template=record.template,
+        template_version=facts.version,
+        files_kept=facts.keeps_files,
+        processes=outcomes,
+        replayed=sum(1 for o in outcomes if o.new_pid is not None),
+        failed=sum(1 for o in outcomes if o.error is not None),
+        timings=timings,
+    )
