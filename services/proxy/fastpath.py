@@ -23,8 +23,6 @@ never as the client's raw bytes.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -37,7 +35,12 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from services.proxy.forwarding import HOP_BY_HOP, request_head
 from services.proxy.routing import BadTargetError, target_of
-from services.proxy.upstream import UpstreamConnection, UpstreamError
+from services.proxy.upstream import (
+    UpstreamConnection,
+    UpstreamError,
+    send_once_more_if_stale,
+    watching,
+)
 from shared.web.limits import HttpLimits
 from shared.web.protocol import guarded_protocol, refusal
 from shared.web.requests import BodyReader, RequestRefused
@@ -187,16 +190,10 @@ async def _exchange(
                     raise _NotFast from None
             request = request_head(scope, host=host, port=port, chunked=False) + body
             try:
-                try:
-                    status, headers = await _send(conn, request)
-                except UpstreamError:
-                    if not (conn.reused and not conn.got_response_bytes):
-                        raise
-                    conn.abort()  # a stale keep-alive connection: the sandbox saw nothing
-                    conn = await pool.new_connection(host, port)
-                    status, headers = await _send(conn, request)
-            except (UpstreamError, OSError, TimeoutError) as e:
-                conn.abort()
+                conn, (status, headers) = await send_once_more_if_stale(
+                    conn, lambda c: _send(c, request), lambda: pool.new_connection(host, port)
+                )
+            except (UpstreamError, OSError, TimeoutError) as e:  # the connection is aborted
                 proxy.count_refusal(502)
                 message = f"The sandbox {target.sandbox_id}: {e}"
                 _finish(cycle, refusal(502, message), close=True)
@@ -278,9 +275,8 @@ async def _respond(
         status, headers, default_headers, keep_alive=cycle.keep_alive, chunked=chunked
     )
     cycle.transport.write(head)
-    watcher = asyncio.get_running_loop().create_task(_watch_client(cycle, conn))
     ended = True
-    try:
+    async with watching(_watch_client(cycle, conn)):
         while True:
             try:
                 chunk = await conn.next_body()
@@ -293,11 +289,6 @@ async def _respond(
             cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
             if cycle.flow.write_paused:
                 await cycle.flow.drain()
-    finally:
-        if not watcher.done():
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watcher
     _finish(cycle, b"0\r\n\r\n" if chunked else b"", close=not ended)
 
 

@@ -12,7 +12,13 @@ from starlette.types import Message, Receive, Scope, Send
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-from services.proxy.upstream import UpstreamConnection, UpstreamError, UpstreamPool
+from services.proxy.upstream import (
+    UpstreamConnection,
+    UpstreamError,
+    UpstreamPool,
+    send_once_more_if_stale,
+    watching,
+)
 from shared.web.requests import RequestRefused
 
 log = structlog.get_logger()
@@ -192,23 +198,18 @@ async def forward_http(
     request += body.frame(body.first)
     if body.complete:
         request += body.end()
-    try:
-        try:
-            status, headers = await _exchange(conn, body, request)
-        except UpstreamError:
-            if not (conn.reused and body.complete and not conn.got_response_bytes):
-                raise
-            conn.abort()  # a stale keep-alive connection: the sandbox never saw the request
-            conn = await _connect(pool, host, port)
-            status, headers = await _exchange(conn, body, request)
+    try:  # on a failure the connection is aborted
+        conn, (status, headers) = await send_once_more_if_stale(
+            conn,
+            lambda c: _exchange(c, body, request),
+            lambda: _connect(pool, host, port),
+            replayable=body.complete,
+        )
     except _ClientGoneError:
-        conn.abort()
         return 499
     except RequestRefused:  # the body went over a limit halfway: the sandbox saw part of it
-        conn.abort()
         raise
     except UpstreamError as e:
-        conn.abort()
         raise UpstreamFailedError(str(e)) from e
     if scope["method"] == "HEAD":
         conn.end_without_body()
@@ -250,8 +251,7 @@ async def _pump_response(
             pass
         conn.abort()
 
-    watcher = asyncio.create_task(client_gone())
-    try:
+    async with watching(client_gone()):
         while True:
             try:
                 chunk = await conn.next_body()
@@ -262,11 +262,6 @@ async def _pump_response(
                 break
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-    finally:
-        if not watcher.done():
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watcher
 
 
 async def forward_websocket(

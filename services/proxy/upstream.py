@@ -13,7 +13,8 @@ import collections
 import contextlib
 import socket
 import time
-from typing import cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar, cast
 
 import httptools
 
@@ -26,6 +27,8 @@ _LOW_WATER = 1 << 18
 # header count); a longer head is a broken response (502), not proxy memory.
 MAX_RESPONSE_HEAD = 64 * 1024
 MAX_RESPONSE_HEADERS = 256
+
+T = TypeVar("T")
 
 
 class UpstreamError(Exception):
@@ -265,3 +268,47 @@ class UpstreamPool:
             for conn in idle:
                 conn.abort()
         self._idle.clear()
+
+
+async def send_once_more_if_stale(
+    conn: UpstreamConnection,
+    send: Callable[[UpstreamConnection], Awaitable[T]],
+    reconnect: Callable[[], Awaitable[UpstreamConnection]],
+    *,
+    replayable: bool = True,
+) -> tuple[UpstreamConnection, T]:
+    """``send`` a request on ``conn`` and return the connection that answered with the answer.
+
+    A reused keep-alive connection the sandbox closed meanwhile fails before any response byte:
+    the sandbox saw nothing, so the request goes once more on a new connection, if it can be
+    sent again (``replayable``: a streamed body cannot). On any failure the connection in use
+    is aborted before the exception propagates."""
+    try:
+        return conn, await send(conn)
+    except UpstreamError:
+        conn.abort()
+        if not (replayable and conn.reused and not conn.got_response_bytes):
+            raise
+    except BaseException:
+        conn.abort()
+        raise
+    conn = await reconnect()
+    try:
+        return conn, await send(conn)
+    except BaseException:
+        conn.abort()
+        raise
+
+
+@contextlib.asynccontextmanager
+async def watching(client_gone: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """Run ``client_gone`` beside a streamed response (it returns when the client has gone and
+    aborts the upstream connection, which ends the stream); stop it when the stream is done."""
+    watcher = asyncio.get_running_loop().create_task(client_gone)
+    try:
+        yield
+    finally:
+        if not watcher.done():
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watcher

@@ -220,17 +220,23 @@ HOSTILE = {
 }
 
 
+# "/stale": answered with keep-alive, then the next request on that connection is read and the
+# connection closed without a byte of answer (a keep-alive connection the sandbox dropped).
+DROPPED: list[bytes] = []
+
+
 class _Hostile(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         sock: socket.socket = self.request
         sock.settimeout(10)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return
-            data += chunk
-        path = data.split(b" ", 2)[1].split(b"?")[0]
+        path = self._path(sock)
+        if path is None:
+            return
+        if path == b"/stale":
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nfine")
+            if (again := self._path(sock)) is not None:
+                DROPPED.append(again)
+            return  # closed unanswered
         answer = HOSTILE.get(path, b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nfine")
         try:
             sock.sendall(answer)
@@ -238,6 +244,19 @@ class _Hostile(socketserver.BaseRequestHandler):
             return
         if path != b"/":
             sock.close()  # answered once: nothing to reuse
+
+    @staticmethod
+    def _path(sock: socket.socket) -> bytes | None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            try:
+                chunk = sock.recv(65536)
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            data += chunk
+        return data.split(b" ", 2)[1].split(b"?")[0]
 
 
 @pytest.fixture
@@ -274,6 +293,25 @@ def test_a_hostile_answer_is_502_and_does_not_poison_the_connection(
             sock.sendall(head("GET", "/", host, list(to(sbx, port).items())))
             after = read_answer(sock)
             assert (after.status, after.body) == (200, b"fine")
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "asgi-path"])
+def test_a_dropped_keep_alive_connection_is_retried_once_on_a_new_one(
+    hostile: tuple[Rig, SandboxRecord, int], fast: bool
+) -> None:
+    """The sandbox saw the request on the stale connection but answered nothing, so the proxy
+    sends it once more on a new connection; the client sees one ordinary answer."""
+    rig, sbx, port = hostile
+    headers = to(sbx, port) | ({} if fast else {"X-API-KEY": "alice-key"})  # a key: ASGI path
+    DROPPED.clear()
+    before = fast_count(rig.app)
+    with httpx.Client(timeout=10) as client:
+        first = client.get(f"{rig.proxy}/stale", headers=headers)  # its connection is pooled
+        second = client.get(f"{rig.proxy}/stale?n=2", headers=headers)
+    assert (first.status_code, first.text) == (200, "fine")
+    assert (second.status_code, second.text) == (200, "fine")
+    assert DROPPED == [b"/stale"]  # the second request reached the dropped connection first
+    assert (fast_count(rig.app) - before == 2) is fast
 
 
 def test_a_body_cut_short_closes_the_client_connection(
