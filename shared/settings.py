@@ -156,7 +156,8 @@ class RuntimeSettings(SettingsBase):
     (the `created`/`resumed` events say `path: warm`), and falls back to a cold start when none
     is ready; the runtime that supervises pods (the scaler's) refills the pool in the
     background, one pod at a time and never while it starts a sandbox's pod. Pool pods belong
-    to no user and count against no quota. Local runtime (see
+    to no user and count against no quota. Local runtime: every template; Kubernetes: templates
+    with `persist: none` only, with the `warm-pools` deploy component (see
     [architecture.md](architecture.md#warm-pools))."""
 
     @field_validator("pools")

@@ -60,13 +60,17 @@ async def open_runtime(
             if settings.templates_dir
             else None
         )
-        return await KubernetesRuntime.from_kubeconfig(
+        kube = await KubernetesRuntime.from_kubeconfig(
             settings.kubeconfig,
             namespace=settings.namespace,
             templates=templates,
             control_plane_namespace=settings.control_plane_namespace,
             storage_class=settings.storage_class,
+            pools=settings.pool_sizes,
         )
+        if supervise:  # the scaler keeps the pools filled; every runtime may claim from them
+            kube.start_pools()
+        return kube
     from shared.runtime.local import LocalRuntime
 
     runtime = LocalRuntime(

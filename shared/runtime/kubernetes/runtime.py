@@ -11,10 +11,13 @@ import asyncio
 import builtins
 import contextlib
 import json
+import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import structlog
 from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
@@ -31,6 +34,7 @@ from shared.errors import (
 from shared.models.network import NetworkPolicy
 from shared.ports.workloads import (
     ANNOTATION_NETWORK,
+    ENVD_PORT,
     LABEL_MANAGED_BY,
     LABEL_SANDBOX_ID,
     MANAGED_BY,
@@ -40,6 +44,8 @@ from shared.ports.workloads import (
 )
 from shared.runtime.kubernetes.errors import api_errors
 from shared.runtime.kubernetes.objects import (
+    ACCESS_TOKEN_ENV,
+    ANNOTATION_SANDBOX_ENV,
     LABEL_TEMPLATE,
     Pod,
     annotation_patch,
@@ -47,7 +53,10 @@ from shared.runtime.kubernetes.objects import (
     claim_is_ours,
     claim_name,
     claim_size,
+    is_ready,
+    is_terminating,
     network_policy_body,
+    persist_mode,
     ready_endpoint,
     replica_set_body,
     rerendered_pod_template,
@@ -56,6 +65,18 @@ from shared.runtime.kubernetes.objects import (
     selector,
     to_workload,
     uses_claim,
+)
+from shared.runtime.kubernetes.pools import (
+    ANNOTATION_BOUND,
+    ANNOTATION_CLAIMED,
+    ANNOTATION_CLAIMED_AT,
+    ANNOTATION_SECRET,
+    LABEL_POOL,
+    claim_patch,
+    claimable,
+    pool_key,
+    pool_pod_body,
+    sandbox_env,
 )
 from shared.runtime.kubernetes.templates import PodTemplates
 
@@ -84,6 +105,7 @@ class KubernetesRuntime:
         watch_window: int = 60,
         control_plane_namespace: str | None = None,
         storage_class: str | None = None,
+        pools: Mapping[str, int] | None = None,
     ) -> None:
         self._api = api
         self._apps = k8s.AppsV1Api(api)
@@ -96,6 +118,10 @@ class KubernetesRuntime:
         self._watch_window = watch_window  # seconds one watch request stays open
         # The StorageClass of the sandboxes' data claims; None: the cluster's default.
         self._storage_class = storage_class
+        # Warm pods per template (see .pools); kept by start_pools() (the scaler's runtime).
+        self._pools = {t: n for t, n in (pools or {}).items() if n > 0}
+        self._pool_task: asyncio.Task[None] | None = None
+        self._http: httpx.AsyncClient | None = None
 
     @classmethod
     async def from_kubeconfig(
@@ -107,6 +133,7 @@ class KubernetesRuntime:
         templates: PodTemplates | None = None,
         control_plane_namespace: str | None = None,
         storage_class: str | None = None,
+        pools: Mapping[str, int] | None = None,
     ) -> KubernetesRuntime:
         """From a kubeconfig file, or the in-cluster ServiceAccount when ``path`` is None."""
         try:
@@ -127,6 +154,7 @@ class KubernetesRuntime:
             templates=templates,
             control_plane_namespace=control_plane_namespace,
             storage_class=storage_class,
+            pools=pools,
         )
 
     @property
@@ -139,6 +167,16 @@ class KubernetesRuntime:
         template = self._templates.get(spec.template)
         size = claim_size(template)  # before the data volume becomes the claim
         body = replica_set_body(spec, template)
+        if spec.replicas == 1 and spec.access_token and self._serves(spec.template, template):
+            # Before the ReplicaSet exists: it adopts the warm pod as its one replica at once.
+            pod_meta = body["spec"]["template"].get("metadata") or {}
+            await self._claim_warm(
+                spec.template,
+                labels=dict(pod_meta.get("labels") or {}),
+                token=spec.access_token,
+                env={**spec.envs, "E2B_SANDBOX_ID": spec.name},
+                claimer=spec.name,
+            )
         # The policy exists before the first pod can start: no unfiltered window.
         await self._apply_network_policy(spec.name, spec.network)
         what = f"create ReplicaSet {self._ns}/{spec.name}"
@@ -212,6 +250,7 @@ class KubernetesRuntime:
         if replicas not in (0, 1):
             msg = f"replicas must be 0 or 1, not {replicas}"
             raise ValueError(msg)
+        resume = await self._warm_resume(name) if replicas == 1 and self._pools else None
         if replicas == 1 and await self._rerender(name):
             pass  # the same patch set replicas and the current template
         else:
@@ -219,6 +258,11 @@ class KubernetesRuntime:
                 await self._apps.patch_namespaced_replica_set_scale(
                     name, self._ns, {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH
                 )
+        if resume is not None:
+            # After the scale: a ReplicaSet at 0 would adopt the pod and delete it. Its
+            # controller may have started a cold pod meanwhile; with two, it deletes the one
+            # not ready, which is that one.
+            await self._claim_warm(**resume)
         workload = await self.get(name)
         if workload is None:
             msg = f"ReplicaSet {self._ns}/{name} vanished while scaling"
@@ -253,7 +297,7 @@ class KubernetesRuntime:
         rs_uid = rs.metadata.uid
         try:
             async with asyncio.timeout(timeout):
-                return await self._wait_pods(name, lambda pods: ready_endpoint(pods, rs_uid))
+                return await self._wait_pods(name, lambda pods: _ready_bound(pods, rs_uid))
         except TimeoutError:
             msg = f"no ready pod for {self._ns}/{name} within {timeout:g}s"
             raise PodNotReady(msg) from None
@@ -278,6 +322,11 @@ class KubernetesRuntime:
             pass
         else:
             log.info("k8s_workload_deleted", name=name, namespace=self._ns)
+        if self._pools:  # a claimed warm pod its ReplicaSet never adopted goes too
+            pods, _ = await self._pods(sandbox_selector(name))
+            for pod in pods:
+                if not pod["metadata"].get("ownerReferences"):
+                    await self._delete_pod(pod)
         await self.wait_stopped(name, timeout=pods_gone_timeout)
         # The kept files go with the sandbox (the garbage collector would delete the owned claim
         # too; this does not wait for it, and covers a claim whose owner is already gone).
@@ -316,7 +365,175 @@ class KubernetesRuntime:
         del snapshot_id  # nothing was ever stored here
 
     async def close(self) -> None:
+        if self._pool_task is not None:
+            self._pool_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._pool_task
+        if self._http is not None:
+            await self._http.aclose()
         await self._api.close()  # type: ignore[no-untyped-call]
+
+    # ---- warm pools (see .pools) ----------------------------------------------------------
+
+    def start_pools(self, *, interval: float = 1.0, claim_timeout: float = 60.0) -> None:
+        """Keep the configured pools filled in the background (the scaler's runtime only)."""
+        if self._pools and self._pool_task is None:
+            for template in self._pools:
+                with contextlib.suppress(NotFound):
+                    if persist_mode(self._templates.get(template)) != "none":
+                        log.warning("k8s_pool_not_served", template=template, persist="layer")
+            self._pool_task = asyncio.create_task(self._keep_pools(interval, claim_timeout))
+
+    def _serves(self, template_name: str, pod_template: Mapping[str, Any]) -> bool:
+        # A pool pod cannot have a sandbox's claim mounted in advance: persist: none only.
+        return template_name in self._pools and persist_mode(pod_template) == "none"
+
+    async def warm_pods(self, template: str) -> int:
+        """Pool pods of ``template`` ready to be claimed now."""
+        pods, _ = await self._pods(selector({LABEL_POOL: pool_key(template)}))
+        return sum(1 for p in pods if claimable(p))
+
+    async def _keep_pools(self, interval: float, claim_timeout: float) -> None:
+        while True:
+            try:
+                await self._refill(claim_timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("k8s_pool_refill_failed")
+            await asyncio.sleep(interval)
+
+    async def _refill(self, claim_timeout: float) -> None:
+        for template, size in self._pools.items():
+            try:
+                pod_template = self._templates.get(template)
+            except NotFound:
+                continue
+            if persist_mode(pod_template) != "none":
+                continue
+            pods, _ = await self._pods(selector({LABEL_POOL: pool_key(template)}))
+            live = [p for p in pods if not is_terminating(p)]
+            waiting = [p for p in live if not is_ready(p)]
+            if len(live) < size and not waiting:  # one pod starting at a time
+                body = pool_pod_body(template, pod_template, len(live), secrets.token_hex(24))
+                body["metadata"]["name"] += f"-{secrets.token_hex(3)}"
+                with api_errors(f"create pool pod in {self._ns}"):
+                    await self._core.create_namespaced_pod(self._ns, k8s.V1Pod.model_validate(body))
+                log.info("k8s_pool_filling", template=template, pod=body["metadata"]["name"])
+            for extra in sorted(live, key=lambda p: p["metadata"]["name"])[size:]:
+                await self._delete_pod(extra)  # two scalers filled one slot: the extra goes
+        # A claimed pod never bound, or never adopted, after the claim timeout: its claimer died.
+        claimed, _ = await self._pods(selector({LABEL_MANAGED_BY: MANAGED_BY}))
+        now = time.time()
+        for pod in claimed:
+            annotations = pod["metadata"].get("annotations") or {}
+            if ANNOTATION_CLAIMED not in annotations:
+                continue
+            adopted = bool(pod["metadata"].get("ownerReferences"))
+            if adopted and ANNOTATION_BOUND in annotations:
+                continue
+            since = float(annotations.get(ANNOTATION_CLAIMED_AT, "0") or 0)
+            if now - since > claim_timeout:
+                log.warning("k8s_pool_claim_abandoned", pod=pod["metadata"]["name"])
+                await self._delete_pod(pod)
+
+    async def _delete_pod(self, pod: Pod) -> None:
+        try:
+            with api_errors(f"delete pod {self._ns}/{pod['metadata']['name']}"):
+                await self._core.delete_namespaced_pod(pod["metadata"]["name"], self._ns)
+        except NotFound:
+            pass
+
+    async def _warm_resume(self, name: str) -> dict[str, Any] | None:
+        """What a claim for stopped workload ``name`` needs, or None when it takes no warm pod."""
+        with api_errors(f"read ReplicaSet {self._ns}/{name}"):
+            resp = await self._apps.read_namespaced_replica_set_without_preload_content(
+                name, self._ns
+            )
+            try:
+                rs = await _json_or_raise(resp)
+            finally:
+                resp.release()
+        meta, spec = rs.get("metadata") or {}, rs.get("spec") or {}
+        template = (meta.get("labels") or {}).get(LABEL_TEMPLATE)
+        pod_template = spec.get("template") or {}
+        if spec.get("replicas") or template is None or template not in self._pools:
+            return None
+        if persist_mode(pod_template) != "none":
+            return None
+        env = sandbox_env(pod_template, (meta.get("annotations") or {}).get(ANNOTATION_SANDBOX_ENV))
+        token = env.pop(ACCESS_TOKEN_ENV, None)
+        if not token or await self.warm_pods(template) == 0:
+            return None
+        return {
+            "template": template,
+            "labels": dict((pod_template.get("metadata") or {}).get("labels") or {}),
+            "token": token,
+            "env": {**env, "E2B_SANDBOX_ID": name},
+            "claimer": name,
+        }
+
+    async def _claim_warm(
+        self,
+        template: str,
+        *,
+        labels: Mapping[str, str],
+        token: str,
+        env: Mapping[str, str],
+        claimer: str,
+    ) -> bool:
+        """Take a ready pool pod of ``template`` (a merge patch at the version it was seen at:
+        one winner), bind its daemon to the sandbox (env, token), then give it the sandbox's
+        pod labels, so its ReplicaSet adopts it and its NetworkPolicy selects it. False: none
+        ready, or binding failed (that pod is deleted, never served): the sandbox starts cold."""
+        pods, _ = await self._pods(selector({LABEL_POOL: pool_key(template)}))
+        for pod in (p for p in pods if claimable(p)):
+            pod_name = pod["metadata"]["name"]
+            patch = claim_patch(pod, {}, claimer=claimer)
+            patch["metadata"]["annotations"][ANNOTATION_CLAIMED_AT] = str(time.time())
+            try:
+                with api_errors(f"claim pool pod {pod_name}"):
+                    await self._core.patch_namespaced_pod(
+                        pod_name, self._ns, patch, _content_type=MERGE_PATCH
+                    )
+            except (Conflict, NotFound, RuntimeFailure) as e:
+                if isinstance(e, RuntimeFailure) and not _lost_race(e):
+                    raise
+                continue  # another claim took it
+            secret = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_SECRET, "")
+            try:
+                await self._bind(pod["status"]["podIP"], secret, token, env)
+                with api_errors(f"label claimed pod {pod_name}"):
+                    await self._core.patch_namespaced_pod(
+                        pod_name,
+                        self._ns,
+                        {
+                            "metadata": {
+                                "labels": dict(labels),
+                                "annotations": {ANNOTATION_BOUND: "true"},
+                            }
+                        },
+                        _content_type=MERGE_PATCH,
+                    )
+            except (httpx.HTTPError, RuntimeFailure, NotFound) as e:
+                log.warning("k8s_pool_claim_failed", name=claimer, error=str(e)[:300])
+                await self._delete_pod(pod)  # never served: the sandbox starts cold
+                return False
+            log.info("k8s_pool_claimed", name=claimer, pod=pod_name)
+            return True
+        return False
+
+    async def _bind(self, ip: str, secret: str, token: str, env: Mapping[str, str]) -> None:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=10.0, trust_env=False)
+        url = f"http://{ip}:{ENVD_PORT}/init"
+        body = {"envVars": dict(env), "accessToken": token}
+        response = await self._http.post(url, json=body, headers={"X-Access-Token": secret})
+        if response.status_code == 401:  # bound before (a repeated claim step)
+            response = await self._http.post(url, json=body, headers={"X-Access-Token": token})
+        if not response.is_success:
+            msg = f"the warm pod's daemon refused binding ({response.status_code})"
+            raise RuntimeFailure(msg)
 
     # ------------------------------------------------------------------ helpers
 
@@ -527,6 +744,23 @@ class KubernetesRuntime:
             log.debug("k8s_watch_ended", error=repr(e))  # relist and continue
         finally:
             resp.release()
+
+
+def _ready_bound(pods: builtins.list[Pod], rs_uid: str | None) -> Endpoint | None:
+    """The ready endpoint, ``warm`` for a claimed pool pod; never a claimed pod not yet bound
+    (its daemon holds the pool's token: its claimer died, the pool sweep deletes it)."""
+    usable = [
+        p
+        for p in pods
+        if ANNOTATION_CLAIMED not in (a := p["metadata"].get("annotations") or {})
+        or ANNOTATION_BOUND in a
+    ]
+    endpoint = ready_endpoint(usable, rs_uid)
+    if endpoint is None:
+        return None
+    pod = next(p for p in usable if p["metadata"]["uid"] == endpoint.pod_uid)
+    warm = ANNOTATION_CLAIMED in (pod["metadata"].get("annotations") or {})
+    return endpoint.model_copy(update={"warm": warm})
 
 
 def _lost_race(e: BaseException) -> bool:

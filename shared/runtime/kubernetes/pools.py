@@ -1,0 +1,134 @@
+"""Warm pools on Kubernetes, as plain objects: bare pool Pods, claimed by relabelling.
+
+A pool pod is a bare Pod (no owner) named ``pool-<template hash>-<slot>`` (a slot is filled by a
+``create``: two scalers never both fill it), labelled ``torpor.dev/pool``, its daemon holding a
+one-time token (``torpor.dev/pool-secret``) instead of a sandbox's. A claim is one merge patch
+of the pod at the ``resourceVersion`` it was seen at (one winner): the pool label goes, the
+sandbox's pod-template labels come (so its NetworkPolicy selects it at once), and the sandbox's
+ReplicaSet, which selects by ``torpor.dev/sandbox-id``, adopts it as its one replica. Before
+that, the daemon gets the sandbox's env vars and token over ``/init`` with the one-time token
+(``torpor.dev/bound`` records it). A claimed pod that was never bound (its claimer died) is
+deleted, never served; one never adopted is deleted after a while.
+
+What does not work: a pool pod cannot have a sandbox's PersistentVolumeClaim mounted in advance
+(a running pod gets no new volume), so pools serve only templates with ``persist: none``; for
+others the runtime starts pods cold. The pod's hostname stays its pool name.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any
+
+from shared.ports.workloads import LABEL_MANAGED_BY, MANAGED_BY
+from shared.runtime.kubernetes.objects import (
+    ACCESS_TOKEN_ENV,
+    ANNOTATION_SANDBOX_ENV,
+    DAEMON_CONTAINER,
+    LABEL_TEMPLATE,
+    Pod,
+    is_ready,
+    is_terminating,
+)
+
+LABEL_POOL = "torpor.dev/pool"
+ANNOTATION_SECRET = "torpor.dev/pool-secret"  # noqa: S105 - an annotation name
+ANNOTATION_CLAIMED = "torpor.dev/claimed"
+ANNOTATION_BOUND = "torpor.dev/bound"
+ANNOTATION_CLAIMED_AT = "torpor.dev/claimed-at"
+
+
+def pool_key(template: str) -> str:
+    return hashlib.sha256(template.encode()).hexdigest()[:10]
+
+
+def slot_name(template: str, slot: int) -> str:
+    return f"pool-{pool_key(template)}-{slot}"
+
+
+def pool_pod_body(
+    template: str, pod_template: dict[str, Any], slot: int, secret: str
+) -> dict[str, Any]:
+    """The bare pool Pod of one slot: the template's pod, no sandbox, a one-time token."""
+    pod = copy.deepcopy(pod_template)
+    meta = pod.setdefault("metadata", {})
+    labels = {
+        **(meta.get("labels") or {}),
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_POOL: pool_key(template),
+        LABEL_TEMPLATE: template,
+    }
+    containers = pod["spec"]["containers"]
+    daemon = next((c for c in containers if c.get("name") == DAEMON_CONTAINER), containers[0])
+    env = [e for e in daemon.get("env") or [] if e.get("name") != ACCESS_TOKEN_ENV]
+    daemon["env"] = [*env, {"name": ACCESS_TOKEN_ENV, "value": secret}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": slot_name(template, slot),
+            "labels": labels,
+            "annotations": {
+                **(meta.get("annotations") or {}),
+                ANNOTATION_SECRET: secret,
+            },
+        },
+        "spec": pod["spec"],
+    }
+
+
+def claimable(pod: Pod) -> bool:
+    meta = pod.get("metadata") or {}
+    return (
+        LABEL_POOL in (meta.get("labels") or {})
+        and not meta.get("ownerReferences")
+        and ANNOTATION_CLAIMED not in (meta.get("annotations") or {})
+        and not is_terminating(pod)
+        and is_ready(pod)
+    )
+
+
+def claim_patch(pod: Pod, labels: dict[str, str], claimer: str) -> dict[str, Any]:
+    """Merge patch taking ``pod`` for a sandbox: only at the version it was seen at."""
+    meta = pod["metadata"]
+    return {
+        "metadata": {
+            "resourceVersion": meta["resourceVersion"],
+            "labels": {LABEL_POOL: None, **labels},
+            "annotations": {ANNOTATION_CLAIMED: claimer},
+        }
+    }
+
+
+def sandbox_env(rs_template: dict[str, Any], names_json: str | None) -> dict[str, str]:
+    """The sandbox's own env (user envs, token) from its ReplicaSet's pod template."""
+    import json
+
+    names = set(json.loads(names_json)) if names_json else set()
+    containers = (rs_template.get("spec") or {}).get("containers") or []
+    daemon = next(
+        (c for c in containers if c.get("name") == DAEMON_CONTAINER),
+        containers[0] if containers else {},
+    )
+    return {
+        e["name"]: str(e.get("value", ""))
+        for e in daemon.get("env") or []
+        if e.get("name") in names and "value" in e
+    }
+
+
+__all__ = [
+    "ANNOTATION_BOUND",
+    "ANNOTATION_CLAIMED",
+    "ANNOTATION_CLAIMED_AT",
+    "ANNOTATION_SANDBOX_ENV",
+    "ANNOTATION_SECRET",
+    "LABEL_POOL",
+    "claim_patch",
+    "claimable",
+    "pool_key",
+    "pool_pod_body",
+    "sandbox_env",
+    "slot_name",
+]
