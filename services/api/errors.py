@@ -1,9 +1,9 @@
 """The one place where torpor errors become HTTP responses.
 
 Every error body is JSON ``{"code": <int>, "message": "..."}``: the E2B SDK's generated parser
-runs ``Error.from_dict`` on it and crashes on anything else (wire contract §2.1). 5xx answers
-say ``Should-Retry: false`` except 503, so the SDK's transport does not blindly repeat a create
-whose first attempt may still complete.
+runs ``Error.from_dict`` on it (``e2b/api/client/models/error.py``) and crashes on anything
+else. 5xx answers say ``Should-Retry: false`` except 503, so the SDK's transport does not
+blindly repeat a create whose first attempt may still complete.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Errors are JSON ``{"code": <int>, "message": "..."}``; the SDK maps a 502 whose message says
 "was not found" to ``SandboxNotRunningException`` and "port is not open" to
-``SandboxUnreachableException`` (wire contract §3.2, §3.4).
+``SandboxUnreachableException`` (``e2b/envd/rpc.py``).
 """
 
 from __future__ import annotations

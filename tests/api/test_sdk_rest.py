@@ -1,5 +1,5 @@
 """The unmodified e2b SDK against the API's REST surface (fake lifecycle, no sandboxes): every
-control-plane call of the seed's example parses and maps as the wire contract says."""
+control-plane call of the seed's example parses and maps as the SDK expects (docs/api.md)."""
 
 from __future__ import annotations
 

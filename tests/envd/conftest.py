@@ -1,6 +1,6 @@
 """Fixtures: the daemon as a plain subprocess on 127.0.0.1 and the unmodified e2b SDK against it.
 
-A minimal control-plane stand-in answers the SDK's create/connect calls (contract §2) with a
+A minimal control-plane stand-in answers the SDK's create/connect calls (docs/api.md) with a
 sandbox id, envdVersion and envdAccessToken; ``E2B_SANDBOX_URL`` points the SDK at the daemon.
 """
 

@@ -1,5 +1,5 @@
 """The E2B-compatible REST API: every call the ``e2b`` SDK 2.x makes, both path generations
-(``/sandboxes…`` and ``/v2/sandboxes…``), with the exact status codes of the wire contract."""
+(``/sandboxes…`` and ``/v2/sandboxes…``), with the exact status codes the SDK maps (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -143,7 +143,8 @@ async def get_sandbox(w: WiringDep, caller: CallerDep, sandbox_id: str) -> Sandb
 
 
 def _parse_metadata(raw: str | None) -> dict[str, str]:
-    """The SDK double-encodes: ``metadata=a%2520b=c`` → ``{"a b": "c"}`` (contract §2.2)."""
+    """The SDK double-encodes: ``metadata=a%2520b=c`` → ``{"a b": "c"}`` (as the SDK's list
+    call sends it; tests/api/test_e2b_routes.py)."""
     if not raw:
         return {}
     return {unquote(k): unquote(v) for k, v in parse_qsl(raw, keep_blank_values=True)}
