@@ -8,7 +8,6 @@ Errors are JSON ``{"code": <int>, "message": "..."}``; the SDK maps a 502 whose 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import re
 import time
@@ -30,6 +29,8 @@ from prometheus_client import (
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from services.proxy import access
+from services.proxy.access import Authenticator, RefusedError
 from services.proxy.activity import ActivityThrottle, Toucher
 from services.proxy.forwarding import (
     RequestBody,
@@ -42,8 +43,6 @@ from services.proxy.routing import BadTargetError, Target, target_of
 from services.proxy.settings import ProxySettings
 from services.proxy.upstream import UpstreamPool
 from services.proxy.waking import NotRunningError, Resumer, Waker
-from shared.auth.models import User
-from shared.auth.traffic import TRAFFIC_TOKEN_HEADER, traffic_token_matches
 from shared.domain import states
 from shared.domain.record import SandboxRecord
 from shared.errors import QuotaExceeded
@@ -70,10 +69,6 @@ class ProxyLifecycle(Resumer, Toucher, Protocol):
     pass
 
 
-class Authenticator(Protocol):
-    async def authenticate(self, secret: str) -> User | None: ...
-
-
 @dataclass(frozen=True)
 class ProxyWiring:
     records: RecordSource
@@ -83,7 +78,6 @@ class ProxyWiring:
     admit_resume: Callable[[SandboxRecord], Awaitable[None]] | None = None
 
 
-TRAFFIC_HEADER = TRAFFIC_TOKEN_HEADER.encode()
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -94,20 +88,6 @@ def correlation_id_from(headers: list[tuple[bytes, bytes]]) -> str:
             if _SAFE_ID.match(candidate):
                 return candidate
     return uuid.uuid4().hex
-
-
-class RefusedError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for k, v in scope.get("headers", []):
-        if k.lower() == name:
-            return str(v.decode("latin-1"))
-    return None
 
 
 def _booting_until(record: SandboxRecord, grace: float) -> float:
@@ -410,41 +390,15 @@ class ProxyApp:
     async def _authorise(
         self, scope: Scope, target: Target, record: SandboxRecord, wiring: ProxyWiring
     ) -> bool:
-        """Another user's API key sees 404; the daemon port needs the sandbox's access token
-        (or the owner's API key); with ``allowPublicTraffic=false`` the user ports need the
-        traffic access token (or the envd token, or the owner's API key). Bearer headers are
-        left alone: they may be the app's own. Returns whether the request carried a valid
-        credential (False: anonymous)."""
-        api_key = _header(scope, b"x-api-key")
-        if api_key and wiring.keys is not None:
-            user = await wiring.keys.authenticate(api_key.strip())
-            if user is None:
-                raise RefusedError(401, "invalid API key")
-            if not user.admin and user.name != record.owner:
-                raise RefusedError(404, f"sandbox {target.sandbox_id} not found")
-            return True
-        return self.authorise_by_token(scope, target, record)
+        return await access.authorise(
+            scope, target, record, wiring.keys, public_ports=self.settings.public_ports
+        )
 
     def authorise_by_token(self, scope: Scope, target: Target, record: SandboxRecord) -> bool:
-        """The part of ``_authorise`` after the API key (which needs a KV read): the sandbox's
-        tokens and its public-traffic setting. No I/O, so the fast path calls it directly."""
-        envd_token = record.envd_access_token
-        given = _header(scope, b"x-access-token") or ""
-        if envd_token and hmac.compare_digest(given.encode(), envd_token.encode()):
-            return True
-        if target.is_daemon or not self.settings.public_ports:
-            if envd_token:
-                raise RefusedError(401, "invalid or missing X-Access-Token for this sandbox")
-            return False
-        traffic = _header(scope, TRAFFIC_HEADER)
-        if traffic is not None and traffic_token_matches(record.sandbox_id, envd_token, traffic):
-            return True
-        if not record.network.allow_public_traffic:
-            raise RefusedError(
-                403,
-                "this sandbox's ports are not public: send its e2b-traffic-access-token",
-            )
-        return False
+        """``access.authorise_by_token`` (no I/O: the fast path calls it directly)."""
+        return access.authorise_by_token(
+            scope, target, record, public_ports=self.settings.public_ports
+        )
 
 
 def _declares_body(scope: Scope) -> bool:

@@ -148,7 +148,8 @@ def _route(proxy: ProxyApp, cycle: RequestResponseCycle) -> tuple[Target, str, i
         raise _NotFast
     if wiring.keys is not None and any(name == b"x-api-key" for name, _ in headers):
         raise _NotFast
-    from services.proxy.app import RefusedError, upstream_host
+    from services.proxy.access import RefusedError
+    from services.proxy.app import upstream_host
 
     try:
         proxy.authorise_by_token(scope, target, record)
