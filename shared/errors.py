@@ -5,7 +5,8 @@ TorporError
 ├── InvalidInput                 a request value is refused (the message names the field)
 ├── NotFound                     the thing does not exist (or is not yours)
 ├── Conflict                     optimistic-concurrency loss or an illegal state transition
-│   └── IllegalTransition
+│   ├── IllegalTransition
+│   └── PauseRefused             a prePause hook with onFailure abort failed: still running
 ├── Unavailable                  a dependency cannot be reached right now (retry later)
 │   └── EnvdUnavailable
 ├── EnvdError                    the in-sandbox daemon answered with an error
@@ -43,6 +44,15 @@ class IllegalTransition(Conflict):
     def __init__(self, message: str, *, state: str | None = None) -> None:
         super().__init__(message)
         self.state = state
+
+
+class PauseRefused(Conflict):
+    """A ``prePause`` hook (``onFailure: abort``) failed, so the sandbox kept running (HTTP 409).
+    ``hook``: its outcome as JSON-ready data (exit code, duration, redacted output tail)."""
+
+    def __init__(self, message: str, *, hook: dict[str, object]) -> None:
+        super().__init__(message)
+        self.hook = hook
 
 
 class QuotaExceeded(TorporError):

@@ -26,6 +26,7 @@ from shared.errors import (
     IllegalTransition,
     InvalidInput,
     NotFound,
+    PauseRefused,
     PodNotReady,
     QuotaExceeded,
     RuntimeFailure,
@@ -111,6 +112,9 @@ async def _torpor_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, TorporError)
     if isinstance(exc, QuotaExceeded):
         return quota_response(exc)
+    if isinstance(exc, PauseRefused):  # the reason, in full: what the hook said
+        body = {"code": 409, "message": str(exc), "hook": exc.hook}
+        return JSONResponse(body, status_code=409)
     status = status_for(exc)
     if status >= 500:
         log.warning("request_failed", error=type(exc).__name__, reason=str(exc))

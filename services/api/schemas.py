@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from shared.ids import SANDBOX_ID_PATTERN
+from shared.models.lifecycle import Hooks
 from shared.models.network import MAX_RULES, Cidr, NetworkPolicy
 from shared.models.snapshot_records import SNAPSHOT_NAME_PATTERN
 from shared.models.user_input import EnvVars, Metadata, TemplateName
@@ -139,6 +140,10 @@ class NewSandbox(_In):
     network: NetworkIn | None = None
     metadata: Metadata | None = None
     env_vars: EnvVars | None = Field(default=None, alias="envVars")
+    hooks: Hooks | None = Field(
+        default=None,
+        description="torpor: lifecycle hooks (prePause, postResume, preKill), after the template's",
+    )
     mcp: Annotated[Unsupported, AfterValidator(_refused("MCP gateways"))] = None
     iam: Annotated[Unsupported, AfterValidator(_refused("workload identity tokens"))] = None
     volume_mounts: Annotated[
@@ -213,7 +218,20 @@ class ResumeTimingsOut(_Out):
     pod_ms: float = Field(alias="podMs", description="Scale to 1 until the daemon answers")
     files_ms: float = Field(alias="filesMs", description="0: the files were kept in place")
     replay_ms: float = Field(alias="replayMs", description="List what runs, start the rest")
+    hooks_ms: float = Field(default=0.0, alias="hooksMs", description="The postResume hooks")
     total_ms: float = Field(alias="totalMs")
+
+
+class HookOutcomeOut(_Out):
+    hook: Literal["prePause", "postResume", "preKill"]
+    source: Literal["template", "sandbox"]
+    policy: Literal["abort", "ignore"]
+    ok: bool
+    exit_code: int | None = Field(default=None, alias="exitCode")
+    duration_ms: float = Field(alias="durationMs")
+    output: str = Field(description="The tail of its output, secrets masked")
+    error: str | None = None
+    aborted: bool
 
 
 class ResumeReportOut(_Out):
@@ -229,6 +247,7 @@ class ResumeReportOut(_Out):
     replayed: int
     failed: int
     timings: ResumeTimingsOut
+    hooks: list[HookOutcomeOut] = Field(default_factory=list, description="postResume hooks")
 
 
 # ---------------------------------------------------------------- E2B responses
@@ -341,6 +360,9 @@ class NativeCreate(_In):
     auto_resume: bool = Field(default=False, alias="autoResume")
     metadata: Metadata = Field(default_factory=dict)
     envs: EnvVars = Field(default_factory=dict)
+    hooks: Hooks | None = Field(
+        default=None, description="Lifecycle hooks (prePause, postResume, preKill)"
+    )
 
 
 class SnapshotOut(_Out):
@@ -371,6 +393,10 @@ class NativeSandbox(_Out):
     envd_access_token: str | None = Field(default=None, alias="envdAccessToken")
     last_resume: ResumeReportOut | None = Field(
         default=None, alias="lastResume", description="What the last resume restored"
+    )
+    hooks: Hooks | None = Field(default=None, description="The sandbox's own lifecycle hooks")
+    refused_pause: HookOutcomeOut | None = Field(
+        default=None, alias="refusedPause", description="The prePause that refused a pause"
     )
 
 

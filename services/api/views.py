@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from services.api.schemas import (
+    HookOutcomeOut,
     LifecycleOut,
     ListedSandboxOut,
     NativeSandbox,
@@ -140,4 +141,10 @@ def native_out(record: SandboxRecord) -> NativeSandbox:
         failure=record.failure,
         envd_access_token=record.envd_access_token,
         last_resume=report_out(record.last_resume),
+        hooks=record.hooks or None,
+        refused_pause=(
+            HookOutcomeOut.model_validate(record.refused_pause.model_dump())
+            if record.refused_pause is not None
+            else None
+        ),
     )

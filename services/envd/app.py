@@ -1,5 +1,6 @@
 """The daemon's ASGI application: Connect services, ``/files``, ``/health``, ``/init``, ``/envs``,
-``/metrics`` and ``/logs`` (``services.envd.telemetry``).
+``/metrics`` and ``/logs`` (``services.envd.telemetry``), ``/activity`` and ``/keepalive``
+(``services.envd.activity``).
 
 Why connectrpc's own ASGI applications: they implement the Connect protocol (unary, server and
 client streams, envelopes, error bodies, size limits) exactly as the SDK's connectrpc client
@@ -20,6 +21,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from services.envd.activity import Activity
 from services.envd.files_http import (
     FilesApi,
     Receive,
@@ -141,8 +143,12 @@ class DaemonState:
 class EnvdApp:
     def __init__(self, *, root: str, access_token: str | None) -> None:
         self.state = DaemonState(root=root, access_token=access_token)
+        self.activity = Activity()
         self.table = ProcessTable(
-            base_env=self.state.base_env, default_cwd=self.state.default_cwd, root=root
+            base_env=self.state.base_env,
+            default_cwd=self.state.default_cwd,
+            root=root,
+            on_output=self.activity.saw_output,
         )
         self._root = root
         self.users = Users(fallback_home=root)
@@ -175,6 +181,13 @@ class EnvdApp:
                 await send({"type": "http.response.start", "status": 204, "headers": []})
                 await send({"type": "http.response.body", "body": b""})
                 return
+            if path == "/keepalive" and scope["method"] == "POST":
+                # No token: it is for the sandbox's own processes, which may keep their sandbox
+                # busy anyway (the template's policy decides whether it counts, and how long).
+                self.activity.kept_alive()
+                await send({"type": "http.response.start", "status": 204, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return
             if not self._authorized(scope):
                 await send_json(
                     send,
@@ -201,6 +214,8 @@ class EnvdApp:
                 await self._metrics(scope, send)
             elif path == "/logs" and scope["method"] == "GET":
                 await self._logs(scope, send)
+            elif path == "/activity" and scope["method"] == "GET":
+                await send_json(send, 200, self.activity.report())
             else:
                 await send_error(send, 404, f"no route for {scope['method']} {path}")
         except Exception:

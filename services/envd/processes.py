@@ -194,11 +194,13 @@ class ProcessTable:
         base_env: Callable[[], dict[str, str]],
         default_cwd: Callable[[], str | None],
         root: str,
+        on_output: Callable[[], None] | None = None,
     ) -> None:
         self._procs: dict[int, Process] = {}
         self._base_env = base_env
         self._default_cwd = default_cwd
         self._root = root
+        self._on_output = on_output  # activity: a process wrote something
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watched: dict[int, Callable[[int], None]] = {}
         self.closing = False
@@ -402,6 +404,8 @@ class ProcessTable:
             self._close_output(proc, fd)
             return
         item = Output(proc.output_fds[fd], data)
+        if self._on_output is not None:
+            self._on_output()
         for sub in list(proc.subscribers):
             sub.push(item)
 

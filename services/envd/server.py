@@ -102,6 +102,7 @@ def serve(
         app.table.install(asyncio.get_running_loop())
         envd_log.info("envd %s listening on %s, root %s", ENVD_VERSION, sock.getsockname(), root)
         sampler = asyncio.create_task(app.metrics.run())
+        activity = asyncio.create_task(app.activity.run())
         sudo = None
         if sudo_socket:
             from services.envd.sudo import SudoServer
@@ -112,6 +113,7 @@ def serve(
             await server.serve(sockets=[sock])
         finally:
             sampler.cancel()
+            activity.cancel()
             if sudo is not None:
                 await sudo.close()
             app.close()

@@ -34,6 +34,7 @@ from shared.models.messages import (
     ResumeSandbox,
     SandboxCreated,
     SandboxFailed,
+    SandboxHookRan,
     SandboxKilled,
     SandboxPaused,
     SandboxResumed,
@@ -49,6 +50,11 @@ _EVENTS: tuple[tuple[str, type[BaseModel], str], ...] = (
     (subjects.EVT_PAUSED, SandboxPaused, "The workload is at 0 replicas with its snapshot stored."),
     (subjects.EVT_RESUMED, SandboxResumed, "Running again; per-process replay outcomes."),
     (subjects.EVT_KILLED, SandboxKilled, "The workload is deleted; the record is a tombstone."),
+    (
+        subjects.EVT_HOOK,
+        SandboxHookRan,
+        "A postResume or preKill hook ran (postResume with outcome.aborted: the resume failed).",
+    ),
     (
         subjects.EVT_FAILED,
         SandboxFailed,

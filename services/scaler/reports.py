@@ -38,12 +38,14 @@ class Spans:
         return round(sum(self._ms.get(f"{p}_ms", 0.0) for p in phases), 1)
 
     def timings(self) -> ResumeTimings:
-        """The report's view: the pod (scale, ready), the replay (list, start, mark)."""
+        """The report's view: the pod (scale, ready), the replay (list, start, mark), the
+        postResume hooks."""
         return ResumeTimings(
             claim_ms=self.of("claim"),
             pod_ms=self.of("scale", "ready"),
             files_ms=0.0,  # a resume's files are kept in place: mounted with the pod
             replay_ms=self.of("replay_list", "replay_start", "replay_mark"),
+            hooks_ms=self.of("hooks"),
             total_ms=self.as_ms()["total_ms"],
         )
 

@@ -34,6 +34,7 @@ from shared.domain import states
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
 from shared.errors import IllegalTransition, NotFound
+from shared.lifecycle.hooks import HookRunner, describe, refusal
 from shared.lifecycle.pods import ensure_workload, workload_spec
 from shared.lifecycle.worker import PermanentFailure, fail_transition
 from shared.models.lifecycle import TemplateFacts, unknown_template
@@ -53,7 +54,7 @@ from shared.models.messages import (
 from shared.ports.bus import Publisher, SandboxStore, emit
 from shared.ports.envd import Envd
 from shared.ports.runtime import Runtime
-from shared.ports.workloads import ANNOTATION_SNAPSHOT
+from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
 
 log = structlog.get_logger()
 
@@ -88,6 +89,7 @@ class Scaler:
         self._retention = retention
         self._tombstone_for = tombstone_for
         self._templates = templates
+        self._hooks = HookRunner(envd=envd, publisher=publisher)
 
     # ---- create -------------------------------------------------------------------------
 
@@ -251,11 +253,16 @@ class Scaler:
                 record, endpoint, workload.annotations, progress, spans.mark
             )
             spans.mark("replay_mark")
-            snapshot_id = record.snapshot.id if record.snapshot else None
             facts = self._templates(record.template)
+            hooks = await self._hooks.run("postResume", "resume", record, endpoint, facts.hooks)
+            spans.mark("hooks")
+            refused = refusal(hooks)
+            if refused is not None:  # the sandbox says it did not come back: the resume fails
+                raise PermanentFailure(describe(refused))
+            snapshot_id = record.snapshot.id if record.snapshot else None
             report = resume_report(
                 record, snapshot_id, outcomes, facts, spans.timings(), path=path_of(endpoint)
-            )
+            ).model_copy(update={"hooks": hooks})
             record = await self._store.update(
                 sid,
                 t.running(
@@ -338,6 +345,7 @@ class Scaler:
             if current is not None and t.done_before("kill", current):
                 await self._publish_killed(current)
             return "skipped"
+        await self._pre_kill(record)
         await self._runtime.delete(sid)
         record = await self._store.update(
             sid, t.killed(cmd_msg_id, tombstone_for=self._tombstone_for)
@@ -345,6 +353,19 @@ class Scaler:
         await self._publish_killed(record)
         metrics.observe("kill", "done", time.monotonic() - started)
         return "done"
+
+    async def _pre_kill(self, record: SandboxRecord) -> None:
+        """The preKill hooks, when the sandbox has a pod to run them in (a paused one has none).
+        Their failures are recorded, never a reason to keep the sandbox."""
+        try:
+            workload = await self._runtime.get(record.sandbox_id)
+            if workload is None or not (workload.pod_ip and workload.pod_uid):
+                return
+            endpoint = Endpoint(host=workload.pod_ip, pod_uid=workload.pod_uid)
+            template = self._templates(record.template).hooks
+            await self._hooks.run("preKill", "kill", record, endpoint, template)
+        except Exception as e:  # a kill goes ahead whatever its hooks did
+            log.warning("pre_kill_hooks_failed", error=repr(e))
 
     async def _publish_killed(self, record: SandboxRecord) -> None:
         sid = record.sandbox_id

@@ -7,6 +7,7 @@ Every replica binds the same two durables (``scheduler-lifecycle`` on SANDBOX_EV
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
 from faststream.nats import NatsRouter
 
@@ -14,8 +15,10 @@ from services.scheduler import expiry
 from services.scheduler.handlers import SchedulerHandlers, build_router
 from services.scheduler.settings import SchedulerSettings
 from shared.bus.timers import NatsTimers
+from shared.envd.client import ConnectEnvdClient
 from shared.lifecycle.hosting import Context, Parts, WorkerHost
-from shared.settings import RetentionSettings
+from shared.runtime.template_facts import read_facts
+from shared.settings import RetentionSettings, RuntimeSettings, load
 
 
 def policy_of(settings: SchedulerSettings, retention: RetentionSettings) -> expiry.Policy:
@@ -27,6 +30,9 @@ def policy_of(settings: SchedulerSettings, retention: RetentionSettings) -> expi
 
 
 def scheduler_host(ctx: Context, settings: SchedulerSettings) -> WorkerHost:
+    # Templates say what activity inside a sandbox counts; its daemon says when it was active.
+    where = load(RuntimeSettings)
+
     def build(parts: Parts) -> NatsRouter:
         js = parts.broker.config.connection_state.stream
         handlers = SchedulerHandlers(
@@ -35,6 +41,8 @@ def scheduler_host(ctx: Context, settings: SchedulerSettings) -> WorkerHost:
             timers=NatsTimers(js, fired_ttl=settings.fired_ttl),
             flags=ctx.flags,
             policy=policy_of(settings, ctx.retention),
+            templates=partial(read_facts, where.runtime, where.templates_dir),
+            envd=ConnectEnvdClient(),
         )
         return build_router(
             handlers,

@@ -30,6 +30,14 @@ Rules
   paused, it is killed with ``reason="retention"``. A sandbox whose *create* failed (it never
   ran; e.g. a template that vanished) is retained the same way from its failure, so such records
   do not stay forever.
+- Activity inside the sandbox (docs/lifecycle-hooks.md § activity): when a timer fires at or
+  after ``deadline - expiring_notice`` and the template's activity policy names signals, the
+  handler asks the sandbox's daemon when it was last active by them (``Watch.earned``: the
+  deadline that activity earns, never past ``started_at + max_lifetime``). Earned: the deadline
+  moves there (``kept_busy``). Otherwise, before the deadline, ``sandbox.evt.expiring`` goes out
+  once per deadline (id ``expiring:<sid>:g<gen>:<deadline>``) and the timer is armed at the
+  deadline itself; at the deadline the sandbox expires as above. With a notice, the timeout timer
+  is armed ``expiring_notice`` before the deadline.
 - Several replicas: every output has a deterministic message id and every decision re-reads the
   record, so duplicate fires (redelivery, a replica crash) publish nothing new.
 """
@@ -47,7 +55,15 @@ from shared.domain import states
 from shared.domain.record import Mutation, SandboxRecord
 from shared.domain.states import SandboxState
 from shared.domain.timing import deadline_after, is_retained, retained_until
-from shared.models.messages import KillSandbox, PauseSandbox, SandboxExpired, address
+from shared.models.lifecycle import ActivityPolicy
+from shared.models.messages import (
+    KillSandbox,
+    PauseSandbox,
+    SandboxExpired,
+    SandboxExpiring,
+    address,
+)
+from shared.ports.envd import InnerActivity
 from shared.settings import FeatureFlags
 
 Decision = Literal["pause", "kill"]
@@ -58,6 +74,18 @@ class Policy:
     retention: timedelta
     pause_check: timedelta
     pause_attempts: int
+
+
+@dataclass(frozen=True)
+class Watch:
+    """The template's part in a timeout: how long before the deadline to warn, and the deadline
+    that activity inside the sandbox earned (asked of its daemon by the handler), if any."""
+
+    notice: timedelta = timedelta(0)
+    earned: datetime | None = None
+
+
+NO_WATCH = Watch()
 
 
 @dataclass(frozen=True)
@@ -121,23 +149,71 @@ def on_fired(
     flags: FeatureFlags,
     policy: Policy,
     now: datetime,
+    watch: Watch = NO_WATCH,
 ) -> Plan:
     if record is None or states.is_gone(record.state):
         return Plan("gone", cancel=("timeout", "retention"))
     if timer.kind == "timeout":
-        return _on_timeout(record, flags=flags, policy=policy, now=now)
+        return _on_timeout(record, flags=flags, policy=policy, now=now, watch=watch)
     if timer.kind == "pause_check":
-        return _on_pause_check(timer, record, policy=policy, now=now)
+        return _on_pause_check(timer, record, policy=policy, now=now, notice=watch.notice)
     return _on_retention(record, now=now)
 
 
+def needs_watch(record: SandboxRecord | None, now: datetime, notice: timedelta) -> bool:
+    """A fired timeout that may warn or expire: the handler asks the daemon about activity."""
+    return (
+        record is not None
+        and states.is_running(record.state)
+        and record.deadline is not None
+        and record.deadline - notice <= now
+    )
+
+
+def earned_deadline(
+    record: SandboxRecord, activity: ActivityPolicy, seen: InnerActivity | None, now: datetime
+) -> datetime | None:
+    """The deadline that activity inside the sandbox earns by the template's policy: its last
+    activity by a counted signal plus the timeout, capped at ``started_at + max_lifetime``;
+    ``None`` when that is no later than the current deadline (or nothing counted)."""
+    if seen is None or not activity.signals or record.deadline is None:
+        return None
+    times = [t for s in activity.signals if (t := seen.last.get(s)) is not None]
+    if not times:
+        return None
+    age = max(seen.now - max(times), timedelta(0))  # the daemon's clock: no skew
+    wanted = deadline_after(now - age, record.timeout)
+    cap = record.started_at + timedelta(seconds=activity.max_lifetime)
+    wanted = min(wanted, cap)
+    if wanted <= record.deadline or wanted <= now:
+        return None
+    return wanted
+
+
 def _on_timeout(
-    record: SandboxRecord, *, flags: FeatureFlags, policy: Policy, now: datetime
+    record: SandboxRecord,
+    *,
+    flags: FeatureFlags,
+    policy: Policy,
+    now: datetime,
+    watch: Watch = NO_WATCH,
 ) -> Plan:
     if not states.is_running(record.state) or record.deadline is None:
         return Plan("stale")
-    if record.deadline > now:
-        return Plan("moved", arm=(timeout_timer(record),))
+    if record.deadline - watch.notice > now:
+        return Plan("moved", arm=(timeout_timer(record, watch.notice),))
+    if watch.earned is not None:
+        return Plan(
+            "kept_busy",
+            mutate=extend_deadline(watch.earned),
+            arm=(_timeout_at(record, watch.earned - watch.notice),),
+        )
+    if record.deadline > now:  # within the notice: warn once, then wait for the deadline itself
+        return Plan(
+            "expiring",
+            publish=(_expiring(record, decide(record, flags), now, watch.notice),),
+            arm=(_timeout_at(record, record.deadline),),
+        )
     decision = decide(record, flags)
     sid, gen = record.sandbox_id, record.generation
     command: Outgoing
@@ -157,7 +233,14 @@ def _on_timeout(
     )
 
 
-def _on_pause_check(timer: Timer, record: SandboxRecord, *, policy: Policy, now: datetime) -> Plan:
+def _on_pause_check(
+    timer: Timer,
+    record: SandboxRecord,
+    *,
+    policy: Policy,
+    now: datetime,
+    notice: timedelta = timedelta(0),
+) -> Plan:
     if record.state == SandboxState.FAILED:
         if _failed_our_pause(record, timer):
             return _give_up(record, now, "pause_failed")
@@ -166,7 +249,7 @@ def _on_pause_check(timer: Timer, record: SandboxRecord, *, policy: Policy, now:
         return Plan("paused")  # the pause went through (generation moved on)
     if states.is_running(record.state) and record.deadline is not None and record.deadline > now:
         # Activity revived it before the pause started: back to an ordinary deadline.
-        return Plan("revived", arm=(timeout_timer(record),))
+        return Plan("revived", arm=(timeout_timer(record, notice),))
     if timer.attempt >= policy.pause_attempts:
         return _give_up(record, now, "pause_attempts_exhausted")
     attempt = timer.attempt + 1
@@ -220,24 +303,27 @@ def on_event(
     *,
     policy: Policy,
     now: datetime,
+    notice: timedelta = timedelta(0),
 ) -> Plan:
     if record is None or states.is_gone(record.state):
         return Plan("gone", cancel=("timeout", "retention"))
     if isinstance(event, Activity):
-        return _on_activity(event, record)
+        return _on_activity(event, record, notice)
     if isinstance(event, FailedPause):
         return _on_failed_pause(event.pending, record, now=now)
-    return sync(record, now=now, policy=policy, pending=event.pending)
+    return sync(record, now=now, policy=policy, pending=event.pending, notice=notice)
 
 
-def _on_activity(event: Activity, record: SandboxRecord) -> Plan:
+def _on_activity(event: Activity, record: SandboxRecord, notice: timedelta) -> Plan:
     if not states.is_running(record.state):
         return Plan("ignored")
     wanted = deadline_after(event.at, record.timeout)
     if record.deadline is None:
         # No deadline at all: set one and arm it (the only activity that publishes a schedule).
         return Plan(
-            "deadline_set", mutate=extend_deadline(wanted), arm=(_timeout_at(record, wanted),)
+            "deadline_set",
+            mutate=extend_deadline(wanted),
+            arm=(_timeout_at(record, wanted - notice),),
         )
     if wanted <= record.deadline:
         return Plan("unchanged")
@@ -266,7 +352,12 @@ def needs_pending(record: SandboxRecord | None, now: datetime) -> bool:
 
 
 def sync(
-    record: SandboxRecord, *, now: datetime, policy: Policy, pending: Timer | None = None
+    record: SandboxRecord,
+    *,
+    now: datetime,
+    policy: Policy,
+    pending: Timer | None = None,
+    notice: timedelta = timedelta(0),
 ) -> Plan:
     """Make the schedules match the record: timeout while running, retention while paused."""
     if states.is_running(record.state):
@@ -278,7 +369,7 @@ def sync(
             return Plan("no_deadline", cancel=cancel, mutate=clear)
         if record.deadline <= now and pending is not None and pending.kind == "pause_check":
             return Plan("expiry_in_progress", cancel=cancel, mutate=clear)
-        return Plan("armed", arm=(timeout_timer(record),), cancel=cancel, mutate=clear)
+        return Plan("armed", arm=(timeout_timer(record, notice),), cancel=cancel, mutate=clear)
     if is_retained(record):
         since = record.paused_at if record.state == SandboxState.PAUSED else record.updated_at
         retain_until = record.retain_until or retained_until(since or now, policy.retention)
@@ -296,9 +387,10 @@ def sync(
 # ---- helpers -------------------------------------------------------------------------------
 
 
-def timeout_timer(record: SandboxRecord) -> Timer:
+def timeout_timer(record: SandboxRecord, notice: timedelta = timedelta(0)) -> Timer:
+    """Due at the deadline, or ``notice`` before it (the template warns before expiry)."""
     assert record.deadline is not None
-    return _timeout_at(record, record.deadline)
+    return _timeout_at(record, record.deadline - notice)
 
 
 def _timeout_at(record: SandboxRecord, due: datetime) -> Timer:
@@ -336,6 +428,23 @@ def _expired(
             command=f"{command.subject} {command.msg_id}",
         ),
         *id_extra,
+    )
+
+
+def _expiring(
+    record: SandboxRecord, decision: Decision, now: datetime, notice: timedelta
+) -> Outgoing:
+    assert record.deadline is not None
+    return Outgoing.of(
+        SandboxExpiring(
+            sandbox_id=record.sandbox_id,
+            generation=record.generation,
+            at=now,
+            decision=decision,
+            deadline=record.deadline,
+            notice_seconds=int(notice.total_seconds()),
+        ),
+        record.deadline.strftime("%Y%m%dT%H%M%S%f"),  # once per deadline
     )
 
 

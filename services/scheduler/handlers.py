@@ -7,8 +7,9 @@ middleware (NAK with backoff; the plan is recomputed on redelivery and every out
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import structlog
@@ -20,9 +21,17 @@ from shared.bus.broker import subscriber_args
 from shared.bus.schedules import Holder, Timer
 from shared.bus.topology import SCHEDULER_FIRED, SCHEDULER_LIFECYCLE
 from shared.domain.record import SandboxRecord
-from shared.errors import NotFound
+from shared.errors import EnvdError, EnvdUnavailable, NotFound
+from shared.models.lifecycle import (
+    DEFAULT_ACTIVITY,
+    ActivityPolicy,
+    TemplateFacts,
+    unknown_template,
+)
 from shared.models.messages import SandboxActivity, SandboxFailed
 from shared.ports.bus import Publisher, SandboxStore
+from shared.ports.envd import Envd
+from shared.ports.workloads import Endpoint
 from shared.settings import FeatureFlags
 
 log = structlog.get_logger()
@@ -30,6 +39,8 @@ log = structlog.get_logger()
 Clock = Callable[[], datetime]
 
 _SYNC_ROUNDS = 3
+_TEMPLATE_TTL = 5.0  # seconds a template's activity policy is cached
+_ACTIVITY_TIMEOUT = 2.0  # seconds to wait for a daemon's activity answer
 
 
 class Timers(Protocol):
@@ -61,6 +72,8 @@ class SchedulerHandlers:
         flags: FeatureFlags,
         policy: expiry.Policy,
         clock: Clock = _utcnow,
+        templates: Callable[[str], TemplateFacts] = unknown_template,
+        envd: Envd | None = None,
     ) -> None:
         self._store = store
         self._publisher = publisher
@@ -68,12 +81,60 @@ class SchedulerHandlers:
         self._flags = flags
         self._policy = policy
         self._clock = clock
+        self._templates = templates
+        self._facts: dict[str, tuple[float, TemplateFacts]] = {}
+        self._envd = envd  # asks a sandbox's daemon about activity inside it
+
+    def _activity_policy(self, record: SandboxRecord | None) -> ActivityPolicy:
+        """The template's activity policy (templates re-read at most every few seconds)."""
+        if record is None:
+            return DEFAULT_ACTIVITY
+        now = time.monotonic()
+        cached = self._facts.get(record.template)
+        if cached is None or cached[0] < now:
+            if len(self._facts) > 1024:
+                self._facts.clear()
+            cached = (now + _TEMPLATE_TTL, self._templates(record.template))
+            self._facts[record.template] = cached
+        return cached[1].activity
+
+    def _notice(self, record: SandboxRecord | None) -> timedelta:
+        return timedelta(seconds=self._activity_policy(record).expiring_notice)
+
+    async def _watch(
+        self, timer: Timer, record: SandboxRecord | None, now: datetime
+    ) -> expiry.Watch:
+        policy = self._activity_policy(record)
+        notice = timedelta(seconds=policy.expiring_notice)
+        if (
+            record is None
+            or timer.kind != "timeout"
+            or not policy.signals
+            or self._envd is None
+            or not (record.host and record.pod_uid)
+            or not expiry.needs_watch(record, now, notice)
+        ):
+            return expiry.Watch(notice=notice)
+        try:
+            seen = await self._envd.activity(
+                Endpoint(host=record.host, pod_uid=record.pod_uid),
+                access_token=record.envd_access_token,
+                timeout=_ACTIVITY_TIMEOUT,
+            )
+        except (EnvdUnavailable, EnvdError) as e:  # no answer: nothing inside counts
+            log.info("activity_unknown", sandbox_id=record.sandbox_id, error=str(e))
+            seen = None
+        earned = expiry.earned_deadline(record, policy, seen, now)
+        return expiry.Watch(notice=notice, earned=earned)
 
     async def on_fired(self, body: bytes) -> str:
         timer = Timer.model_validate_json(body)  # a ValidationError dead-letters the message
         record = await self._store.get(timer.sandbox_id)
         now = self._clock()
-        plan = expiry.on_fired(timer, record, flags=self._flags, policy=self._policy, now=now)
+        watch = await self._watch(timer, record, now)
+        plan = expiry.on_fired(
+            timer, record, flags=self._flags, policy=self._policy, now=now, watch=watch
+        )
         await self._execute(timer.sandbox_id, plan)
         metrics.FIRED.labels(timer.kind, plan.outcome).inc()
         if plan.decision is not None:
@@ -116,7 +177,9 @@ class SchedulerHandlers:
             if expiry.needs_pending(record, now):
                 pending = await self._timers.pending(sandbox_id, "timeout")
             event = expiry.Changed(pending=pending)
-        plan = expiry.on_event(event, record, policy=self._policy, now=now)
+        plan = expiry.on_event(
+            event, record, policy=self._policy, now=now, notice=self._notice(record)
+        )
         await self._execute(sandbox_id, plan)
         if plan.arm or plan.cancel:
             await self._settle(sandbox_id, record, plan)
@@ -137,7 +200,11 @@ class SchedulerHandlers:
             if expiry.needs_pending(latest, now):
                 pending = await self._timers.pending(sandbox_id, "timeout")
             again = expiry.on_event(
-                expiry.Changed(pending=pending), latest, policy=self._policy, now=now
+                expiry.Changed(pending=pending),
+                latest,
+                policy=self._policy,
+                now=now,
+                notice=self._notice(latest),
             )
             await self._execute(sandbox_id, again)
             expected = again.mutate(latest) if (again.mutate and latest) else latest

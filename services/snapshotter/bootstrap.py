@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from faststream.nats import NatsRouter
 
 from services.snapshotter.handlers import build_router
@@ -13,10 +15,13 @@ from shared.bus.snapshot_store import KvSnapshotStore
 from shared.bus.snapshot_timers import NatsSnapshotTimers
 from shared.bus.topology import KV_SNAPSHOTS, SNAPSHOTTER_PAUSE, SNAPSHOTTER_SNAPSHOTS
 from shared.lifecycle.hosting import Context, Parts, WorkerHost
+from shared.runtime.template_facts import read_facts
+from shared.settings import RuntimeSettings, load
 
 
 def snapshotter_host(ctx: Context, settings: SnapshotterSettings) -> WorkerHost:
     runtime, envd = ctx.pods()
+    where = load(RuntimeSettings)  # already read (and checked) for the runtime itself
 
     def build(parts: Parts) -> NatsRouter:
         snapshotter = Snapshotter(
@@ -25,6 +30,7 @@ def snapshotter_host(ctx: Context, settings: SnapshotterSettings) -> WorkerHost:
             envd=envd,
             publisher=parts.publisher,
             envd_timeout=settings.envd_timeout,
+            templates=partial(read_facts, where.runtime, where.templates_dir),
         )
         keeper = SnapshotKeeper(
             sandboxes=parts.store,

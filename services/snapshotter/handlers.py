@@ -19,6 +19,7 @@ from shared.models.messages import (
     DeleteSnapshot,
     PauseSandbox,
     SandboxFailed,
+    SandboxHookRan,
     SandboxSnapshotted,
     SnapshotDeleted,
     SnapshotTaken,
@@ -42,6 +43,12 @@ def build_router(
         title="sandbox.evt.snapshotted",
         description="The process snapshot is stored on the workload and in the record.",
         schema=SandboxSnapshotted,
+    )
+    router.publisher(
+        subjects.all_of(subjects.EVT_HOOK),
+        title="sandbox.evt.hook",
+        description="A prePause hook ran (outcome.aborted: it refused the pause).",
+        schema=SandboxHookRan,
     )
     router.publisher(
         subjects.all_of(subjects.EVT_FAILED),

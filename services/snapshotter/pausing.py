@@ -9,6 +9,11 @@ Order of effects, each safe to repeat:
 5. Publish ``snapshotted`` (id ``snapshotted:<sid>:g<gen>``): the scaler scales to 0 only after
    checking the workload carries exactly this stored snapshot.
 
+Before step 2, the ``prePause`` hooks run (``shared.lifecycle.hooks``: the template's, then the
+sandbox's). One with ``onFailure: abort`` that fails refuses the pause: ``pausing → running``
+with the outcome on the record (``refused_pause``) and a fresh timeout; nothing was captured and
+the pod never stopped. The api answers the waiting pause 409 with the outcome.
+
 A snapshot over the annotation budget (``MAX_SNAPSHOT_ANNOTATION_BYTES``, 200 KiB of the 256 KiB
 Kubernetes allows for all annotations) fails the pause: the sandbox goes to ``failed`` with the
 reason and keeps running untouched. Dropping envs or processes would make a later resume quietly
@@ -18,6 +23,7 @@ start something different from what ran; refusing keeps every process and tells 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Literal
 
 import structlog
@@ -26,19 +32,21 @@ from services.snapshotter import metrics
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord, SnapshotRef
 from shared.errors import EnvdUnavailable, IllegalTransition, NotFound
+from shared.lifecycle.hooks import HookRunner, describe, refusal
 from shared.lifecycle.pods import current_endpoint
 from shared.lifecycle.replay import replay_key
 from shared.lifecycle.worker import fail_transition
+from shared.models.lifecycle import TemplateFacts, unknown_template
 from shared.models.messages import PauseSandbox, SandboxSnapshotted
 from shared.models.snapshots import MAX_SNAPSHOT_ANNOTATION_BYTES, Snapshot
 from shared.ports.bus import Publisher, SandboxStore, emit
 from shared.ports.envd import Envd
 from shared.ports.runtime import Runtime
-from shared.ports.workloads import ANNOTATION_REPLAYED, ANNOTATION_SNAPSHOT
+from shared.ports.workloads import ANNOTATION_REPLAYED, ANNOTATION_SNAPSHOT, Endpoint
 
 log = structlog.get_logger()
 
-Outcome = Literal["snapshotted", "skipped"]
+Outcome = Literal["snapshotted", "skipped", "refused"]
 
 
 class Snapshotter:
@@ -51,6 +59,7 @@ class Snapshotter:
         publisher: Publisher,
         envd_timeout: float = 10.0,
         limit: int = MAX_SNAPSHOT_ANNOTATION_BYTES,
+        templates: Callable[[str], TemplateFacts] = unknown_template,
     ) -> None:
         self._store = store
         self._runtime = runtime
@@ -58,6 +67,8 @@ class Snapshotter:
         self._publisher = publisher
         self._envd_timeout = envd_timeout
         self._limit = limit
+        self._templates = templates
+        self._hooks = HookRunner(envd=envd, publisher=publisher)
 
     async def pause(self, cmd: PauseSandbox, cmd_msg_id: str) -> Outcome:
         sid = cmd.sandbox_id
@@ -72,7 +83,19 @@ class Snapshotter:
             return "skipped"
         ref = t.snapshot_of_this_pause(record)
         if ref is None:  # not captured yet (a redelivery after step 4 skips to the publish)
-            record, ref = await self._capture(record, cmd_msg_id)
+            endpoint = await current_endpoint(self._runtime, record)
+            if endpoint is None:
+                msg = f"sandbox {record.sandbox_id} has no running pod to snapshot"
+                raise EnvdUnavailable(msg)
+            template = self._templates(record.template).hooks
+            outcomes = await self._hooks.run("prePause", "pause", record, endpoint, template)
+            refused = refusal(outcomes)
+            if refused is not None:
+                await self._store.update(sid, t.pause_refused(cmd_msg_id, refused))
+                metrics.SNAPSHOTS.labels("refused").inc()
+                log.info("pause_refused", reason=describe(refused), reason_by=cmd.reason)
+                return "refused"
+            record, ref = await self._capture(record, cmd_msg_id, endpoint)
         await emit(
             self._publisher,
             SandboxSnapshotted(
@@ -89,12 +112,8 @@ class Snapshotter:
         return "snapshotted"
 
     async def _capture(
-        self, record: SandboxRecord, cmd_msg_id: str
+        self, record: SandboxRecord, cmd_msg_id: str, endpoint: Endpoint
     ) -> tuple[SandboxRecord, SnapshotRef]:
-        endpoint = await current_endpoint(self._runtime, record)
-        if endpoint is None:
-            msg = f"sandbox {record.sandbox_id} has no running pod to snapshot"
-            raise EnvdUnavailable(msg)
         processes = await self._envd.list_processes(
             endpoint, access_token=record.envd_access_token, timeout=self._envd_timeout
         )

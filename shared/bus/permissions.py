@@ -189,7 +189,7 @@ def users() -> list[User]:
         "deadlines: durable timers, expiry events, pause/kill on expiry, retention",
         [x for d in scheduler_durables for x in bind_durable(d)],
         [s.all_of(s.CMD_PAUSE), s.all_of(s.CMD_KILL)],
-        events(s.EVT_EXPIRED, s.EVT_FAILED),
+        events(s.EVT_EXPIRED, s.EVT_FAILED, s.EVT_EXPIRING),
         ["sandbox.sched.>"],  # schedule holders; the server itself publishes sandbox.timer.>
         # cancel a timer (purge its holder subject), read a pending holder back
         [
@@ -212,7 +212,13 @@ def users() -> list[User]:
         # a stored snapshot's retention timer (the server publishes the fired copy)
         [s.all_of(s.SCHED_SNAPSHOT_RETENTION)],
         local_runtime(),
-        events(s.EVT_SNAPSHOTTED, s.EVT_FAILED, s.EVT_SNAPSHOT_TAKEN, s.EVT_SNAPSHOT_DELETED),
+        events(
+            s.EVT_SNAPSHOTTED,
+            s.EVT_FAILED,
+            s.EVT_SNAPSHOT_TAKEN,
+            s.EVT_SNAPSHOT_DELETED,
+            s.EVT_HOOK,
+        ),
         kv_read(t.KV_SANDBOXES),
         kv_write(t.KV_SANDBOXES),
         kv_read(t.KV_SNAPSHOTS),
@@ -225,7 +231,7 @@ def users() -> list[User]:
         "create / scale 0 and 1 / replay / delete workloads; lifecycle events",
         [x for d in scaler_durables for x in bind_durable(d)],
         local_runtime(),
-        events(s.EVT_CREATED, s.EVT_PAUSED, s.EVT_RESUMED, s.EVT_KILLED, s.EVT_FAILED),
+        events(s.EVT_CREATED, s.EVT_PAUSED, s.EVT_RESUMED, s.EVT_KILLED, s.EVT_FAILED, s.EVT_HOOK),
         kv_read(t.KV_SANDBOXES),
         kv_write(t.KV_SANDBOXES),
         dead_letters(),

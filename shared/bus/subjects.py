@@ -29,6 +29,8 @@ EVT_TIMEOUT_SET = "sandbox.evt.timeout_set"
 EVT_ACTIVITY = "sandbox.evt.activity"
 EVT_SNAPSHOT_TAKEN = "sandbox.evt.snapshot_taken"
 EVT_SNAPSHOT_DELETED = "sandbox.evt.snapshot_deleted"
+EVT_HOOK = "sandbox.evt.hook"
+EVT_EXPIRING = "sandbox.evt.expiring"
 
 # Durable timers (NATS message schedules): holder and target live in one stream.
 SCHED_TIMEOUT = "sandbox.sched.timeout"

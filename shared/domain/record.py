@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.domain.states import SandboxState
+from shared.models.lifecycle import NO_HOOKS, HookOutcome, Hooks
 from shared.models.messages import ResumeReport
 from shared.models.network import OPEN, NetworkPolicy
 
@@ -66,6 +67,8 @@ class SandboxRecord(BaseModel):
     pending: Pending | None = None
     failure: str | None = None  # reason of the last transition that gave up
     last_resume: ResumeReport | None = None  # what the last resume restored, and its time
+    hooks: Hooks = NO_HOOKS  # the sandbox's own lifecycle hooks (its template's run first)
+    refused_pause: HookOutcome | None = None  # the prePause that refused the last pause
     updated_at: datetime
 
 

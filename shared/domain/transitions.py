@@ -19,6 +19,7 @@ from shared.domain.record import Mutation, Pending, SandboxRecord, SnapshotRef
 from shared.domain.states import SandboxState
 from shared.domain.timing import deadline_after, retained_until
 from shared.errors import IllegalTransition
+from shared.models.lifecycle import HookOutcome
 from shared.models.messages import ResumeReport
 from shared.redaction import redact_text
 
@@ -28,7 +29,16 @@ S = SandboxState
 Op = Literal["create", "pause", "resume", "kill"]
 # Every step a record can take: a command beginning, its end, or giving it up.
 Step = Literal[
-    "create", "pause", "resume", "kill", "created", "paused", "resumed", "killed", "failed"
+    "create",
+    "pause",
+    "resume",
+    "kill",
+    "created",
+    "paused",
+    "resumed",
+    "killed",
+    "failed",
+    "pause_refused",
 ]
 
 
@@ -54,6 +64,8 @@ TABLE: dict[Step, Rule] = {
     "resumed": _rule({S.RESUMING}, S.RUNNING),
     "killed": _rule({S.KILLING}, S.KILLED),
     "failed": _rule({S.CREATING, S.PAUSING, S.RESUMING, S.KILLING}, S.FAILED),
+    # A prePause hook refused the pause before anything was captured: back to running.
+    "pause_refused": _rule({S.PAUSING}, S.RUNNING),
 }
 # The step that ends each command successfully.
 DONE: dict[Op, Step] = {
@@ -208,6 +220,7 @@ def running(
                 "pending": None,
                 "failure": None,
                 "last_resume": report if report is not None else record.last_resume,
+                "refused_pause": None,
             }
         )
 
@@ -234,6 +247,31 @@ def paused(*, generation: int, retention: timedelta) -> Mutation:
                 "retain_until": retained_until(at, retention),
                 "pending": None,
                 "failure": None,
+                "refused_pause": None,
+            }
+        )
+
+    return mutate
+
+
+def pause_refused(cmd_msg_id: str, outcome: HookOutcome) -> Mutation:
+    """Pausing → running: a prePause hook refused the pause (nothing was captured, the pod never
+    stopped). generation+1 (waiters see the end; a retry gets a fresh id), the outcome kept as
+    the reason, and a full timeout from now, so a refused timeout pause is not retried at once."""
+    check = _require("pause", cmd_msg_id)
+
+    def mutate(record: SandboxRecord) -> SandboxRecord:
+        check(record)
+        _check(record, "pause_refused", "refuse a pause")
+        wanted = deadline_after(now(), record.timeout)
+        deadline = max(record.deadline, wanted) if record.deadline is not None else wanted
+        return record.model_copy(
+            update={
+                "state": TABLE["pause_refused"].target,
+                "generation": record.generation + 1,
+                "pending": None,
+                "deadline": deadline,
+                "refused_pause": outcome,
             }
         )
 

@@ -10,8 +10,12 @@ stream afterwards does not stop the process (envd keeps it running, like the SDK
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -20,6 +24,7 @@ import structlog
 from shared.errors import EnvdError, EnvdUnavailable
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.models.telemetry import LogEntry, MetricSample
+from shared.ports.envd import CommandResult, InnerActivity
 from shared.ports.workloads import Endpoint
 
 log = structlog.get_logger()
@@ -30,6 +35,10 @@ _COMPRESSED = 0x01
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # HTTP statuses that mean "not reachable right now" rather than "the daemon said no".
 _UNAVAILABLE_STATUSES = {502, 503, 504}
+# What ``run_command`` keeps of a command's output (its tail): an outcome, not a log.
+COMMAND_OUTPUT_TAIL = 8 * 1024
+# Beyond the command's own deadline (enforced by the daemon), how long to wait for its end event.
+_COMMAND_GRACE = 5.0
 
 
 def _headers(access_token: str | None, *, streaming: bool) -> dict[str, str]:
@@ -149,6 +158,92 @@ class ConnectEnvdClient:
         log.info("envd_process_started", host=endpoint.host, pid=pid, cmd=config.cmd, tag=tag)
         return pid
 
+    async def run_command(
+        self,
+        endpoint: Endpoint,
+        command: str,
+        *,
+        user: str,
+        timeout: float,
+        access_token: str | None,
+        envs: dict[str, str] | None = None,
+    ) -> CommandResult:
+        process: dict[str, Any] = {"cmd": "/bin/bash", "args": ["-l", "-c", command]}
+        if envs:
+            process["envs"] = dict(envs)
+        headers = _headers(access_token, streaming=True)
+        # The daemon turns Connect-Timeout-Ms into the process's deadline (it kills it there).
+        headers["Connect-Timeout-Ms"] = str(max(int(timeout * 1000), 1))
+        headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:".encode()).decode()
+        http_request = self._http.build_request(
+            "POST",
+            f"{endpoint.base_url}/process.Process/Start",
+            content=_envelope({"process": process, "stdin": False}),
+            headers=headers,
+            timeout=timeout + _COMMAND_GRACE,
+        )
+        try:
+            response = await self._http.send(http_request, stream=True)
+        except httpx.TransportError as exc:
+            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
+        output = bytearray()
+        started = time.monotonic()
+        try:
+            if response.status_code != 200:
+                raise _error_from_body(response.status_code, await response.aread())
+            async for data in _messages(response):
+                event = data.get("event") or {}
+                chunk = (event.get("data") or {}) if isinstance(event, dict) else {}
+                for stream in ("stdout", "stderr", "pty"):
+                    if isinstance(chunk.get(stream), str):
+                        output += base64.b64decode(chunk[stream])
+                        del output[:-COMMAND_OUTPUT_TAIL]
+                end = event.get("end") if isinstance(event, dict) else None
+                if isinstance(end, dict):
+                    exited = bool(end.get("exited", False))
+                    return CommandResult(
+                        exit_code=int(end.get("exitCode", 0)) if exited else None,
+                        output=output.decode("utf-8", "replace"),
+                        timed_out=not exited and time.monotonic() - started >= timeout,
+                    )
+        except EnvdError as exc:
+            if exc.code == "deadline_exceeded":
+                return CommandResult(
+                    exit_code=None, output=output.decode("utf-8", "replace"), timed_out=True
+                )
+            raise
+        except httpx.TimeoutException:
+            return CommandResult(
+                exit_code=None, output=output.decode("utf-8", "replace"), timed_out=True
+            )
+        except httpx.TransportError as exc:
+            raise EnvdUnavailable(f"envd stream from {endpoint.base_url} broke: {exc!r}") from exc
+        finally:
+            await response.aclose()
+        raise EnvdError("envd ended the stream before the end event", code="internal")
+
+    async def activity(
+        self, endpoint: Endpoint, *, access_token: str | None, timeout: float = 2.0
+    ) -> InnerActivity:
+        headers = {"X-Access-Token": access_token} if access_token else {}
+        try:
+            response = await self._http.get(
+                f"{endpoint.base_url}/activity", headers=headers, timeout=timeout
+            )
+        except httpx.TransportError as exc:
+            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
+        if response.status_code != 200:
+            raise _error_from_body(response.status_code, response.content[:4096])
+        try:
+            data = response.json()
+            last = data["last"]
+            return InnerActivity(
+                now=_unix(data["now"]),
+                last={str(k): _unix(v) if v is not None else None for k, v in last.items()},
+            )
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError, OSError) as exc:
+            raise EnvdError(f"envd sent an unreadable activity: {exc}", code="internal") from exc
+
     async def metrics(
         self,
         endpoint: Endpoint,
@@ -225,6 +320,44 @@ class ConnectEnvdClient:
     async def close(self) -> None:
         if self._owns_http:
             await self._http.aclose()
+
+
+def _unix(value: object) -> datetime:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"not a unix time: {value!r}")
+    return datetime.fromtimestamp(float(value), UTC)
+
+
+async def _messages(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """Every enveloped message of a Connect stream; an end-stream error becomes EnvdError."""
+    buffer = b""
+    async for chunk in response.aiter_bytes():
+        buffer += chunk
+        while len(buffer) >= _ENVELOPE.size:
+            flags, length = _ENVELOPE.unpack_from(buffer)
+            if length > MAX_MESSAGE_BYTES:
+                raise EnvdError(f"envd message of {length} bytes is too large", code="internal")
+            if len(buffer) < _ENVELOPE.size + length:
+                break
+            payload = buffer[_ENVELOPE.size : _ENVELOPE.size + length]
+            buffer = buffer[_ENVELOPE.size + length :]
+            if flags & _COMPRESSED:
+                raise EnvdError("envd sent a compressed message", code="internal")
+            try:
+                data = json.loads(payload or b"{}")
+            except ValueError as exc:
+                raise EnvdError(f"envd sent invalid JSON: {exc}", code="internal") from exc
+            if not isinstance(data, dict):
+                raise EnvdError(f"envd sent a non-object message: {data!r}", code="internal")
+            if flags & _END_STREAM:
+                error = data.get("error")
+                if isinstance(error, dict):
+                    code = str(error.get("code", "unknown"))
+                    if code == "unavailable":
+                        raise EnvdUnavailable(f"envd unavailable: {error.get('message', '')}")
+                    raise EnvdError(f"envd error {code}: {error.get('message', '')}", code=code)
+                return
+            yield data
 
 
 async def _first_message(response: httpx.Response) -> dict[str, Any]:

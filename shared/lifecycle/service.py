@@ -28,8 +28,9 @@ from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
 from shared.domain.timing import deadline_after
-from shared.errors import Conflict, IllegalTransition, NotFound, RuntimeFailure
+from shared.errors import Conflict, IllegalTransition, NotFound, PauseRefused, RuntimeFailure
 from shared.ids import is_valid_sandbox_id
+from shared.lifecycle.hooks import describe
 from shared.models.messages import (
     CreateSandbox,
     KillSandbox,
@@ -109,6 +110,7 @@ class SandboxLifecycle:
             metadata=dict(request.metadata),
             envs=dict(request.envs),
             network=request.network,
+            hooks=request.hooks,
             origin_snapshot_id=request.origin_snapshot_id,
             origin=request.origin,
             envd_access_token=secrets.token_hex(24),  # hex: never starts with "-" (argv-safe)
@@ -190,6 +192,12 @@ class SandboxLifecycle:
             lambda r: r.generation > start_gen and states.is_settled(r.state),
             _left(until),
         )
+        if done.state == SandboxState.RUNNING and done.refused_pause is not None:
+            refused = done.refused_pause
+            raise PauseRefused(
+                f"sandbox {sandbox_id} keeps running: {describe(refused)}",
+                hook=refused.model_dump(mode="json"),
+            )
         return self._settled(done, "pause", want=SandboxState.PAUSED)
 
     async def resume(

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from shared.models.lifecycle import HookOutcome
 from shared.redaction import redact_text
 
 
@@ -121,6 +122,7 @@ class ResumeTimings(BaseModel):
     pod_ms: float = 0.0  # scale to 1 and wait for the pod (daemon healthy)
     files_ms: float = 0.0
     replay_ms: float = 0.0  # list what runs, start what is missing
+    hooks_ms: float = 0.0  # the postResume hooks
     total_ms: float = 0.0
 
 
@@ -140,6 +142,7 @@ class ResumeReport(BaseModel):
     replayed: int = 0  # processes running again (started now, or found already running)
     failed: int = 0
     timings: ResumeTimings = Field(default_factory=ResumeTimings)
+    hooks: list[HookOutcome] = Field(default_factory=list)  # postResume, after the replay
 
 
 class SandboxCreated(_Event):
@@ -166,6 +169,15 @@ class SandboxResumed(_Event):
     path: StartPath = "cold"
     processes: list[ProcessOutcome] = Field(default_factory=list)
     report: ResumeReport | None = None  # also on the record (``last_resume``)
+
+
+class SandboxHookRan(_Event):
+    """A lifecycle hook ran (``op``: the transition it belongs to). ``outcome.aborted``: it
+    stopped that transition (a refused pause: the sandbox keeps running)."""
+
+    type: Literal["sandbox.evt.hook"] = "sandbox.evt.hook"
+    op: Literal["pause", "resume", "kill"]
+    outcome: HookOutcome
 
 
 class SandboxKilled(_Event):
@@ -202,6 +214,16 @@ class SandboxExpired(_Event):
     decision: Literal["pause", "kill"]
     deadline: datetime
     command: str | None = None  # "<subject> <Nats-Msg-Id>" of the command carrying it out
+
+
+class SandboxExpiring(_Event):
+    """The sandbox will expire (``decision``: paused or killed) at ``deadline`` unless something
+    keeps it busy meanwhile; sent ``notice_seconds`` before, when its template asks for it."""
+
+    type: Literal["sandbox.evt.expiring"] = "sandbox.evt.expiring"
+    decision: Literal["pause", "kill"]
+    deadline: datetime
+    notice_seconds: int
 
 
 class SandboxTimeoutSet(_Event):

@@ -32,6 +32,8 @@ FACT_TYPES: dict[str, str] = {
     "snapshot_taken": LIFECYCLE + "checkpointed",
     "failed": LIFECYCLE + "failed",
     "expired": LIFECYCLE + "expired",
+    "expiring": LIFECYCLE + "expiring",  # an automatic pause or kill is near
+    "hook": LIFECYCLE + "hook",  # a lifecycle hook ran (docs/lifecycle-hooks.md)
 }
 TYPE_FACTS: dict[str, str] = {v: k for k, v in FACT_TYPES.items()}
 PUBLIC_TYPES: tuple[str, ...] = tuple(FACT_TYPES.values())

@@ -7,11 +7,34 @@ daemon cannot be reached (connection refused, timeout), ``EnvdError`` for a Conn
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
 
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.models.telemetry import LogEntry, MetricSample
 from shared.ports.workloads import Endpoint
+
+
+class CommandResult(BaseModel):
+    """How a command run to its end went (``run_command``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    exit_code: int | None  # None: it did not end by itself (killed at its deadline)
+    output: str = ""  # the tail of stdout and stderr, interleaved as they came
+    timed_out: bool = False
+
+
+class InnerActivity(BaseModel):
+    """When the sandbox was last active by each signal, as the daemon saw it (``now``: its clock
+    when it answered, so ages need no shared clock). ``None``: not since the daemon started."""
+
+    model_config = ConfigDict(frozen=True)
+
+    now: datetime
+    last: dict[str, datetime | None]
 
 
 class Envd(Protocol):
@@ -32,6 +55,26 @@ class Envd(Protocol):
     ) -> int:
         """Start a background process (no deadline) and return its pid once the daemon reports
         the start event."""
+        ...
+
+    async def run_command(
+        self,
+        endpoint: Endpoint,
+        command: str,
+        *,
+        user: str,
+        timeout: float,
+        access_token: str | None,
+        envs: dict[str, str] | None = None,
+    ) -> CommandResult:
+        """Run ``/bin/bash -l -c command`` as ``user`` to its end; the daemon kills it at
+        ``timeout`` seconds (``timed_out``). ``EnvdUnavailable``/``EnvdError``: it did not run."""
+        ...
+
+    async def activity(
+        self, endpoint: Endpoint, *, access_token: str | None, timeout: float = 2.0
+    ) -> InnerActivity:
+        """``GET /activity``: the last time of each inside signal."""
         ...
 
     async def health(self, endpoint: Endpoint, *, timeout: float = 2.0) -> bool:

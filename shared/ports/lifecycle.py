@@ -16,6 +16,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.domain.record import SandboxRecord, SnapshotRef
+from shared.models.lifecycle import NO_HOOKS, Hooks
 from shared.models.network import OPEN, NetworkPolicy
 
 
@@ -32,6 +33,7 @@ class CreateRequest(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     envs: dict[str, str] = Field(default_factory=dict)
     network: NetworkPolicy = OPEN
+    hooks: Hooks = NO_HOOKS  # the sandbox's own lifecycle hooks (docs/lifecycle-hooks.md)
     # Start from a stored snapshot: its files are copied in, its processes replayed.
     origin_snapshot_id: str | None = None
     origin: SnapshotRef | None = None

@@ -15,7 +15,10 @@ from pathlib import Path
 import structlog
 
 from shared.errors import ConfigError, NotFound
-from shared.models.lifecycle import TemplateFacts, unknown_template
+from shared.models.lifecycle import TemplateFacts, TemplateLifecycle, unknown_template
+
+# Kubernetes: a PodTemplate's lifecycle section, as JSON in this annotation.
+ANNOTATION_LIFECYCLE = "torpor.dev/lifecycle"
 
 log = structlog.get_logger()
 
@@ -33,10 +36,15 @@ def read_facts(runtime: str, templates_dir: Path | None, name: str) -> TemplateF
 
             sources = (templates_dir, DEFAULT_TEMPLATES) if templates_dir else (DEFAULT_TEMPLATES,)
             pod_template = PodTemplates(*sources).get(name)
+            annotations = (pod_template.get("metadata") or {}).get("annotations") or {}
+            raw = annotations.get(ANNOTATION_LIFECYCLE)
+            lifecycle = TemplateLifecycle.model_validate_json(raw) if raw else TemplateLifecycle()
             return TemplateFacts(
                 name=name,
                 version=_digest(pod_template),
                 keeps_files=persist_mode(pod_template) != "none",
+                hooks=lifecycle.hooks,
+                activity=lifecycle.activity,
             )
         from shared.runtime.templates import load_template, template_dirs
 
@@ -45,7 +53,9 @@ def read_facts(runtime: str, templates_dir: Path | None, name: str) -> TemplateF
             name=name,
             version=_digest(template.model_dump(mode="json")),
             keeps_files=template.persist == "layer",
+            hooks=template.lifecycle.hooks,
+            activity=template.lifecycle.activity,
         )
-    except (NotFound, ConfigError) as e:
+    except (NotFound, ConfigError, ValueError) as e:
         log.warning("template_facts_unknown", template=name, error=str(e))
         return unknown_template(name)

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import ConfigError, NotFound
+from shared.models.lifecycle import TemplateLifecycle
 
 PACKAGED_TEMPLATES_DIR = Path(__file__).with_name("templates")
 DEFAULT_TEMPLATE = "sandbox-base"
@@ -77,6 +78,8 @@ class Template(_Frozen):
     # writable filesystem (local runtime: see shared/runtime/local/layers.py); "none" gives
     # every resume a fresh disk (the seed's behaviour).
     persist: Literal["layer", "none"] = "layer"
+    # Lifecycle hooks (and, later, the activity policy): docs/lifecycle-hooks.md.
+    lifecycle: TemplateLifecycle = Field(default_factory=TemplateLifecycle)
     image: str | None = None  # kubernetes only: the sandbox image
     kubernetes: dict[str, Any] = Field(default_factory=dict)  # adapter-specific extras
 

@@ -20,6 +20,7 @@ from shared.domain.record import Pending, SandboxRecord, SnapshotRef
 from shared.domain.states import SandboxState
 from shared.domain.timing import deadline_after, is_retained
 from shared.errors import IllegalTransition
+from shared.models.lifecycle import HookOutcome
 
 NOW = datetime.now(UTC)
 GEN = 4
@@ -48,6 +49,8 @@ def owned(op: t.Op) -> Pending:
 def snapshot() -> SnapshotRef:
     return SnapshotRef(id="s", captured_at=NOW.isoformat(), process_count=0, annotation="e30=")
 
+
+REFUSAL = HookOutcome(hook="prePause", source="sandbox", policy="abort", ok=False, exit_code=3)
 
 # How to attempt each step from a state: (record in that state, the step's mutation).
 Attempt = Callable[[SandboxState], tuple[SandboxRecord, Callable[[SandboxRecord], SandboxRecord]]]
@@ -79,6 +82,10 @@ ATTEMPTS: dict[t.Step, Attempt] = {
     "killed": lambda s: (
         record(s, pending=owned("kill")),
         t.killed(MSG, tombstone_for=timedelta(hours=1)),
+    ),
+    "pause_refused": lambda s: (
+        record(s, pending=owned("pause")),
+        t.pause_refused(MSG, REFUSAL),
     ),
 }
 
@@ -161,3 +168,15 @@ def test_retention_applies_to_paused_and_failed_creates_only() -> None:
     assert is_retained(record(SandboxState.FAILED, failure="create: no such template"))
     assert not is_retained(record(SandboxState.FAILED, failure="pause: envd down"))
     assert not is_retained(record(SandboxState.RUNNING))
+
+
+def test_a_refused_pause_runs_on_with_the_reason_and_a_fresh_timeout() -> None:
+    before = record(SandboxState.PAUSING, pending=owned("pause"), deadline=NOW, timeout=60)
+    after = t.pause_refused(MSG, REFUSAL)(before)
+    assert after.state == SandboxState.RUNNING and after.generation == GEN + 1
+    assert after.refused_pause == REFUSAL and after.pending is None
+    assert after.deadline is not None and after.deadline > deadline_after(NOW, 59)
+    resumed = t.running(op="resume", cmd_msg_id=MSG, host="h", pod_uid="u")(
+        after.model_copy(update={"state": SandboxState.RESUMING, "pending": owned("resume")})
+    )
+    assert resumed.refused_pause is None

@@ -141,3 +141,49 @@ def test_daemon_reaps_children_and_imports_no_control_plane(sbx: Sandbox, daemon
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, cwd=Path(__file__).parents[2])
+
+
+async def test_run_command_reports_exit_code_output_and_timeout(
+    daemon: Daemon, client: ConnectEnvdClient
+) -> None:
+    """What the lifecycle hooks run on: to the end, with the output's tail; killed at timeout."""
+    import getpass
+
+    me = getpass.getuser()
+    done = await client.run_command(
+        _endpoint(daemon),
+        "echo out; echo err >&2; exit 3",
+        user=me,
+        timeout=10,
+        access_token=TOKEN,
+    )
+    assert done.exit_code == 3 and not done.timed_out
+    assert sorted(done.output.split()) == ["err", "out"]
+    ok = await client.run_command(
+        _endpoint(daemon),
+        "head -c 20000 /dev/zero | tr '\\0' x",
+        user=me,
+        timeout=10,
+        access_token=TOKEN,
+    )
+    assert ok.exit_code == 0 and ok.output == "x" * 8192  # the tail only
+    slow = await client.run_command(
+        _endpoint(daemon), "echo begun; sleep 30", user=me, timeout=1, access_token=TOKEN
+    )
+    assert slow.timed_out and slow.exit_code is None and "begun" in slow.output
+    with pytest.raises(EnvdError):
+        await client.run_command(
+            _endpoint(daemon), "true", user=me, timeout=5, access_token="wrong"
+        )
+
+
+async def test_activity_needs_the_token_and_reports_output(
+    sbx: Sandbox, daemon: Daemon, client: ConnectEnvdClient
+) -> None:
+    before = await client.activity(_endpoint(daemon), access_token=TOKEN)
+    assert set(before.last) == {"cpu", "output", "connections", "keepalive"}
+    sbx.commands.run("echo some output")
+    after = await client.activity(_endpoint(daemon), access_token=TOKEN)
+    assert after.last["output"] is not None and after.last["output"] <= after.now
+    with pytest.raises(EnvdError):
+        await client.activity(_endpoint(daemon), access_token=None)

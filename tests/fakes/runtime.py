@@ -11,10 +11,12 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from shared.errors import EnvdUnavailable, NotFound, PodNotReady
 from shared.models.network import NetworkPolicy
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
+from shared.ports.envd import CommandResult, InnerActivity
 from shared.ports.workloads import Endpoint, Workload, WorkloadSpec
 
 
@@ -148,6 +150,10 @@ class FakeEnvd:
         self.down = False
         self.fail_cmds: set[str] = set()
         self._pids = itertools.count(100)
+        # run_command: what ran (pod uid, command, user), and scripted results by command
+        self.commands: list[tuple[str, str, str]] = []
+        self.results: dict[str, CommandResult] = {}
+        self.inner: dict[str, InnerActivity] = {}  # pod uid -> what GET /activity answers
 
     async def list_processes(
         self, endpoint: Endpoint, *, access_token: str | None, timeout: float = 10.0
@@ -175,6 +181,28 @@ class FakeEnvd:
         )
         self.started[endpoint.pod_uid] = self.started.get(endpoint.pod_uid, 0) + 1
         return pid
+
+    async def run_command(
+        self,
+        endpoint: Endpoint,
+        command: str,
+        *,
+        user: str,
+        timeout: float,
+        access_token: str | None,
+        envs: dict[str, str] | None = None,
+    ) -> CommandResult:
+        if self.down:
+            raise EnvdUnavailable("daemon down")
+        self.commands.append((endpoint.pod_uid, command, user))
+        return self.results.get(command, CommandResult(exit_code=0))
+
+    async def activity(
+        self, endpoint: Endpoint, *, access_token: str | None, timeout: float = 2.0
+    ) -> InnerActivity:
+        if self.down:
+            raise EnvdUnavailable("daemon down")
+        return self.inner.get(endpoint.pod_uid) or InnerActivity(now=datetime.now(UTC), last={})
 
     async def health(self, endpoint: Endpoint, *, timeout: float = 2.0) -> bool:
         return not self.down

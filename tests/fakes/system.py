@@ -10,7 +10,7 @@ and give-up paths across deliveries are covered by the integration tier).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from shared.bus.broker import make_broker
 from shared.bus.middleware import MSG_ID_HEADER
 from shared.bus.retry import RetryPolicy
 from shared.lifecycle.service import SandboxLifecycle
+from shared.models.lifecycle import TemplateFacts, unknown_template
 from shared.settings import BusSettings
 from tests.fakes.publisher import Published, RecordingPublisher
 from tests.fakes.runtime import FakeEnvd, FakeRuntime
@@ -40,12 +41,21 @@ class InMemorySystem:
 
 
 @contextlib.asynccontextmanager
-async def in_memory_system(*, give_up_after: int = 3) -> AsyncIterator[InMemorySystem]:
+async def in_memory_system(
+    *,
+    give_up_after: int = 3,
+    templates: Callable[[str], TemplateFacts] = unknown_template,
+) -> AsyncIterator[InMemorySystem]:
     store = InMemorySandboxStore()
     publisher = RecordingPublisher()
     runtime, envd = FakeRuntime(), FakeEnvd()
     snapshotter = Snapshotter(
-        store=store, runtime=runtime, envd=envd, publisher=publisher, envd_timeout=5
+        store=store,
+        runtime=runtime,
+        envd=envd,
+        publisher=publisher,
+        envd_timeout=5,
+        templates=templates,
     )
     scaler = Scaler(
         store=store,
@@ -54,6 +64,7 @@ async def in_memory_system(*, give_up_after: int = 3) -> AsyncIterator[InMemoryS
         publisher=publisher,
         ready_timeout=5,
         stop_timeout=5,
+        templates=templates,
     )
     broker = make_broker(BusSettings(), service="unit")  # never connected: TestNatsBroker
     retry = RetryPolicy(give_up_after=give_up_after)

@@ -34,6 +34,7 @@ from shared.domain import states
 from shared.domain.record import SandboxRecord
 from shared.errors import Conflict, NotFound
 from shared.ids import is_valid_sandbox_id
+from shared.models.lifecycle import NO_HOOKS
 from shared.models.snapshot_records import looks_like_snapshot_id
 from shared.ports.lifecycle import CreateRequest
 
@@ -105,6 +106,7 @@ async def create_sandbox(
         metadata=body.metadata or {},
         envs=body.env_vars or {},
         network=body.network_policy(),
+        hooks=body.hooks or NO_HOOKS,
     )
     if from_snapshot:  # a snapshot id where a template goes: files and processes come along
         request = await snapshot_request(w, caller.name, body.template_id, request)

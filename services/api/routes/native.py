@@ -17,6 +17,7 @@ from services.api.views import native_out
 from shared.domain import states
 from shared.errors import Conflict
 from shared.ids import SANDBOX_ID_PATTERN, owned_sandbox_id
+from shared.models.lifecycle import NO_HOOKS
 from shared.ports.lifecycle import CreateRequest
 
 router = APIRouter(prefix="/api/v1/sandbox", tags=["native"])
@@ -53,6 +54,7 @@ async def create(w: WiringDep, caller: CallerDep, body: NativeCreate) -> NativeS
                 auto_resume=body.auto_resume,
                 metadata=body.metadata,
                 envs=body.envs,
+                hooks=body.hooks or NO_HOOKS,
             ),
             wait=w.settings.create_wait,
         )
