@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and etcd from Go modules into a cache
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy and etcd from Go modules into a cache
 # folder outside the repo. Idempotent: returns at once when the binaries for this version exist,
 # and builds only the missing ones otherwise (a cache made before kubelet was added gains it alone).
 # Prints the output folder on stdout (last line); progress goes to stderr.
@@ -8,7 +8,7 @@ export GOTOOLCHAIN=local CGO_ENABLED=0
 KV=${TORPOR_K8S_VERSION:-1.36.3}
 EV=${TORPOR_ETCD_VERSION:-v3.6.8}
 OUT=${TORPOR_K8S_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/torpor/k8s/v$KV}
-BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet etcd)
+BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy etcd)
 
 have_all() { for b in "${BINS[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done; }
 missing() { for b in "${BINS[@]}"; do [[ -x "$OUT/$b" ]] || echo "$b"; done; }
@@ -41,6 +41,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GO

@@ -76,12 +76,14 @@ class BusSettings(SettingsBase):
         pattern=r"^[A-Za-z0-9_.-]{1,64}$",
     )
     """The service's NATS user and password (set both, or neither). Under `torpor up` each
-    service gets its own; on Kubernetes the password is in `NATS_URL`. Never logged."""
+    service gets its own; on Kubernetes the Deployment sets both (the password from the
+    Secret `torpor-nats-auth`). Never logged."""
     nats_password: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("NATS_PASSWORD", "TORPOR_NATS_PASSWORD")
     )
     """The service's NATS user and password (set both, or neither). Under `torpor up` each
-    service gets its own; on Kubernetes the password is in `NATS_URL`. Never logged."""
+    service gets its own; on Kubernetes the Deployment sets both (the password from the
+    Secret `torpor-nats-auth`). Never logged."""
     bus_replicas: int = Field(default=1, ge=1, le=5)
     """Replicas of streams and KV buckets, 1-5 (3 on a production NATS cluster)."""
     bus_provision: bool = True

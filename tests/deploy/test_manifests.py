@@ -75,17 +75,35 @@ def test_one_deployment_per_service_with_probes_resources_and_a_pdb(rendered: An
 
 
 def test_each_service_connects_as_its_own_nats_user(rendered: Any) -> None:
-    _, docs = rendered
+    """NATS_USER + NATS_PASSWORD (BusSettings' own fields: a NATS_PASSWORD without NATS_USER
+    is a configuration error), the password from the Secret the overlay ships (dev: its
+    generated, hashed name, in torpor's namespace) or the operator creates (production)."""
+    overlay, docs = rendered
+    shipped = {n: s["metadata"].get("namespace") for n, s in by_kind(docs, "Secret").items()}
     for service in SERVICES:
         (c,) = containers(by_kind(docs, "Deployment")[f"torpor-{service}"])
         env = {e["name"]: e for e in c["env"]}
-        assert env["NATS_URL"]["value"] == f"nats://{service}:$(NATS_PASSWORD)@torpor-nats:4222"
+        assert env["NATS_URL"]["value"] == "nats://torpor-nats:4222"
+        assert env["NATS_USER"]["value"] == service
         ref = env["NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]
-        assert (ref["name"], ref["key"]) == ("torpor-nats-auth", service)
+        assert ref["key"] == service
+        if overlay == "dev":
+            assert shipped.get(ref["name"]) == "torpor", (ref, shipped)
+        else:
+            assert ref["name"] == "torpor-nats-auth"
         config = configmap(docs, "torpor-config")["data"]
         # Services must not try to create streams their users may not create.
         assert config["TORPOR_BUS_PROVISION"] == "false"
         assert config["TORPOR_RUNTIME"] == "kubernetes"
+
+
+def test_every_object_lands_in_torpors_namespace(rendered: Any) -> None:
+    """Generated objects too: a Secret generated outside the namespace would leave the
+    workloads' references unhashed (the real node caught the dev overlay doing that)."""
+    _, docs = rendered
+    for doc in docs:
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"].get("namespace") == "torpor", doc["metadata"]
 
 
 def test_only_the_runtime_services_get_kubernetes_credentials(rendered: Any) -> None:

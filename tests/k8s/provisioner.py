@@ -32,13 +32,14 @@ def volume_name(claim_uid: str) -> str:
     return f"torpor-test-{claim_uid}"
 
 
-async def provision(core: k8s.CoreV1Api, volumes: Path) -> None:
-    """Follow torpor's claims until cancelled (relisting when a watch ends)."""
+async def provision(core: k8s.CoreV1Api, volumes: Path, selector: str = SELECTOR) -> None:
+    """Follow the claims ``selector`` picks (torpor's sandbox claims by default) until
+    cancelled (relisting when a watch ends)."""
     volumes.mkdir(parents=True, exist_ok=True)
     while True:
         try:
             listed = await core.list_persistent_volume_claim_for_all_namespaces(
-                label_selector=SELECTOR
+                label_selector=selector
             )
             for claim in listed.items:
                 await _on_claim(core, volumes, "ADDED", claim)
@@ -46,7 +47,7 @@ async def provision(core: k8s.CoreV1Api, volumes: Path) -> None:
             async with k8s_watch.Watch() as w:  # type: ignore[no-untyped-call]
                 async for event in w.stream(
                     core.list_persistent_volume_claim_for_all_namespaces,
-                    label_selector=SELECTOR,
+                    label_selector=selector,
                     resource_version=version,
                     timeout_seconds=300,
                 ):
@@ -126,8 +127,8 @@ class TestProvisioner:
 
     __test__ = False
 
-    def __init__(self, kubeconfig: Path, volumes: Path) -> None:
-        self._kubeconfig, self._volumes = kubeconfig, volumes
+    def __init__(self, kubeconfig: Path, volumes: Path, selector: str = SELECTOR) -> None:
+        self._kubeconfig, self._volumes, self._selector = kubeconfig, volumes, selector
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._thread: threading.Thread | None = None
@@ -145,7 +146,9 @@ class TestProvisioner:
             config_file=str(self._kubeconfig)
         )
         try:
-            self._task = asyncio.create_task(provision(k8s.CoreV1Api(api), self._volumes))
+            self._task = asyncio.create_task(
+                provision(k8s.CoreV1Api(api), self._volumes, self._selector)
+            )
             self._started.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task

@@ -3,13 +3,16 @@
 Next to the test kubelet (``kubelet.py``: pods as bubblewrap process trees, fast), this is the
 second backend: the kubelet of ``scripts/build-k8s.sh`` runs real containers from the images of
 ``scripts/build-images.sh`` through a private containerd. It has its own control plane (etcd,
-kube-apiserver, kube-controller-manager as in ``rig.py``, plus kube-scheduler), so the test
-kubelet never binds its pods.
+kube-apiserver, kube-controller-manager as in ``rig.py``, plus kube-scheduler and kube-proxy),
+so the test kubelet never binds its pods.
 
 Everything it makes is private to one rig and removed on ``stop``: containerd's root, state and
 socket under the work dir; a CNI bridge ``tpr<id>`` with a /24 taken from 10.200.0.0/16 that no
 route of the machine uses (no masquerade, no default route: pods reach nothing outside), whose
-gateway address is the node's address (the kubelet refuses a loopback node address); the
+gateway address is the node's address (the kubelet refuses a loopback node address) and the
+apiserver's (pods reach it through the ``kubernetes`` Service: in-cluster config works); a
+service /24 from 10.201.0.0/16 routed onto the bridge, whose ClusterIPs kube-proxy (nftables
+mode, tables ``ip``/``ip6 kube-proxy``, one rig per machine) sends to pods; the
 kubelet's cgroup root ``/torpor-rn-<id>`` in every cgroup v1 hierarchy; the kubelet's root dir and
 pod logs under the work dir. The kubelet and containerd listen on 127.0.0.1 / a unix socket only.
 
@@ -52,9 +55,13 @@ from tests.k8s.rig import (
 
 IMAGES_SCRIPT = REPO_ROOT / "scripts" / "build-images.sh"
 CNI_BIN = Path("/usr/lib/cni")
-NODE_BINARIES = ("kubelet", "kube-scheduler")
+NODE_BINARIES = ("kubelet", "kube-scheduler", "kube-proxy")
 CGROUP_V1 = Path("/sys/fs/cgroup")
 POD_RANGE = ipaddress.ip_network("10.200.0.0/16")  # allocation pool of the rigs' pod /24s
+SERVICE_RANGE = ipaddress.ip_network("10.201.0.0/16")  # ... and of their service /24s
+# kube-proxy's nftables tables have fixed names (ip/ip6 "kube-proxy"): one real node with a
+# kube-proxy per machine at a time; a second rig waits for this lock.
+KUBE_PROXY_LOCK = Path("/run/lock/torpor-realnode-kube-proxy.lock")
 # The names the manifests use, tagged onto the images built here (no registry is reachable).
 IMAGE_ALIASES = {
     "sandbox-base": ("ghcr.io/torpor-dev/sandbox-base:latest",),
@@ -70,6 +77,7 @@ class RealNodeAccess:
     cluster: ClusterAccess
     node_name: str
     pod_cidr: ipaddress.IPv4Network
+    service_cidr: ipaddress.IPv4Network
     containerd_socket: Path
     images: dict[str, str]  # short name -> the reference pods use (e.g. sandbox-base)
     started_in: float
@@ -145,8 +153,9 @@ def ensure_images(*, build: bool) -> dict[str, tuple[str, Path]]:
     return images
 
 
-def pick_pod_cidr() -> ipaddress.IPv4Network:
-    """A /24 of POD_RANGE that no route and no address of this machine overlaps."""
+def pick_cidrs() -> tuple[ipaddress.IPv4Network, ipaddress.IPv4Network]:
+    """A pod /24 of POD_RANGE and a service /24 of SERVICE_RANGE (same index) that no route and
+    no address of this machine overlaps."""
     routes = json.loads(
         subprocess.run(["ip", "-j", "route"], capture_output=True, check=True).stdout
     )
@@ -156,12 +165,14 @@ def pick_pod_cidr() -> ipaddress.IPv4Network:
         if dst and dst != "default":
             with contextlib.suppress(ValueError):
                 used.append(ipaddress.ip_network(dst, strict=False))
-    candidates = list(POD_RANGE.subnets(new_prefix=24))
-    random.shuffle(candidates)
-    for net in candidates:
-        if not any(net.overlaps(u) for u in used):
-            return net
-    raise ClusterUnavailable(f"no free /24 in {POD_RANGE}")
+    pairs = list(
+        zip(POD_RANGE.subnets(new_prefix=24), SERVICE_RANGE.subnets(new_prefix=24), strict=True)
+    )
+    random.shuffle(pairs)
+    for pods, services in pairs:
+        if not any(pods.overlaps(u) or services.overlaps(u) for u in used):
+            return pods, services
+    raise ClusterUnavailable(f"no free /24 in {POD_RANGE} and {SERVICE_RANGE}")
 
 
 def _cgroup_hierarchies() -> list[Path]:
@@ -196,8 +207,10 @@ class RealNode:
     plane: ControlPlane | None = None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     pod_cidr: ipaddress.IPv4Network | None = None
+    service_cidr: ipaddress.IPv4Network | None = None
     cgroups: list[Path] = field(default_factory=list)
     started_in: float = 0.0
+    _proxy_lock: Any = None
 
     @property
     def node_name(self) -> str:
@@ -219,19 +232,29 @@ class RealNode:
         began = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
+            self._lock_kube_proxy(began + timeout)
+            # the bridge first: the apiserver listens on its address (pods reach it there
+            # through the kubernetes Service), the host on 127.0.0.1 stays private
+            self.pod_cidr, self.service_cidr = pick_cidrs()
+            self._make_bridge()
             # the control plane gets most of the budget: on a loaded machine it is the slow part
-            self.plane = ControlPlane(bin_dir=self.bin_dir, workdir=self.workdir / "cp").start(
-                timeout=timeout
-            )
+            self.plane = ControlPlane(
+                bin_dir=self.bin_dir,
+                workdir=self.workdir / "cp",
+                bind_address=self.node_ip,
+                service_cidr=str(self.service_cidr),
+            ).start(timeout=timeout)
             self._start_scheduler()
             self._start_containerd(began + timeout)
             self._import_images()
             self._start_kubelet(began + timeout)
+            self._start_kube_proxy(began + timeout)
         except BaseException:
             self.stop()
             raise
         self.started_in = time.monotonic() - began
         assert self.pod_cidr is not None
+        assert self.service_cidr is not None
         return RealNodeAccess(
             cluster=ClusterAccess(
                 kubeconfig=self.plane.kubeconfig,
@@ -242,6 +265,7 @@ class RealNode:
             ),
             node_name=self.node_name,
             pod_cidr=self.pod_cidr,
+            service_cidr=self.service_cidr,
             containerd_socket=self.socket,
             images={short: ref for short, (ref, _) in self.images.items()},
             started_in=self.started_in,
@@ -286,14 +310,18 @@ class RealNode:
         return str(next(self.pod_cidr.hosts()))
 
     def _make_bridge(self) -> None:
-        """The pods' bridge, made before the kubelet starts so the node has its address; the
-        CNI bridge plugin adopts it."""
+        """The pods' bridge, made before the control plane starts so the node has its address;
+        the CNI bridge plugin adopts it. The service /24 is routed onto it too, so a ClusterIP
+        dialled from the host never leaves through the machine's default route (kube-proxy
+        rewrites it to a pod or the apiserver first)."""
         assert self.pod_cidr is not None
+        assert self.service_cidr is not None
         gateway = f"{self.node_ip}/{self.pod_cidr.prefixlen}"
         for argv in (
             ["ip", "link", "add", self.bridge, "type", "bridge"],
             ["ip", "addr", "add", gateway, "dev", self.bridge],
             ["ip", "link", "set", self.bridge, "up"],
+            ["ip", "route", "add", str(self.service_cidr), "dev", self.bridge, "src", self.node_ip],
         ):
             done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=10)
             if done.returncode != 0:
@@ -301,8 +329,8 @@ class RealNode:
                 raise ClusterUnavailable(msg)
 
     def _start_containerd(self, deadline: float) -> None:
-        self.pod_cidr = pick_pod_cidr()
-        self._make_bridge()
+        assert self.pod_cidr is not None
+        assert self.service_cidr is not None
         base = self.workdir / "containerd"
         cni_conf = self.workdir / "cni" / "net.d"
         cni_conf.mkdir(parents=True, exist_ok=True)
@@ -317,13 +345,14 @@ class RealNode:
                             "bridge": self.bridge,
                             # the bridge gets the gateway address: the host (kubelet probes,
                             # tests) reaches pods; no masquerade and no default route, so pods
-                            # reach nothing outside the bridge
+                            # reach nothing outside the bridge but the rig's Service addresses
                             "isGateway": True,
                             "ipMasq": False,
                             "hairpinMode": False,
                             "ipam": {
                                 "type": "host-local",
                                 "ranges": [[{"subnet": str(self.pod_cidr)}]],
+                                "routes": [{"dst": str(self.service_cidr), "gw": self.node_ip}],
                                 "dataDir": str(self.workdir / "cni" / "ipam"),
                             },
                         }
@@ -453,6 +482,96 @@ state = "{base / "state"}"
         )
         self._wait_node_ready(deadline)
 
+    def _lock_kube_proxy(self, deadline: float) -> None:
+        import fcntl
+
+        KUBE_PROXY_LOCK.parent.mkdir(parents=True, exist_ok=True)
+        lock = KUBE_PROXY_LOCK.open("w")
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    lock.close()
+                    msg = f"another real node holds {KUBE_PROXY_LOCK} (its kube-proxy tables)"
+                    raise ClusterUnavailable(msg) from None
+                time.sleep(1)
+        self._proxy_lock = lock  # only a rig holding the lock deletes the tables at stop
+        # a crashed earlier rig may have left kube-proxy's tables behind
+        self._delete_kube_proxy_tables()
+
+    @staticmethod
+    def _delete_kube_proxy_tables() -> None:
+        for family in ("ip", "ip6"):
+            subprocess.run(
+                ["nft", "delete", "table", family, "kube-proxy"],
+                capture_output=True,
+                check=False,
+                timeout=10,
+            )
+
+    def _start_kube_proxy(self, deadline: float) -> None:
+        """kube-proxy (nftables mode): ClusterIPs of this rig's service /24 to their endpoints.
+
+        Service traffic is masqueraded to the node's address (``masqueradeAll``), so a pod that
+        dials a Service backed by a pod on the same bridge gets its replies back through the
+        host. kube-proxy touches no sysctl here (conntrack limits 0 = leave as is; root lacks
+        CAP_SYS_RESOURCE, so its own oom_score_adj stays 0)."""
+        assert self.plane is not None
+        assert self.pod_cidr is not None
+        healthz = free_port()
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "mode": "nftables",
+            "clientConnection": {"kubeconfig": str(self.plane.kubeconfig)},
+            "hostnameOverride": self.node_name,
+            "bindAddress": self.node_ip,
+            "healthzBindAddress": f"127.0.0.1:{healthz}",
+            "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            "clusterCIDR": str(self.pod_cidr),
+            "detectLocalMode": "ClusterCIDR",
+            "nodePortAddresses": [f"{self.node_ip}/32"],
+            "oomScoreAdj": 0,
+            "nftables": {"masqueradeAll": True, "syncPeriod": "30s", "minSyncPeriod": "0s"},
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
+        }
+        (self.workdir / "kube-proxy.yaml").write_text(yaml.safe_dump(config))
+        self.processes["kube-proxy"] = spawn(
+            [
+                str(self.bin_dir / "kube-proxy"),
+                f"--config={self.workdir / 'kube-proxy.yaml'}",
+                "--v=1",
+            ],
+            self.workdir / "kube-proxy.log",
+        )
+        import urllib.request
+
+        # healthy once it has synced its rules at least once (the kubernetes Service included)
+        while True:
+            proc = self.processes["kube-proxy"]
+            if proc.poll() is not None:
+                tail = (self.workdir / "kube-proxy.log").read_text(errors="replace")[-3000:]
+                raise ClusterUnavailable(f"kube-proxy exited with {proc.returncode}:\n{tail}")
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(  # loopback only
+                    f"http://127.0.0.1:{healthz}/healthz", timeout=2
+                ) as resp,
+            ):
+                if resp.status == 200:
+                    return
+            if time.monotonic() > deadline:
+                tail = (self.workdir / "kube-proxy.log").read_text(errors="replace")[-3000:]
+                raise ClusterUnavailable(f"kube-proxy not healthy in time:\n{tail}")
+            time.sleep(0.5)
+
     def _api(self, method: str, path: str, body: object = None) -> Any:
         """One call to the rig's kube-apiserver (127.0.0.1) with the admin certificate."""
         assert self.plane is not None
@@ -498,6 +617,8 @@ state = "{base / "state"}"
             stop_process(kubelet)
         if "containerd" in self.processes:
             self._remove_containers()
+        if kube_proxy := self.processes.pop("kube-proxy", None):
+            stop_process(kube_proxy)
         if scheduler := self.processes.pop("kube-scheduler", None):
             stop_process(scheduler)
         if containerd := self.processes.pop("containerd", None):
@@ -509,6 +630,10 @@ state = "{base / "state"}"
         subprocess.run(
             ["ip", "link", "del", self.bridge], capture_output=True, check=False, timeout=10
         )
+        if self._proxy_lock is not None:
+            self._delete_kube_proxy_tables()
+            self._proxy_lock.close()  # releases the flock
+            self._proxy_lock = None
         # the kubelet also makes its tree in the cgroup2 "unified" hierarchy of this hybrid host
         unified = CGROUP_V1 / "unified" / self.cgroup_root.lstrip("/")
         for folder in [*self.cgroups, unified]:

@@ -162,9 +162,16 @@ class Pki:
         return self.folder / "sa.pub"
 
     def issue(
-        self, stem: str, *, common_name: str, orgs: tuple[str, ...] = (), server: bool = False
+        self,
+        stem: str,
+        *,
+        common_name: str,
+        orgs: tuple[str, ...] = (),
+        server: bool = False,
+        ips: tuple[str, ...] = (),
     ) -> tuple[Path, Path]:
-        """Write ``<stem>.crt``/``<stem>.key``; a serving cert is valid for 127.0.0.1/localhost."""
+        """Write ``<stem>.crt``/``<stem>.key``; a serving cert is valid for 127.0.0.1/localhost
+        and ``ips``."""
         key = ec.generate_private_key(ec.SECP256R1())
         attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
         attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
@@ -204,7 +211,11 @@ class Pki:
                 x509.SubjectAlternativeName(
                     [
                         x509.DNSName("localhost"),
-                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                        x509.DNSName("kubernetes.default.svc"),
+                        *(
+                            x509.IPAddress(ipaddress.ip_address(ip))
+                            for ip in dict.fromkeys(("127.0.0.1", *ips))
+                        ),
                     ]
                 ),
                 critical=False,
@@ -290,17 +301,35 @@ def stop_process(proc: subprocess.Popen[bytes], *, grace: float = 10.0) -> None:
 
 @dataclass
 class ControlPlane:
-    """etcd + kube-apiserver + kube-controller-manager from ``bin_dir`` under ``workdir``."""
+    """etcd + kube-apiserver + kube-controller-manager from ``bin_dir`` under ``workdir``.
+
+    By default the apiserver listens on 127.0.0.1 and no ``kubernetes`` Service endpoint exists
+    (nothing in a pod can dial it). The real node passes ``bind_address`` (its bridge's
+    address, a network the rig made) and its own ``service_cidr``: then the apiserver maintains
+    the ``kubernetes`` endpoint, pods reach it through kube-proxy (in-cluster config), and
+    anonymous requests are refused (401) since pods on the bridge can connect to it.
+    """
 
     bin_dir: Path
     workdir: Path
+    bind_address: str = "127.0.0.1"
+    service_cidr: str = "10.96.0.0/16"
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     api_port: int = 0
     started_in: float = 0.0
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.api_port}"
+        return f"https://{self.bind_address}:{self.api_port}"
+
+    @property
+    def loopback(self) -> bool:
+        return ipaddress.ip_address(self.bind_address).is_loopback
+
+    @property
+    def kubernetes_service_ip(self) -> str:
+        """The ``kubernetes`` Service's ClusterIP: the first address of the service range."""
+        return str(next(ipaddress.ip_network(self.service_cidr).hosts()))
 
     @property
     def kubeconfig(self) -> Path:
@@ -324,7 +353,12 @@ class ControlPlane:
 
     def _start(self, deadline: float) -> None:
         pki = Pki(self.workdir / "pki")
-        serving = pki.issue("apiserver", common_name="kube-apiserver", server=True)
+        serving = pki.issue(
+            "apiserver",
+            common_name="kube-apiserver",
+            server=True,
+            ips=(self.bind_address, self.kubernetes_service_ip),
+        )
         admin = pki.issue("admin", common_name="torpor-test-admin", orgs=("system:masters",))
         kcm = pki.issue("kcm", common_name="system:kube-controller-manager")
         etcd_port, peer_port = free_port(), free_port()
@@ -351,8 +385,8 @@ class ControlPlane:
             [
                 str(self.bin_dir / "kube-apiserver"),
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.bind_address}",
+                f"--advertise-address={self.bind_address}",
                 f"--secure-port={self.api_port}",
                 f"--tls-cert-file={serving[0]}",
                 f"--tls-private-key-file={serving[1]}",
@@ -362,9 +396,11 @@ class ControlPlane:
                 f"--service-account-issuer={self.server}",
                 f"--service-account-key-file={pki.sa_pub_file}",
                 f"--service-account-signing-key-file={pki.sa_key_file}",
-                # allocation data only; nothing ever dials into this range
-                "--service-cluster-ip-range=10.96.0.0/16",
-                "--endpoint-reconciler-type=none",
+                # loopback: allocation data only, nothing ever dials into this range; the real
+                # node routes its own range (kube-proxy) and needs the kubernetes endpoint
+                f"--service-cluster-ip-range={self.service_cidr}",
+                f"--endpoint-reconciler-type={'none' if self.loopback else 'lease'}",
+                f"--anonymous-auth={'true' if self.loopback else 'false'}",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 "--v=1",
             ],

@@ -147,25 +147,44 @@ async def test_sandbox_pod_is_a_container_paused_gone_and_resumed(
 async def test_a_sandbox_cannot_reach_the_rig_or_another_tenant_token(
     real_node: RealNodeAccess, real_runtime: KubernetesRuntime
 ) -> None:
-    """From inside: the host's control plane (127.0.0.1 there is the pod itself) and the
-    bridge gateway's ports are closed; another token is refused by the daemon."""
+    """From inside: the host's loopback control plane is not there (127.0.0.1 is the pod
+    itself); the apiserver, which pods reach on the node's address as in any cluster, refuses
+    a sandbox (no token is mounted, anonymous requests get 401); another token is refused by
+    the daemon."""
     rt, name = real_runtime, "sbx-real-probe"
     await rt.create(WorkloadSpec(name=name, owner="bob", access_token=TOKEN))
     ep = await rt.wait_ready(name, timeout=180)
     server_port = real_node.cluster.server.rsplit(":", 1)[1]
     gateway = str(next(real_node.pod_cidr.hosts()))
+    kubernetes = str(next(real_node.service_cidr.hosts()))
     probe = (
-        "import socket,sys\n"
-        "for host in sys.argv[1:-1]:\n"
-        "    s=socket.socket(); s.settimeout(2)\n"
-        "    try: s.connect((host,int(sys.argv[-1]))); print(host,'open')\n"
-        "    except OSError as e: print(host,'closed',type(e).__name__)\n"
+        "import os,socket,ssl,sys,urllib.request,urllib.error\n"
+        "s=socket.socket(); s.settimeout(2)\n"
+        "try: s.connect(('127.0.0.1',int(sys.argv[1]))); print('loopback open')\n"
+        "except OSError as e: print('loopback closed',type(e).__name__)\n"
+        "print('token', os.path.exists('/var/run/secrets/kubernetes.io/serviceaccount'))\n"
+        "ctx=ssl.create_default_context(); ctx.check_hostname=False; ctx.verify_mode=ssl.CERT_NONE\n"
+        "for url in sys.argv[2:]:\n"
+        "    try: print(url, urllib.request.urlopen(url,timeout=5,context=ctx).status)\n"
+        "    except urllib.error.HTTPError as e: print(url, e.code)\n"
     )
+    secrets = "/api/v1/namespaces/default/secrets"
     out, code = await run_in_pod(
-        ep, ["/usr/bin/python3", "-c", probe, "127.0.0.1", gateway, server_port]
+        ep,
+        [
+            "/usr/bin/python3",
+            "-c",
+            probe,
+            server_port,
+            f"https://{gateway}:{server_port}{secrets}",
+            f"https://{kubernetes}{secrets}",
+        ],
     )
-    assert code == 0
-    assert out.count("closed") == 2, out
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("loopback closed"), out
+    assert lines[1] == "token False", out
+    assert [line.rsplit(" ", 1)[1] for line in lines[2:]] == ["401", "401"], out
     async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
         refused = await client.post(
             f"{ep.base_url}/process.Process/List",

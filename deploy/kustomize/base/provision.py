@@ -6,9 +6,10 @@ consumers, so the services run with ``TORPOR_BUS_PROVISION=false`` and this Job 
 ``kubectl apply``: its name carries the config hash) owns the topology. It runs in the
 control-plane image and uses the very same ``ensure_topology`` as ``torpor up``.
 
-Environment: ``NATS_URL`` (admin credentials), ``TORPOR_BUS_REPLICAS`` (1 dev, 3 production),
-optional ``TORPOR_BOOTSTRAP_USER`` + ``TORPOR_BOOTSTRAP_API_KEY`` (Secret ``torpor-api-keys``):
-the first admin user and a key for it, stored hashed; re-running keeps an existing key.
+Environment: ``NATS_URL``, ``NATS_USER`` + ``NATS_PASSWORD`` (the admin user),
+``TORPOR_BUS_REPLICAS`` (1 dev, 3 production), optional ``TORPOR_BOOTSTRAP_USER`` +
+``TORPOR_BOOTSTRAP_API_KEY`` (Secret ``torpor-api-keys``): the first admin user and a key for
+it, stored hashed; re-running keeps an existing key.
 """
 
 from __future__ import annotations

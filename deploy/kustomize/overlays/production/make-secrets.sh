@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create the Secrets the production overlay expects, with fresh random hex passwords (hex is
-# URL-safe: services put their password into NATS_URL). Prints the bootstrap API key once.
+# safe anywhere: NATS_PASSWORD, or a NATS_URL an operator writes by hand). Prints the
+# bootstrap API key once.
 #   NAMESPACE=torpor BOOTSTRAP_USER=admin deploy/kustomize/overlays/production/make-secrets.sh
 set -euo pipefail
 ns=${NAMESPACE:-torpor}
