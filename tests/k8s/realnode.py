@@ -62,6 +62,8 @@ SERVICE_RANGE = ipaddress.ip_network("10.201.0.0/16")  # ... and of their servic
 # kube-proxy's nftables tables have fixed names (ip/ip6 "kube-proxy"): one real node with a
 # kube-proxy per machine at a time; a second rig waits for this lock.
 KUBE_PROXY_LOCK = Path("/run/lock/torpor-realnode-kube-proxy.lock")
+# The deployed control plane's namespace: its ServiceAccounts' requests are audited.
+AUDITED_NAMESPACES = ("torpor",)
 # The names the manifests use, tagged onto the images built here (no registry is reachable).
 IMAGE_ALIASES = {
     "sandbox-base": ("ghcr.io/torpor-dev/sandbox-base:latest",),
@@ -79,6 +81,7 @@ class RealNodeAccess:
     pod_cidr: ipaddress.IPv4Network
     service_cidr: ipaddress.IPv4Network
     containerd_socket: Path
+    audit_log: Path  # requests of AUDITED_NAMESPACES' ServiceAccounts (JSON lines)
     images: dict[str, str]  # short name -> the reference pods use (e.g. sandbox-base)
     started_in: float
 
@@ -243,6 +246,7 @@ class RealNode:
                 workdir=self.workdir / "cp",
                 bind_address=self.node_ip,
                 service_cidr=str(self.service_cidr),
+                audited_namespaces=AUDITED_NAMESPACES,
             ).start(timeout=timeout)
             self._start_scheduler()
             self._start_containerd(began + timeout)
@@ -267,6 +271,7 @@ class RealNode:
             pod_cidr=self.pod_cidr,
             service_cidr=self.service_cidr,
             containerd_socket=self.socket,
+            audit_log=self.plane.audit_log,
             images={short: ref for short, (ref, _) in self.images.items()},
             started_in=self.started_in,
         )
@@ -463,6 +468,10 @@ state = "{base / "state"}"
             "syncFrequency": "5s",
             "fileCheckFrequency": "60s",
             "shutdownGracePeriod": "0s",
+            # The deployed services crash-loop until the provisioning Job has made the bus
+            # topology (deploy/README.md: expected, converges); cap the back-off so they come
+            # back seconds after it, not minutes (KubeletCrashLoopBackOffMax, beta in 1.35+).
+            "crashLoopBackOff": {"maxContainerRestartPeriod": "5s"},
             "protectKernelDefaults": False,
             "localStorageCapacityIsolation": True,
         }

@@ -314,6 +314,9 @@ class ControlPlane:
     workdir: Path
     bind_address: str = "127.0.0.1"
     service_cidr: str = "10.96.0.0/16"
+    # ServiceAccounts of these namespaces get an audit trail (``audit.log``, one JSON event per
+    # request: who did what, with which answer), so a test can tell which identity acted
+    audited_namespaces: tuple[str, ...] = ()
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     api_port: int = 0
     started_in: float = 0.0
@@ -321,6 +324,36 @@ class ControlPlane:
     @property
     def server(self) -> str:
         return f"https://{self.bind_address}:{self.api_port}"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit.log"
+
+    def _audit_flags(self) -> list[str]:
+        if not self.audited_namespaces:
+            return []
+        policy = {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {
+                    "level": "Metadata",
+                    "userGroups": [
+                        f"system:serviceaccounts:{ns}" for ns in self.audited_namespaces
+                    ],
+                },
+                {"level": "None"},
+            ],
+        }
+        path = self.workdir / "audit-policy.yaml"
+        path.write_text(yaml.safe_dump(policy))
+        return [
+            f"--audit-policy-file={path}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+        ]
 
     @property
     def loopback(self) -> bool:
@@ -402,6 +435,7 @@ class ControlPlane:
                 f"--endpoint-reconciler-type={'none' if self.loopback else 'lease'}",
                 f"--anonymous-auth={'true' if self.loopback else 'false'}",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                *self._audit_flags(),
                 "--v=1",
             ],
             self.workdir / "kube-apiserver.log",

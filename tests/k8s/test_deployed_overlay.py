@@ -12,6 +12,7 @@ changes addressing only (``tests/k8s/deployed.py``).
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import shutil
 from collections.abc import Iterator
@@ -201,6 +202,30 @@ def test_seed_through_the_deployed_api_and_proxy(
         assert resumed.get_info().state.value == "running"
     finally:
         Sandbox.kill(sbx.sandbox_id, **opts)
+
+    # Who did it: the apiserver's audit trail of the namespace's ServiceAccounts shows the
+    # sandbox's ReplicaSet created and scaled with torpor-control-plane's token (the services'
+    # in-cluster config), and no request of that identity refused.
+    events = [json.loads(line) for line in real_node.audit_log.read_text().splitlines()]
+    mine = [e for e in events if e["user"]["username"] == SA]
+    assert mine, "no request with the ServiceAccount's token reached the apiserver"
+
+    def did(verb: str, resource: str, subresource: str | None = None) -> bool:
+        return any(
+            e["verb"] == verb
+            and e["objectRef"].get("resource") == resource
+            and e["objectRef"].get("subresource") == subresource
+            and e["objectRef"].get("namespace") == NAMESPACE
+            and e["responseStatus"]["code"] < 300
+            for e in mine
+            if "objectRef" in e
+        )
+
+    assert did("create", "replicasets")
+    assert did("patch", "replicasets", "scale") or did("update", "replicasets", "scale")
+    assert did("watch", "pods") or did("list", "pods")
+    refused = [e for e in mine if e["responseStatus"]["code"] == 403]
+    assert not refused, refused[:3]
 
 
 def can(admin: Apiserver, verb: str, resource: str, **extra: str) -> bool:
