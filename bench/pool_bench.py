@@ -32,7 +32,7 @@ from typing import Any
 import nats
 from common import (
     STATS_HEADERS,
-    TorporStack,
+    USER,
     connect,
     create_sandbox,
     kill,
@@ -42,35 +42,19 @@ from common import (
     stats_row,
     summary,
     table,
+    torpor_stack,
     write_result,
 )
 from nats.js.errors import NotFoundError
 from resume_vs_podstart import COMMANDS, raw_local
 
-from shared.bus.topology import KV_WORKLOADS
 from shared.envd.client import ConnectEnvdClient
 from shared.models.snapshots import ProcessConfig
 from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.local import LocalRuntime
-from shared.runtime.local.pools import is_pool_name
-from shared.runtime.local.records import WorkloadStore
+from tests.support.pods import warm_pods
 
 TEMPLATE = "sandbox-base"
-
-
-async def warm_pods(nats_url: str) -> int:
-    nc = await nats.connect(nats_url)
-    try:
-        store = WorkloadStore(await nc.jetstream().key_value(KV_WORKLOADS))
-        count = 0
-        for name in await store.names():
-            current = await store.get(name) if is_pool_name(name) else None
-            record = current[0] if current else None
-            if record and record.pool and not record.pool.claimed_by and record.pod:
-                count += record.pod.ready
-        return count
-    finally:
-        await nc.close()
 
 
 async def until_warm(probe: Any, within: float = 300.0) -> None:
@@ -109,8 +93,7 @@ async def measure(cycles: int) -> dict[str, Any]:
     not_warm = bad_replays = 0
     env = {"TORPOR_POOLS": f"{TEMPLATE}=1"}
     envd = ConnectEnvdClient()
-    async with TorporStack(env=env) as stack, raw_local(stack) as raw:
-        assert stack.root is not None
+    async with torpor_stack(env=env) as stack, raw_local(stack) as raw:
         pool_rt = LocalRuntime(
             nats_url=stack.nats_url,
             data_dir=stack.root / "raw-pool",
@@ -128,7 +111,7 @@ async def measure(cycles: int) -> dict[str, Any]:
             async def system_warm() -> int:
                 return await warm_pods(stack.nats_url)
 
-            async with stack.client() as http, stack.store() as store:
+            async with stack.aclient(USER) as http, stack.store() as store:
                 for n in range(-1, cycles):  # cycle -1: untimed warm-up of every path
                     await until_warm(system_warm)
                     t0 = time.perf_counter()

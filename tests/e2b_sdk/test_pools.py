@@ -16,10 +16,8 @@ import pytest
 from e2b import Sandbox
 from nats.js.errors import NotFoundError
 
-from shared.bus.topology import KV_WORKLOADS
-from shared.runtime.local.pools import is_pool_name
-from shared.runtime.local.records import WorkloadStore
 from tests.support.fixtures import started
+from tests.support.pods import warm_pods
 from tests.support.stack import Stack
 from tests.support.waiting import until
 
@@ -37,21 +35,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 @pytest.fixture(scope="module")
 def opts(stack: Stack) -> dict[str, Any]:
     return stack.sdk_opts("alice")
-
-
-async def _warm(nats_url: str) -> int:
-    nc = await nats.connect(nats_url)
-    try:
-        store = WorkloadStore(await nc.jetstream().key_value(KV_WORKLOADS))
-        count = 0
-        for name in await store.names():
-            current = await store.get(name) if is_pool_name(name) else None
-            record = current[0] if current else None
-            if record and record.pool and not record.pool.claimed_by and record.pod:
-                count += record.pod.ready
-        return count
-    finally:
-        await nc.close()
 
 
 async def _last_event(nats_url: str, kind: str, sandbox_id: str) -> dict[str, Any]:
@@ -73,7 +56,7 @@ async def _last_event(nats_url: str, kind: str, sandbox_id: str) -> dict[str, An
 
 
 def pool_full(stack: Stack) -> None:
-    until(lambda: asyncio.run(_warm(stack.nats_url)) >= SIZE, 120, "a full pool", every=0.2)
+    until(lambda: asyncio.run(warm_pods(stack.nats_url)) >= SIZE, 120, "a full pool", every=0.2)
 
 
 def test_sdk_create_and_resume_take_warm_pods(stack: Stack, opts: dict[str, Any]) -> None:

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from shared.runtime.local import LocalRuntime, disk, mounts, procfs
+from shared.runtime.local import LocalRuntime
 from tests.conftest import skip_or_fail
 from tests.runtime_local.support import LocalRuntimeFactory, runtime_kwargs
+from tests.support.pods import release_pods
 
 
 @pytest.fixture
@@ -45,12 +46,4 @@ async def local_runtime(
     finally:
         for runtime in reversed(started):
             await runtime.close()
-        # Safety net for failed tests (e.g. a killed owner's pods); tests assert on their own.
-        for pod in procfs.scan_pods(data_dir):
-            await procfs.stop_pod(pod.uid, runtime_root=data_dir, grace=0.5)
-        for pod_dir in data_dir.glob("pods/*"):
-            disk.unmount_workspace(pod_dir)
-            mounts.unmount(pod_dir / "root")
-            mounts.unmount(pod_dir / "lower")
-        for layer in data_dir.glob("layers/*"):
-            mounts.unmount(layer / "mnt")
+        await release_pods(data_dir)  # the safety net for failed tests

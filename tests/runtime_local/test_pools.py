@@ -17,11 +17,12 @@ import pytest
 
 from shared.errors import RuntimeFailure
 from shared.ports.workloads import Endpoint, WorkloadSpec
-from shared.runtime.local import LocalRuntime, disk, mounts, procfs
+from shared.runtime.local import LocalRuntime, procfs
 from shared.runtime.local import limits as local_limits
 from shared.runtime.local.pools import slot_name
 from tests.conftest import skip_or_fail
 from tests.runtime_local.support import TEMPLATES, runtime_kwargs
+from tests.support.pods import release_pods
 
 pytestmark = pytest.mark.timeout(240)
 READY = 60.0
@@ -71,18 +72,6 @@ def cpu_weight(data_dir: Path, uid: str) -> str | None:
         return None
 
 
-async def cleanup(data_dir: Path) -> None:
-    """Safety net for failed tests; tests assert on their own."""
-    for pod in procfs.scan_pods(data_dir):
-        await procfs.stop_pod(pod.uid, runtime_root=data_dir, grace=0.5)
-    for pod_dir in data_dir.glob("pods/*"):
-        disk.unmount_workspace(pod_dir)
-        mounts.unmount(pod_dir / "root")
-        mounts.unmount(pod_dir / "lower")
-    for layer in data_dir.glob("layers/*"):
-        mounts.unmount(layer / "mnt")
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("pools") / "local-runtime"
@@ -109,7 +98,7 @@ async def runtimes(nats_url: str, data_dir: Path) -> AsyncIterator[tuple[LocalRu
     finally:
         for rt in reversed(started):
             await rt.close()
-        await cleanup(data_dir)
+        await release_pods(data_dir)
 
 
 class Daemon:
@@ -369,5 +358,5 @@ async def test_kill9_of_the_owner_during_claims_leaves_no_orphan_pods(
         if rt is not None:
             await rt.close()
         left = procfs.scan_pods(data_dir)
-        await cleanup(data_dir)
+        await release_pods(data_dir)
         assert left == [], "pods left behind"

@@ -111,3 +111,41 @@ def service_pids(data_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
             if name in names:
                 found.setdefault(name, pid)
     return found
+
+
+async def release_pods(data_dir: Path) -> None:
+    """Every pod of a local runtime's data dir stopped and its mounts undone: the safety net of
+    tests that drive a ``LocalRuntime`` in-process (the tests assert on their own)."""
+    from shared.runtime.local import disk, mounts
+
+    for pod in procfs.scan_pods(data_dir):
+        await procfs.stop_pod(pod.uid, runtime_root=data_dir, grace=0.5)
+    for pod_dir in data_dir.glob("pods/*"):
+        disk.unmount_workspace(pod_dir)
+        mounts.unmount(pod_dir / "root")
+        mounts.unmount(pod_dir / "lower")
+    for layer in data_dir.glob("layers/*"):
+        mounts.unmount(layer / "mnt")
+
+
+async def warm_pods(nats_url: str) -> int:
+    """Ready, unclaimed warm-pool pods of a running system, from the local runtime's workload
+    records (what a sandbox create or resume could claim now)."""
+    import nats
+
+    from shared.bus.topology import KV_WORKLOADS
+    from shared.runtime.local.pools import is_pool_name
+    from shared.runtime.local.records import WorkloadStore
+
+    nc = await nats.connect(nats_url)
+    try:
+        store = WorkloadStore(await nc.jetstream().key_value(KV_WORKLOADS))
+        count = 0
+        for name in await store.names():
+            current = await store.get(name) if is_pool_name(name) else None
+            record = current[0] if current else None
+            if record and record.pool and not record.pool.claimed_by and record.pod:
+                count += record.pod.ready
+        return count
+    finally:
+        await nc.close()
