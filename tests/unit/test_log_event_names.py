@@ -8,6 +8,7 @@ through the standard library (no structlog, no event names)."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -17,6 +18,7 @@ EVENT = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
 SKIP = ("services/envd/",)
 
 
+@functools.cache
 def event_names(path: Path) -> list[tuple[int, str]]:
     """(line, event) of every ``<logger>.<level>("event", ...)`` call in a structlog module."""
     source = path.read_text()
@@ -36,13 +38,14 @@ def event_names(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def sources() -> list[Path]:
-    return [
+@functools.cache
+def sources() -> tuple[Path, ...]:
+    return tuple(
         p
         for folder in ("services", "shared")
         for p in sorted((REPO / folder).rglob("*.py"))
         if not p.relative_to(REPO).as_posix().startswith(SKIP)
-    ]
+    )
 
 
 def test_every_log_event_name_is_snake_case() -> None:
