@@ -91,7 +91,7 @@ def missing_prerequisites() -> list[str]:
     missing = []
     if os.geteuid() != 0:
         missing.append("root (containerd, CNI, cgroups)")
-    for tool in ("containerd", "runc", "ctr", "buildah", "debootstrap", "go", "ip"):
+    for tool in ("containerd", "runc", "ctr", "buildah", "debootstrap", "go", "ip", "nft"):
         if shutil.which(tool) is None:
             missing.append(tool)
     for plugin in ("bridge", "host-local", "loopback"):
