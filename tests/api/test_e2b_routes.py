@@ -294,3 +294,40 @@ async def test_keys_never_logged(
     assert '"user": "alice"' in err
     for secret in (ALICE, "torpor_wrong_secret"):
         assert secret not in err
+
+
+@pytest.mark.parametrize(
+    ("hooks", "where"),
+    [
+        ({"prePause": {"command": "sync\u0000rm -rf /"}}, "hooks.prePause.command"),
+        ({"prePause": {"command": "x" * 5000}}, "hooks.prePause.command"),
+        ({"postResume": {"command": "ok", "timeout": 86400}}, "hooks.postResume.timeout"),
+        ({"preKill": {"command": "ok", "onFailure": "abort"}}, "hooks"),
+        ({"prePause": {"command": "ok", "user": "root"}}, "hooks.prePause.user"),
+    ],
+)
+async def test_hostile_hooks_are_400_naming_the_field(
+    client: httpx.AsyncClient, hooks: dict[str, object], where: str
+) -> None:
+    r = await client.post("/v2/sandboxes", json={**SEED_BODY, "hooks": hooks}, headers=auth())
+    assert r.status_code == 400 and where in r.json()["message"], r.text
+    native = await client.post("/api/v1/sandbox", json={"hooks": hooks}, headers=auth())
+    assert native.status_code == 422 and where in native.json()["message"], native.text
+    assert "rm -rf" not in r.text  # the value is not echoed
+
+
+async def test_a_refused_pause_is_409_with_the_hook_outcome(
+    client: httpx.AsyncClient, lifecycle: FakeLifecycle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared.errors import PauseRefused
+
+    sid = (await create(client))["sandboxID"]
+    hook = {"hook": "prePause", "source": "sandbox", "exit_code": 3, "aborted": True}
+
+    async def refuse(sandbox_id: str, **_: object) -> None:
+        raise PauseRefused(f"sandbox {sandbox_id} keeps running: hook failed", hook=hook)
+
+    monkeypatch.setattr(lifecycle, "pause", refuse)
+    r = await client.post(f"/sandboxes/{sid}/pause", json={}, headers=auth())
+    assert r.status_code == 409 and r.json()["hook"] == hook
+    assert r.json()["code"] == 409 and "keeps running" in r.json()["message"]
