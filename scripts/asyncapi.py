@@ -8,14 +8,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from services.deliverer import asyncapi as deliverer_doc
+from services.ledger import asyncapi as ledger_doc
 from services.scaler import asyncapi as scaler_doc
 from services.snapshotter import asyncapi as snapshotter_doc
 from shared.bus.asyncapi import render
-from shared.models.messages import CreateSandbox, KillSandbox, ResumeSandbox, SetSandboxNetwork
+from shared.models.messages import (
+    CreateSandbox,
+    KillSandbox,
+    ResumeSandbox,
+    SandboxCreated,
+    SandboxExpired,
+    SandboxFailed,
+    SandboxKilled,
+    SandboxPaused,
+    SandboxResumed,
+    SandboxTimeoutSet,
+    SetSandboxNetwork,
+    SnapshotTaken,
+)
+from shared.models.webhooks import DeliveryJob
 
 
 def main() -> None:
-    """Regenerate docs/asyncapi/{snapshotter,scaler}.json (run from the repository root)."""
+    """Regenerate docs/asyncapi/{snapshotter,scaler,deliverer,ledger}.json (from the
+    repository root)."""
     out = Path("docs/asyncapi")
     out.mkdir(parents=True, exist_ok=True)
     (out / "snapshotter.json").write_text(render(snapshotter_doc.app()))
@@ -25,6 +42,26 @@ def main() -> None:
             scaler_doc.app(),
             commands={title: (CreateSandbox, ResumeSandbox, KillSandbox, SetSandboxNetwork)},
         )
+    )
+    public = (
+        SandboxCreated,
+        SandboxPaused,
+        SandboxResumed,
+        SandboxKilled,
+        SandboxTimeoutSet,
+        SnapshotTaken,
+        SandboxFailed,
+        SandboxExpired,
+    )
+    (out / "deliverer.json").write_text(
+        render(
+            deliverer_doc.app(),
+            commands={"sandbox.evt.* (deliverer)": public, "webhook.delivery.*": (DeliveryJob,)},
+        )
+    )
+    metered = (SandboxCreated, SandboxPaused, SandboxResumed, SandboxKilled, SandboxFailed)
+    (out / "ledger.json").write_text(
+        render(ledger_doc.app(), commands={"sandbox.evt.* (ledger)": metered})
     )
 
 

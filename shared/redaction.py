@@ -38,6 +38,8 @@ _SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
         rf"\1{MASK}",
     ),
     (re.compile(r"\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE), rf"\1 {MASK}"),
+    # Webhook signing secrets (shared/webhooks/signing.py: whsec_<urlsafe base64>).
+    (re.compile(r"\bwhsec_[A-Za-z0-9_-]{8,}"), f"whsec_{MASK}"),
     # user:password@ in URLs (nats://, http://).
     (re.compile(r"(//)[^/@\s:]+:[^/@\s]+@"), rf"\1{MASK}@"),
     # key=value / "key": "value" pairs whose key names a secret.

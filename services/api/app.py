@@ -16,7 +16,16 @@ from services.api.dashboard import dashboard_router
 from services.api.deps import Wiring
 from services.api.gate import ApiGate
 from services.api.observability import HttpMetrics, RequestContext
-from services.api.routes import admin, e2b, events, native, snapshots, telemetry
+from services.api.routes import (
+    admin,
+    e2b,
+    events,
+    native,
+    snapshots,
+    telemetry,
+    usage,
+    webhooks,
+)
 from services.api.schemas import ErrorBody
 from services.api.sessions import Sessions
 from services.api.settings import ApiSettings
@@ -51,20 +60,27 @@ async def bus_wiring(
     from shared.bus.snapshot_store import KvSnapshotStore
     from shared.bus.topology import (
         KV_API_KEYS,
+        KV_DELIVERIES,
         KV_RATES,
         KV_SANDBOXES,
         KV_SESSIONS,
         KV_SNAPSHOTS,
+        KV_USAGE,
         KV_USERS,
+        KV_WEBHOOKS,
     )
+    from shared.bus.usage import KvUsageStore
+    from shared.bus.webhooks import KvDeliveryLog, KvWebhookStore
     from shared.envd.client import ConnectEnvdClient
     from shared.lifecycle.event_query import EventQuery
     from shared.lifecycle.service import SandboxLifecycle
     from shared.lifecycle.snapshots import SnapshotService
+    from shared.lifecycle.webhooks import WebhookRegistry
     from shared.quota.guard import QuotaGuard
     from shared.quota.rates import RateLimiter
     from shared.runtime.catalog import FileTemplateCatalog
     from shared.settings import RuntimeSettings, load
+    from shared.webhooks.settings import WebhookPolicySettings
 
     broker = make_broker(bus, service="api")
     await prepare(broker, bus)
@@ -102,6 +118,12 @@ async def bus_wiring(
                 events=EventQuery(
                     NatsEventLog(broker.config.connection_state.stream, service="api"), store
                 ),
+                webhooks=WebhookRegistry(
+                    KvWebhookStore(await key_value(broker, KV_WEBHOOKS)),
+                    KvDeliveryLog(await key_value(broker, KV_DELIVERIES)),
+                    policy=load(WebhookPolicySettings).policy(own_ports=(settings.port,)),
+                ),
+                usage=KvUsageStore(await key_value(broker, KV_USAGE)),
             )
         finally:
             await envd.close()
@@ -143,6 +165,8 @@ def create_app(
     app.include_router(e2b.router)
     app.include_router(snapshots.router)
     app.include_router(events.router)
+    app.include_router(webhooks.router)
+    app.include_router(usage.router)
     app.include_router(native.router)
     app.include_router(admin.router)
     app.include_router(dashboard_router(bus=bus))

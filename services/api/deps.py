@@ -3,6 +3,7 @@ the wired services on ``app.state``. Keys are never logged; only the user name i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Protocol
 
@@ -17,10 +18,13 @@ from services.api.settings import ApiSettings
 from shared.auth.models import User
 from shared.domain.record import SandboxRecord
 from shared.lifecycle.event_query import Page
+from shared.lifecycle.webhooks import Changes
 from shared.models.public_events import PublicEvent
 from shared.models.snapshot_records import SnapshotRecord
+from shared.models.webhooks import DeliveryRecord, Webhook
 from shared.ports.envd import EnvdTelemetry
 from shared.ports.lifecycle import Lifecycle
+from shared.ports.usage import UsageStore
 from shared.quota.models import Quota, QuotaOverride
 from shared.runtime.catalog import TemplateCatalog
 
@@ -79,6 +83,33 @@ class EventReader(Protocol):
     async def of_owner(self, owner: str | None, *, page: Page) -> list[PublicEvent]: ...
 
 
+class WebhookAdmin(Protocol):
+    """The slice of ``shared.lifecycle.webhooks.WebhookRegistry`` the routes use."""
+
+    async def create(
+        self,
+        owner: str,
+        *,
+        url: str,
+        events: Sequence[str],
+        name: str = "",
+        enabled: bool = True,
+        secret: str | None = None,
+    ) -> Webhook: ...
+
+    async def get(self, owner: str, webhook_id: str) -> Webhook: ...
+
+    async def owned(self, owner: str) -> list[Webhook]: ...
+
+    async def update(self, owner: str, webhook_id: str, changes: Changes) -> Webhook: ...
+
+    async def delete(self, owner: str, webhook_id: str) -> None: ...
+
+    async def deliveries(
+        self, owner: str, webhook_id: str, *, limit: int
+    ) -> list[DeliveryRecord]: ...
+
+
 class UserAdmin(Protocol):
     async def get(self, name: str) -> User | None: ...
 
@@ -99,6 +130,8 @@ class Wiring:
     sessions: Sessions | None = None  # dashboard sessions; None: in memory (one process)
     snapshots: Snapshots | None = None  # stored snapshots and fork; None: 501 there
     events: EventReader | None = None  # the events API; None: 501 there
+    webhooks: WebhookAdmin | None = None  # webhook registrations; None: 501 there
+    usage: UsageStore | None = None  # the usage ledger (read); None: 501 there
 
 
 _api_key = APIKeyHeader(name="X-API-KEY", auto_error=False, description="An API key (E2B SDK)")

@@ -26,6 +26,8 @@ SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("scheduler", description="deadlines and expiry"),
     ServiceSpec("snapshotter", description="captures processes on pause"),
     ServiceSpec("scaler", description="scales workloads 0/1, replays on resume"),
+    ServiceSpec("deliverer", description="webhooks: signed deliveries, retries, history"),
+    ServiceSpec("ledger", description="usage: running and paused time per sandbox and user"),
 )
 
 NAMES = tuple(s.name for s in SERVICES)

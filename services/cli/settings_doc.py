@@ -21,6 +21,8 @@ from pydantic_settings import BaseSettings
 
 from services.api.settings import ApiSettings
 from services.cli.settings import UpSettings
+from services.deliverer.settings import DelivererSettings
+from services.ledger.settings import LedgerSettings
 from services.proxy.settings import ProxySettings
 from services.scaler.settings import ScalerSettings
 from services.scheduler.settings import SchedulerSettings
@@ -37,6 +39,7 @@ from shared.settings import (
     RuntimeSettings,
 )
 from shared.web.limits import HttpLimits
+from shared.webhooks.settings import WebhookPolicySettings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -56,6 +59,9 @@ CLASSES: tuple[type[BaseSettings], ...] = (
     SchedulerSettings,
     SnapshotterSettings,
     ScalerSettings,
+    WebhookPolicySettings,
+    DelivererSettings,
+    LedgerSettings,
     UpSettings,
 )
 

@@ -9,6 +9,7 @@ import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from rich.live import Live
 
@@ -82,6 +83,14 @@ def service_env(name: str, passwords: dict[str, str]) -> dict[str, str]:
     return {**client_env(name, passwords), "TORPOR_BUS_PROVISION": "false"}
 
 
+def control_ports_env(plan: Plan, nats_url: str, children: list[Child]) -> dict[str, str]:
+    """Webhooks may never reach this instance's own ports, even where loopback receivers are
+    allowed (``shared/webhooks/addresses.py``)."""
+    ports = {plan.api_port, plan.proxy_port, urlsplit(nats_url).port or 4222}
+    ports |= {c.health_port for c in children if c.health_port}
+    return {"TORPOR_WEBHOOKS_EXTRA_CONTROL_PORTS": ",".join(str(p) for p in sorted(ports))}
+
+
 def operator_bus(nats_url: str, passwords: dict[str, str]) -> BusSettings:
     return BusSettings.model_validate(
         {"nats_url": nats_url, **{k.lower(): v for k, v in client_env(OPERATOR, passwords).items()}}
@@ -134,7 +143,7 @@ async def _supervise(plan: Plan, nats: EmbeddedNats, passwords: dict[str, str]) 
     ]
     supervisor = Supervisor(
         children=children,
-        env=child_env(plan, nats.url),
+        env=child_env(plan, nats.url) | control_ports_env(plan, nats.url, children),
         log_dir=plan.data_dir / "logs",
         grace=plan.grace,
     )

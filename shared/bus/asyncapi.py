@@ -34,14 +34,28 @@ def render(
     schemas = doc["components"]["schemas"]
     for channel_title, models in (commands or {}).items():
         refs = []
+        verbs = [_verb(m) for m in models]
         for model in models:
             flat = model.model_json_schema(ref_template="#/components/schemas/{model}")
             for name, sub in flat.pop("$defs", {}).items():
                 schemas.setdefault(name, sub)
             schemas[model.__name__] = flat
             refs.append({"$ref": f"#/components/schemas/{model.__name__}"})
+        described = f"Chosen by the subject's verb ({'/'.join(verbs)})."
+        for key, message in doc["components"].get("messages", {}).items():
+            # A subscriber taking the raw message has no payload schema of its own.
+            empty = message.get("payload") == {"$ref": "#/components/schemas/EmptyPayload"}
+            if key.startswith(f"{channel_title}:") and empty:
+                message["payload"] = {"oneOf": refs, "description": described}
         for key, schema in schemas.items():
             if key.startswith(f"{channel_title}:"):
                 schema["oneOf"] = refs
-                schema["description"] = "Chosen by the subject's verb (create/resume/kill/network)."
+                schema["description"] = f"Chosen by the subject's verb ({'/'.join(verbs)})."
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def _verb(model: type[BaseModel]) -> str:
+    """``sandbox.cmd.create`` -> ``create``; a model without a ``type`` by its name."""
+    field = model.model_fields.get("type")
+    kind = str(field.default) if field is not None and field.default else model.__name__
+    return kind.rsplit(".", 1)[-1]

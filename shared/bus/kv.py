@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
@@ -69,12 +70,31 @@ class NatsCasBucket:
             raise Conflict(f"key {key} changed") from e
 
 
-async def key_names(kv: KeyValue) -> list[str]:
+async def key_names(kv: KeyValue, *, under: str = "") -> list[str]:
     """Every key with a message in the bucket (deleted ones included: their ``get`` is ``None``).
 
     One ``stream_info`` with a subjects filter, instead of ``KeyValue.keys()``: that one's watcher
     can report "no more keys" before it has processed keys already delivered to it (seen as an
-    empty list under load)."""
+    empty list under load). ``under``: only the keys below this prefix (``"alice."``)."""
     pre = kv._pre
-    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{pre}>")
+    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{pre}{under}>")
     return [subject[len(pre) :] for subject in (info.state.subjects or {})]
+
+
+class LazyBucket:
+    """A KV bucket opened on first use: for adapters built in a worker's synchronous ``build``
+    (``shared.lifecycle.hosting``), where the bus is connected but nothing can be awaited."""
+
+    def __init__(self, js: JetStreamContext, bucket: str) -> None:
+        self._js = js
+        self._bucket = bucket
+        self._kv: KeyValue | None = None
+
+    async def __call__(self) -> KeyValue:
+        if self._kv is None:
+            self._kv = await self._js.key_value(self._bucket)
+        return self._kv
+
+
+async def opened(kv: KeyValue | LazyBucket) -> KeyValue:
+    return await kv() if isinstance(kv, LazyBucket) else kv

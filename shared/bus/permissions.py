@@ -163,6 +163,11 @@ def users() -> list[User]:
         kv_write(t.KV_RATES),
         kv_read(t.KV_SESSIONS),
         kv_write(t.KV_SESSIONS),
+        # webhook registrations (their secrets too: created here) and the delivery history
+        kv_read(t.KV_WEBHOOKS),
+        kv_write(t.KV_WEBHOOKS),
+        kv_read(t.KV_DELIVERIES),
+        kv_read(t.KV_USAGE),  # the usage API and the dashboard's usage panel
         events_read(),
         # the events API reads the stream through short-lived consumers of its own
         evt_consumers(),
@@ -236,7 +241,29 @@ def users() -> list[User]:
         kv_write(t.KV_SANDBOXES),
         dead_letters(),
     )
-    return [admin, api, proxy, scheduler, snapshotter, scaler, platform()]
+    deliverer = service(
+        "deliverer",
+        "webhooks: lifecycle events in, one delivery job per webhook, signed HTTP deliveries, "
+        "their history and dead letters",
+        bind_durable(t.DELIVERER_EVENTS),
+        bind_durable(t.DELIVERER_SEND),
+        [s.all_of(s.WEBHOOK_DELIVERY)],
+        kv_read(t.KV_SANDBOXES),
+        kv_read(t.KV_WEBHOOKS),
+        kv_read(t.KV_DELIVERIES),
+        kv_write(t.KV_DELIVERIES),
+        dead_letters(),
+    )
+    ledger = service(
+        "ledger",
+        "usage ledger: lifecycle events in, one usage record per sandbox (compare-and-set)",
+        bind_durable(t.LEDGER_EVENTS),
+        kv_read(t.KV_SANDBOXES),
+        kv_read(t.KV_USAGE),
+        kv_write(t.KV_USAGE),
+        dead_letters(),
+    )
+    return [admin, api, proxy, scheduler, snapshotter, scaler, deliverer, ledger, platform()]
 
 
 def platform() -> User:

@@ -7,7 +7,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel
 
-from shared.bus import topology
+from shared.bus import subjects, topology
 from shared.bus.middleware import CAUSATION_HEADER, CORRELATION_HEADER, MSG_ID_HEADER
 from shared.errors import Unavailable
 
@@ -49,4 +49,6 @@ def _stream_for(subject: str) -> str:
         return topology.STREAM_EVT
     if subject.startswith(("sandbox.sched.", "sandbox.timer.")):
         return topology.STREAM_TIMERS
+    if subject.startswith(subjects.WEBHOOK_DELIVERY + "."):
+        return topology.STREAM_WEBHOOKS
     return topology.STREAM_DLQ

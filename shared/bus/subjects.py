@@ -41,6 +41,9 @@ TIMER_SNAPSHOT_EXPIRED = "sandbox.timer.snapshot_expired"
 
 DLQ_PREFIX = "sandbox.dlq"
 
+# Webhook delivery jobs (one per event and webhook; the webhook id last).
+WEBHOOK_DELIVERY = "webhook.delivery"
+
 
 def of(prefix: str, sandbox_id: str) -> str:
     """``of(CMD_PAUSE, "sbx1") == "sandbox.cmd.pause.sbx1"``."""

@@ -29,6 +29,7 @@ STREAM_CMD = "SANDBOX_CMD"
 STREAM_EVT = "SANDBOX_EVT"
 STREAM_TIMERS = "SANDBOX_TIMERS"
 STREAM_DLQ = "SANDBOX_DLQ"
+STREAM_WEBHOOKS = "WEBHOOK_DELIVERIES"
 
 KV_SANDBOXES = "sandboxes"
 KV_USERS = "torpor_users"
@@ -38,6 +39,9 @@ KV_WORKLOADS = "torpor_workloads"
 KV_SESSIONS = "torpor_dashboard_sessions"  # dashboard sign-ins; the TTL ends them
 KV_RATES = "torpor_rates"  # rate-limit token buckets per (action, user); idle ones expire
 KV_SNAPSHOTS = "torpor_snapshots"  # stored snapshots (create_snapshot, fork); CAS writes only
+KV_WEBHOOKS = "torpor_webhooks"  # webhook registrations, <owner token>.<webhook id>
+KV_DELIVERIES = "torpor_webhook_deliveries"  # delivery history per (webhook, event); TTL 7 days
+KV_USAGE = "torpor_usage"  # the usage ledger: <owner token>.<sandbox id>, CAS writes only
 
 DAY = 86400
 
@@ -77,6 +81,17 @@ def streams(replicas: int) -> list[StreamConfig]:
             max_age=0,  # a max_age below the longest timeout silently drops schedules
             max_msgs_per_subject=1,
             duplicate_window=600,
+        ),
+        StreamConfig(
+            name=STREAM_WEBHOOKS,
+            description="webhook deliveries: one job per (event, webhook) until delivered",
+            subjects=[f"{s.WEBHOOK_DELIVERY}.>"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            duplicate_window=3600,  # the fan-out of a redelivered event is one job
+            max_age=7 * DAY,
+            max_msg_size=256 * 1024,
         ),
         StreamConfig(
             name=STREAM_DLQ,
@@ -163,6 +178,38 @@ SCHEDULER_FIRED = Durable(
     STREAM_TIMERS, "scheduler-fired", (s.all_of(s.TIMER_FIRED),), retry=SCHEDULER_RETRY
 )
 
+# Webhooks (services/deliverer). Public lifecycle facts only (shared.models.public_events).
+PUBLIC_FACTS = (
+    s.EVT_CREATED,
+    s.EVT_PAUSED,
+    s.EVT_RESUMED,
+    s.EVT_KILLED,
+    s.EVT_TIMEOUT_SET,
+    s.EVT_SNAPSHOT_TAKEN,
+    s.EVT_FAILED,
+    s.EVT_EXPIRED,
+)
+DELIVERER_EVENTS = Durable(STREAM_EVT, "deliverer-events", tuple(s.all_of(p) for p in PUBLIC_FACTS))
+# Attempts are counted and dead-lettered by the deliverer itself (TORPOR_DELIVERER_MAX_ATTEMPTS,
+# at most 20); these limits are the middleware's for failures of its own (KV unreachable...).
+DELIVERER_SEND = Durable(
+    STREAM_WEBHOOKS,
+    "deliverer-send",
+    (s.all_of(s.WEBHOOK_DELIVERY),),
+    retry=RetryPolicy(ack_wait=60, dead_letter_after=24, max_deliver=26, max_delay=600),
+)
+
+# The usage ledger (services/ledger): one message in flight, so events apply in stream order.
+LEDGER_EVENTS = Durable(
+    STREAM_EVT,
+    "ledger-events",
+    tuple(
+        s.all_of(p)
+        for p in (s.EVT_CREATED, s.EVT_PAUSED, s.EVT_RESUMED, s.EVT_KILLED, s.EVT_FAILED)
+    ),
+    max_ack_pending=1,
+)
+
 DURABLES = (
     SNAPSHOTTER_PAUSE,
     SNAPSHOTTER_SNAPSHOTS,
@@ -171,6 +218,9 @@ DURABLES = (
     SCALER_ON_SNAPSHOTTED,
     SCHEDULER_LIFECYCLE,
     SCHEDULER_FIRED,
+    DELIVERER_EVENTS,
+    DELIVERER_SEND,
+    LEDGER_EVENTS,
 )
 _RETRY_BY_DURABLE = {d.name: d.retry for d in DURABLES}
 
@@ -200,6 +250,31 @@ def kv_buckets(replicas: int) -> list[KeyValueConfig]:
         ),
         KeyValueConfig(bucket=KV_USERS, history=5, replicas=replicas, storage=StorageType.FILE),
         KeyValueConfig(bucket=KV_API_KEYS, history=5, replicas=replicas, storage=StorageType.FILE),
+        KeyValueConfig(
+            bucket=KV_WEBHOOKS,
+            description="webhook registrations (with their signing secrets)",
+            history=1,
+            replicas=replicas,
+            max_value_size=16 * 1024,
+            storage=StorageType.FILE,
+        ),
+        KeyValueConfig(
+            bucket=KV_DELIVERIES,
+            description="webhook delivery history, one entry per (webhook, event)",
+            history=1,
+            replicas=replicas,
+            ttl=7 * DAY,
+            max_value_size=16 * 1024,
+            storage=StorageType.FILE,
+        ),
+        KeyValueConfig(
+            bucket=KV_USAGE,
+            description="usage ledger: one record per sandbox; compare-and-set writes only",
+            history=1,
+            replicas=replicas,
+            max_value_size=64 * 1024,
+            storage=StorageType.FILE,
+        ),
         KeyValueConfig(
             bucket=KV_SESSIONS,
             description="dashboard sessions by sha256(session id); the TTL ends them",

@@ -18,10 +18,14 @@ from services.api.app import create_app
 from services.api.deps import Wiring
 from services.api.settings import ApiSettings
 from shared.lifecycle.event_query import EventQuery
+from shared.lifecycle.webhooks import WebhookRegistry
 from shared.ports.lifecycle import CreateRequest
+from shared.webhooks.addresses import AddressPolicy
 from tests.api.fakes import FakeKeys, FakeLifecycle, FakeSnapshots
 from tests.fakes.events import InMemoryEventLog
 from tests.fakes.store import InMemorySandboxStore
+from tests.fakes.usage import InMemoryUsage
+from tests.fakes.webhooks import FakeResolver, InMemoryDeliveryLog, InMemoryWebhooks
 
 _KEY = "torpor_fuzz_key"
 
@@ -40,6 +44,13 @@ def _app() -> object:
         keys=keys,
         snapshots=FakeSnapshots(lifecycle),
         events=EventQuery(InMemoryEventLog(), InMemorySandboxStore()),
+        webhooks=WebhookRegistry(
+            InMemoryWebhooks(),
+            InMemoryDeliveryLog(),
+            policy=AddressPolicy(),
+            resolver=FakeResolver(),
+        ),
+        usage=InMemoryUsage(),
     )
     return create_app(cfg, wiring=wiring)
 

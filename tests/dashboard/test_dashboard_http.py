@@ -294,3 +294,33 @@ def test_admin_sees_users_with_their_pause_resume_status(up: Stack) -> None:
         assert users["bob"]["pauseResume"] is False
         assert users["root"]["admin"] is True
         assert root.get("/dashboard/api/me").json()["admin"] is True
+
+
+def test_usage_panel_shows_the_signed_in_users_usage(up: Up) -> None:
+    """The usage panel's data on ``torpor up`` (the ledger runs there): the user's own sandboxes
+    only; an admin may pick whose; a user's owner filter is ignored."""
+    name = _name("usage")
+    created = _create(up, "alice", name)
+    try:
+        with _login(up, "alice") as alice:
+
+            def listed() -> dict[str, Any] | None:
+                usage = alice.get("/dashboard/api/usage").json()
+                ids = {s["sandboxId"] for s in usage["sandboxes"]}
+                return usage if created["sandboxId"] in ids else None
+
+            deadline = time.monotonic() + 60
+            while (usage := listed()) is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert usage is not None, "the ledger never recorded the new sandbox"
+            assert usage["user"] == "alice" and usage["totals"]["sandboxes"] >= 1
+            assert usage["totals"]["runningSeconds"] >= 0
+            theirs = alice.get("/dashboard/api/usage", params={"owner": "bob"}).json()
+            assert theirs["user"] == "alice"  # a user cannot look at someone else's
+        with _login(up, "root") as root:
+            seen = root.get("/dashboard/api/usage", params={"owner": "alice"}).json()
+            assert created["sandboxId"] in {s["sandboxId"] for s in seen["sandboxes"]}
+        page = httpx.get(f"{up.api_url}/dashboard").text
+        assert 'id="usage-panel"' in page
+    finally:
+        _kill(up, "alice", name)

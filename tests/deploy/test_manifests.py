@@ -17,7 +17,7 @@ from tests.deploy.kustomize import OVERLAYS, REPO, KustomizeMissing, render
 from tests.deploy.nats_auth import load_generator
 from tests.k8s.rig import ClusterAccess
 
-SERVICES = ("api", "proxy", "scheduler", "snapshotter", "scaler")
+SERVICES = ("api", "proxy", "scheduler", "snapshotter", "scaler", "deliverer", "ledger")
 NEEDS_KUBE_API = {"scaler", "snapshotter"}  # the runtime adapter; the others talk only to NATS
 
 

@@ -37,7 +37,7 @@ from tests.deploy.nats_auth import (
 
 pytestmark = pytest.mark.timeout(120)
 
-SERVICES = ("api", "proxy", "scheduler", "snapshotter", "scaler")
+SERVICES = ("api", "proxy", "scheduler", "snapshotter", "scaler", "deliverer", "ledger")
 
 
 class Probe(BaseModel):
@@ -105,6 +105,17 @@ JOBS: dict[str, Job] = {
         kv_writes=(t.KV_SANDBOXES,),
         dead_letters=True,
     ),
+    "deliverer": Job(
+        publishes=(s.WEBHOOK_DELIVERY,),
+        binds=(t.DELIVERER_EVENTS, t.DELIVERER_SEND),
+        kv_reads=(t.KV_SANDBOXES, t.KV_WEBHOOKS, t.KV_DELIVERIES),
+        dead_letters=True,
+    ),
+    "ledger": Job(
+        binds=(t.LEDGER_EVENTS,),
+        kv_reads=(t.KV_SANDBOXES, t.KV_USAGE),
+        dead_letters=True,
+    ),
 }
 
 # Things a service must NOT be able to do (one representative denial each).
@@ -119,6 +130,18 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "proxy": (f"$KV.{t.KV_API_KEYS}.x", "sandbox.cmd.kill.x"),
     "scheduler": ("sandbox.cmd.create.x", f"$JS.API.STREAM.DELETE.{t.STREAM_CMD}"),
     "snapshotter": ("sandbox.cmd.pause.x", f"$KV.{t.KV_API_KEYS}.x"),
+    "deliverer": (
+        "sandbox.cmd.pause.x",
+        "sandbox.evt.paused.x",
+        f"$KV.{t.KV_WEBHOOKS}.x",  # reads registrations, never writes them
+        f"$KV.{t.KV_SANDBOXES}.x",
+    ),
+    "ledger": (
+        "sandbox.cmd.kill.x",
+        "sandbox.evt.created.x",
+        f"$KV.{t.KV_SANDBOXES}.x",
+        f"$KV.{t.KV_WEBHOOKS}.x",
+    ),
     "scaler": (
         "sandbox.cmd.pause.x",
         f"$JS.API.CONSUMER.MSG.NEXT.{t.STREAM_EVT}.scheduler-lifecycle",

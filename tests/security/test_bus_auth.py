@@ -31,7 +31,17 @@ from tests.support.env import REPO, TORPOR, cli_env, parse_exports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-USERS = ("admin", "api", "proxy", "scheduler", "snapshotter", "scaler", "platform")
+USERS = (
+    "admin",
+    "api",
+    "proxy",
+    "scheduler",
+    "snapshotter",
+    "scaler",
+    "deliverer",
+    "ledger",
+    "platform",
+)
 
 
 async def refused(url: str) -> None:
@@ -84,7 +94,15 @@ def test_credentials_are_owner_only_and_complete(placeholder_bus: EmbeddedBus) -
 
 def test_each_service_process_holds_only_its_own_password(placeholder_bus: EmbeddedBus) -> None:
     pids = service_pids(placeholder_bus.data_dir)
-    assert set(pids) == {"api", "proxy", "scheduler", "snapshotter", "scaler"}
+    assert set(pids) == {
+        "api",
+        "proxy",
+        "scheduler",
+        "snapshotter",
+        "scaler",
+        "deliverer",
+        "ledger",
+    }
     for name, pid in pids.items():
         env = environ_of(pid)
         assert env["NATS_USER"] == name
@@ -110,7 +128,10 @@ async def test_service_cannot_leave_its_lane(placeholder_bus: EmbeddedBus, servi
     await deploy.test_service_cannot_leave_its_lane(placeholder_bus, service)
 
 
-@pytest.mark.parametrize("user", ["scaler", "snapshotter", "api", "proxy", "scheduler", "platform"])
+@pytest.mark.parametrize(
+    "user",
+    ["scaler", "snapshotter", "api", "proxy", "scheduler", "deliverer", "ledger", "platform"],
+)
 async def test_only_the_runtime_services_reach_the_workload_records(
     placeholder_bus: EmbeddedBus, user: str
 ) -> None:

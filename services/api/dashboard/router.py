@@ -47,6 +47,7 @@ from services.api.deps import Caller, CallerDep, Wiring, WiringDep
 from services.api.errors import ApiError, refuse_resume_if_up
 from services.api.names import named, resolve
 from services.api.quotas import admit_resume
+from services.api.routes.usage import UsageOut, usage_of
 from services.api.sessions import new_token
 from shared.auth.keys import hash_secret
 from shared.domain import states
@@ -255,6 +256,16 @@ def dashboard_router(
     async def dashboard_events(caller: ReaderDep, request: Request, name: Name) -> list[EventView]:
         feed = _need_feed(request)
         return await _history(feed, caller, await _event_key(feed, caller, name))
+
+    @router.get("/dashboard/api/usage", response_model=UsageOut, tags=["dashboard"])
+    async def dashboard_usage(
+        caller: ReaderDep, w: WiringDep, owner: OwnerFilter = None
+    ) -> UsageOut:
+        """The usage panel: the signed-in user's (admins: the owner filter's, else their own)."""
+        if w.usage is None:
+            raise ApiError(501, "the usage ledger is not available on this deployment")
+        name = owner if (caller.user.admin and owner) else caller.name
+        return await usage_of(w.usage, name)
 
     @router.get("/dashboard/api/users", response_model=list[UserView], tags=["dashboard"])
     async def users(caller: ReaderDep, w: WiringDep, request: Request) -> list[UserView]:

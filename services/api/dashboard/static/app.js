@@ -139,9 +139,33 @@ async function refresh() {
         say(e.message, true);
       }
       render();
+      loadUsage();
     } while (again);
   })().finally(() => { refreshing = null; });
   return refreshing;
+}
+
+function hours(seconds) {
+  return (seconds / 3600).toFixed(seconds < 36 ? 3 : 2) + " h";
+}
+
+async function loadUsage() {
+  const q = state.owner ? "?owner=" + encodeURIComponent(state.owner) : "";
+  let usage;
+  try { usage = await api("/dashboard/api/usage" + q); } catch (e) {
+    $("#usage-panel").hidden = e.status === 501;  // no ledger on this deployment
+    return;
+  }
+  const t = usage.totals;
+  const cells = [
+    t.sandboxes, hours(t.runningSeconds), hours(t.pausedSeconds),
+    hours(t.cpuSeconds) + " × core", (t.memoryMbSeconds / 1024 / 3600).toFixed(2) + " GiB·h",
+    (t.keptByteSeconds / 2 ** 30 / 3600).toFixed(2) + " GiB·h", t.resumes, t.replayFailures,
+  ];
+  const row = $("#usage tbody tr");
+  row.replaceChildren(...cells.map((c) => el("td", c)));
+  $("#usage-asof").textContent = (usage.user === state.me.user ? "" : usage.user + ", ") +
+    "as of " + new Date(usage.asOf).toLocaleTimeString();
 }
 
 async function loadUsers() {

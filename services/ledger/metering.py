@@ -1,0 +1,90 @@
+"""Applying one lifecycle event to the ledger: read the sandbox's usage record, compute the new
+one (``shared.models.usage.apply``), compare-and-set it. A lost race re-reads and re-applies
+(the re-read record may already hold this event: then nothing changes).
+
+Every sandbox is weighed by one size (``TORPOR_LEDGER_*``, the figures the API reports as
+``cpuCount``/``memoryMB``/``diskSizeMB``): per-template sizes are not known to the ledger yet."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import structlog
+
+from services.ledger import metrics
+from shared.errors import Conflict
+from shared.models.public_events import fact_of
+from shared.models.usage import FACTS, SandboxUsage, Size, apply, totals
+from shared.ports.bus import SandboxStore
+from shared.ports.usage import UsageStore
+
+log = structlog.get_logger()
+
+_CAS_ATTEMPTS = 8
+
+
+class Ledger:
+    def __init__(
+        self,
+        *,
+        records: SandboxStore,
+        usage: UsageStore,
+        size: Size,
+    ) -> None:
+        self._records = records
+        self._usage = usage
+        self._size = size
+        self._published_all = False
+
+    async def on_event(self, subject: str, data: bytes, *, msg_id: str | None, seq: int) -> str:
+        found = fact_of(subject)
+        if found is None or found[0] not in FACTS:
+            return "ignored"
+        fact, sandbox_id = found
+        record = await self._records.get(sandbox_id)
+        if record is None:
+            metrics.APPLIED.labels("unattributed").inc()
+            log.info("usage_event_unattributed", subject=subject)
+            return "unattributed"
+        payload = json.loads(data or b"{}")
+        at = datetime.fromisoformat(str(payload["at"]).replace("Z", "+00:00"))
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=UTC)
+        size = self._size
+        for _ in range(_CAS_ATTEMPTS):
+            current = await self._usage.get_with_revision(record.owner, sandbox_id)
+            new = apply(
+                current[0] if current else None,
+                fact=fact,
+                payload=payload,
+                at=at,
+                event_id=msg_id or f"{fact}:{sandbox_id}:s{seq}",
+                seq=seq,
+                sandbox_id=sandbox_id,
+                owner=record.owner,
+                template=record.template,
+                size=size,
+            )
+            if new is None:
+                metrics.APPLIED.labels("duplicate").inc()
+                return "duplicate"
+            try:
+                await self._usage.write(new, revision=current[1] if current else None)
+            except Conflict:
+                continue
+            metrics.APPLIED.labels(fact).inc()
+            await self._publish(record.owner)
+            return fact
+        msg = f"usage of {sandbox_id}: too much contention"
+        raise Conflict(msg)
+
+    async def _publish(self, owner: str) -> None:
+        if not self._published_all:  # after a start: every user's series, once
+            self._published_all = True
+            by_owner: dict[str, list[SandboxUsage]] = {}
+            for u in await self._usage.everyone():
+                by_owner.setdefault(u.owner, []).append(u)
+            for user, usages in by_owner.items():
+                metrics.publish(user, totals(usages))
+        metrics.publish(owner, totals(await self._usage.of_owner(owner)))

@@ -1,0 +1,27 @@
+"""Prometheus series of the ledger: each user's usage as of their last event (open intervals are
+added when read through the API, not here)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+from shared.models.usage import UsageTotals
+
+APPLIED = Counter(
+    "torpor_usage_events_total", "Lifecycle events read by the ledger, by outcome", ["outcome"]
+)
+_SERIES = {
+    "running_seconds": ("torpor_usage_running_seconds", "Running seconds of the user's sandboxes"),
+    "paused_seconds": ("torpor_usage_paused_seconds", "Paused seconds of the user's sandboxes"),
+    "cpu_seconds": ("torpor_usage_cpu_seconds", "Running seconds x cores"),
+    "memory_mb_seconds": ("torpor_usage_memory_mb_seconds", "Running seconds x memory (MiB)"),
+    "kept_byte_seconds": ("torpor_usage_kept_byte_seconds", "Paused seconds x bytes kept"),
+    "resumes": ("torpor_usage_resumes", "Resumes of the user's sandboxes"),
+    "replay_failures": ("torpor_usage_replay_failures", "Processes that failed to replay"),
+}
+GAUGES = {field: Gauge(name, doc, ["user"]) for field, (name, doc) in _SERIES.items()}
+
+
+def publish(user: str, figures: UsageTotals) -> None:
+    for field, gauge in GAUGES.items():
+        gauge.labels(user).set(float(getattr(figures, field)))
