@@ -296,7 +296,7 @@ def test_admin_sees_users_with_their_pause_resume_status(up: Stack) -> None:
         assert root.get("/dashboard/api/me").json()["admin"] is True
 
 
-def test_usage_panel_shows_the_signed_in_users_usage(up: Up) -> None:
+def test_usage_panel_shows_the_signed_in_users_usage(up: Stack) -> None:
     """The usage panel's data on ``torpor up`` (the ledger runs there): the user's own sandboxes
     only; an admin may pick whose; a user's owner filter is ignored."""
     name = _name("usage")
