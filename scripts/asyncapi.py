@@ -19,7 +19,9 @@ from shared.models.messages import (
     ResumeSandbox,
     SandboxCreated,
     SandboxExpired,
+    SandboxExpiring,
     SandboxFailed,
+    SandboxHookRan,
     SandboxKilled,
     SandboxPaused,
     SandboxResumed,
@@ -52,6 +54,8 @@ def main() -> None:
         SnapshotTaken,
         SandboxFailed,
         SandboxExpired,
+        SandboxExpiring,
+        SandboxHookRan,
     )
     (out / "deliverer.json").write_text(
         render(

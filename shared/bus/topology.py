@@ -24,6 +24,7 @@ from nats.js.errors import BadRequestError
 
 from shared.bus import subjects as s
 from shared.bus.retry import DEFAULT, RetryPolicy
+from shared.models.public_events import FACT_TYPES
 
 STREAM_CMD = "SANDBOX_CMD"
 STREAM_EVT = "SANDBOX_EVT"
@@ -178,17 +179,9 @@ SCHEDULER_FIRED = Durable(
     STREAM_TIMERS, "scheduler-fired", (s.all_of(s.TIMER_FIRED),), retry=SCHEDULER_RETRY
 )
 
-# Webhooks (services/deliverer). Public lifecycle facts only (shared.models.public_events).
-PUBLIC_FACTS = (
-    s.EVT_CREATED,
-    s.EVT_PAUSED,
-    s.EVT_RESUMED,
-    s.EVT_KILLED,
-    s.EVT_TIMEOUT_SET,
-    s.EVT_SNAPSHOT_TAKEN,
-    s.EVT_FAILED,
-    s.EVT_EXPIRED,
-)
+# Webhooks (services/deliverer): the public lifecycle facts (shared.models.public_events), so a
+# fact made public there is delivered too.
+PUBLIC_FACTS = tuple(f"{s.EVT_PREFIX}.{fact}" for fact in FACT_TYPES)
 DELIVERER_EVENTS = Durable(STREAM_EVT, "deliverer-events", tuple(s.all_of(p) for p in PUBLIC_FACTS))
 # Attempts are counted and dead-lettered by the deliverer itself (TORPOR_DELIVERER_MAX_ATTEMPTS,
 # at most 20); these limits are the middleware's for failures of its own (KV unreachable...).
