@@ -244,6 +244,7 @@ class ResumeReportOut(_Out):
     template_version: str | None = Field(default=None, alias="templateVersion")
     files_kept: bool = Field(alias="filesKept")
     processes: list[ProcessOutcomeOut]
+    omitted: int = Field(default=0, description="Processes beyond the report's 32 KiB: not listed")
     replayed: int
     failed: int
     timings: ResumeTimingsOut

@@ -9,7 +9,13 @@ import time
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
 from shared.models.lifecycle import TemplateFacts
-from shared.models.messages import ProcessOutcome, ResumeReport, ResumeTimings, StartPath
+from shared.models.messages import (
+    REPORT_PROCESS_BYTES,
+    ProcessOutcome,
+    ResumeReport,
+    ResumeTimings,
+    StartPath,
+)
 from shared.ports.workloads import Endpoint
 
 
@@ -50,6 +56,21 @@ class Spans:
         )
 
 
+def within_budget(
+    outcomes: list[ProcessOutcome], budget: int = REPORT_PROCESS_BYTES
+) -> list[ProcessOutcome]:
+    """The outcomes, in order, as long as they fit ``budget`` bytes of JSON (the record holds the
+    report next to a snapshot of up to 200 KiB, under the bucket's 256 KiB value limit)."""
+    listed: list[ProcessOutcome] = []
+    used = 0
+    for outcome in outcomes:
+        used += len(outcome.model_dump_json())
+        if used > budget:
+            break
+        listed.append(outcome)
+    return listed
+
+
 def resume_report(
     record: SandboxRecord,
     snapshot_id: str | None,
@@ -59,6 +80,7 @@ def resume_report(
     *,
     path: StartPath,
 ) -> ResumeReport:
+    listed = within_budget(outcomes)
     return ResumeReport(
         at=t.now(),
         path=path,
@@ -66,7 +88,8 @@ def resume_report(
         template=record.template,
         template_version=facts.version,
         files_kept=facts.keeps_files,
-        processes=outcomes,
+        processes=listed,
+        omitted=len(outcomes) - len(listed),
         replayed=sum(1 for o in outcomes if o.new_pid is not None),
         failed=sum(1 for o in outcomes if o.error is not None),
         timings=timings,

@@ -126,6 +126,9 @@ class ResumeTimings(BaseModel):
     total_ms: float = 0.0
 
 
+REPORT_PROCESS_BYTES = 32 * 1024
+
+
 class ResumeReport(BaseModel):
     """What a resume restored: each snapshot process (old and new pid, or its error), whether the
     sandbox's files were kept, the template (and its version) the new pod runs, and the time."""
@@ -139,6 +142,10 @@ class ResumeReport(BaseModel):
     template_version: str | None = None  # content digest of the template the pod started from
     files_kept: bool
     processes: list[ProcessOutcome] = Field(default_factory=list)
+    # Processes beyond the report's size budget (``REPORT_PROCESS_BYTES``): counted in
+    # ``replayed``/``failed``, not listed. The report lives on the record, which also holds the
+    # snapshot (up to 200 KiB) under the bucket's 256 KiB value limit.
+    omitted: int = 0
     replayed: int = 0  # processes running again (started now, or found already running)
     failed: int = 0
     timings: ResumeTimings = Field(default_factory=ResumeTimings)

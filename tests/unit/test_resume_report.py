@@ -77,3 +77,18 @@ async def test_report_lists_each_process_with_old_and_new_pid_or_error(
 async def test_a_never_paused_sandbox_has_no_report(system: InMemorySystem) -> None:
     rec = await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-fresh"))
     assert rec.last_resume is None
+
+
+def test_the_report_lists_processes_within_its_budget() -> None:
+    """A snapshot near its 200 KiB budget must not push the record past the bucket's 256 KiB."""
+    from services.scaler.reports import within_budget
+    from shared.models.messages import REPORT_PROCESS_BYTES, ProcessOutcome
+
+    big = [
+        ProcessOutcome(cmd="/bin/bash", args=["-c", "x" * 4000], old_pid=i, new_pid=i + 1)
+        for i in range(60)
+    ]
+    listed = within_budget(big)
+    assert 0 < len(listed) < len(big) and listed == big[: len(listed)]
+    assert sum(len(o.model_dump_json()) for o in listed) <= REPORT_PROCESS_BYTES
+    assert within_budget(big[:3]) == big[:3]
