@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import time
 import uuid
 from typing import Any
 
-import nats
 from common import (
     STATS_HEADERS,
     USER,
@@ -45,7 +42,6 @@ from common import (
     torpor_stack,
     write_result,
 )
-from nats.js.errors import NotFoundError
 from resume_vs_podstart import COMMANDS, raw_local
 
 from shared.envd.client import ConnectEnvdClient
@@ -63,24 +59,6 @@ async def until_warm(probe: Any, within: float = 300.0) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError("the pool did not refill")
         await asyncio.sleep(0.05)
-
-
-async def event_path(nats_url: str, kind: str, sandbox_id: str) -> str:
-    nc = await nats.connect(nats_url)
-    try:
-        # The api answers once the record is running; the event follows that CAS.
-        for _ in range(100):
-            with contextlib.suppress(NotFoundError):
-                msg = await nc.jetstream().get_last_msg(
-                    "SANDBOX_EVT", f"sandbox.evt.{kind}.{sandbox_id}"
-                )
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError(f"no {kind} event of {sandbox_id}")
-        return str(json.loads(msg.data or b"{}").get("path"))
-    finally:
-        await nc.close()
 
 
 async def measure(cycles: int) -> dict[str, Any]:
@@ -117,7 +95,7 @@ async def measure(cycles: int) -> dict[str, Any]:
                     t0 = time.perf_counter()
                     sid = (await create_sandbox(http))["sandboxID"]
                     created = time.perf_counter() - t0
-                    warm = await event_path(stack.nats_url, "created", sid) == "warm"
+                    warm = (await stack.last_event("created", sid)).get("path") == "warm"
                     rec = await store.get(sid)
                     ep = Endpoint(host=rec.host, pod_uid=rec.pod_uid)
                     for command in COMMANDS:

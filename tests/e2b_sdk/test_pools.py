@@ -6,15 +6,11 @@ replays the sandbox's processes in it; the events say so."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 from collections.abc import Iterator
 from typing import Any
 
-import nats
 import pytest
 from e2b import Sandbox
-from nats.js.errors import NotFoundError
 
 from tests.support.fixtures import started
 from tests.support.pods import warm_pods
@@ -37,24 +33,6 @@ def opts(stack: Stack) -> dict[str, Any]:
     return stack.sdk_opts("alice")
 
 
-async def _last_event(nats_url: str, kind: str, sandbox_id: str) -> dict[str, Any]:
-    nc = await nats.connect(nats_url)
-    try:
-        # The api answers once the record is running; the event follows that CAS.
-        for _ in range(100):
-            with contextlib.suppress(NotFoundError):
-                msg = await nc.jetstream().get_last_msg(
-                    "SANDBOX_EVT", f"sandbox.evt.{kind}.{sandbox_id}"
-                )
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError(f"no {kind} event of {sandbox_id}")
-        return dict(json.loads(msg.data or b"{}"))
-    finally:
-        await nc.close()
-
-
 def pool_full(stack: Stack) -> None:
     until(lambda: asyncio.run(warm_pods(stack.nats_url)) >= SIZE, 120, "a full pool", every=0.2)
 
@@ -63,7 +41,7 @@ def test_sdk_create_and_resume_take_warm_pods(stack: Stack, opts: dict[str, Any]
     pool_full(stack)
     s = Sandbox.create(template="base", timeout=120, envs={"GREETING": "hi"}, **opts)
     try:
-        created = asyncio.run(_last_event(stack.nats_url, "created", s.sandbox_id))
+        created = asyncio.run(stack.last_event("created", s.sandbox_id))
         assert created["path"] == "warm"
         # The sandbox's own identity, env, user, files and volume: bound at claim.
         assert s.commands.run("whoami").stdout.strip() == "user"
@@ -81,7 +59,7 @@ def test_sdk_create_and_resume_take_warm_pods(stack: Stack, opts: dict[str, Any]
 
         pool_full(stack)
         resumed = Sandbox.connect(s.sandbox_id, **opts)
-        event = asyncio.run(_last_event(stack.nats_url, "resumed", s.sandbox_id))
+        event = asyncio.run(stack.last_event("resumed", s.sandbox_id))
         assert event["path"] == "warm"
         with stack.client("alice") as api:
             report = api.get(f"/api/v1/sandbox/{s.sandbox_id}").json()["lastResume"]
@@ -106,10 +84,7 @@ def test_sdk_create_falls_back_to_a_cold_pod_when_the_pool_is_empty(
     pool_full(stack)
     sandboxes = [Sandbox.create(template="base", timeout=120, **opts) for _ in range(SIZE + 1)]
     try:
-        paths = [
-            asyncio.run(_last_event(stack.nats_url, "created", s.sandbox_id))["path"]
-            for s in sandboxes
-        ]
+        paths = [asyncio.run(stack.last_event("created", s.sandbox_id))["path"] for s in sandboxes]
         assert "cold" in paths and paths.count("warm") <= SIZE
         for s in sandboxes:
             assert s.commands.run("echo $E2B_SANDBOX_ID").stdout.strip() == s.sandbox_id

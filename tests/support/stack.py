@@ -215,6 +215,26 @@ class Stack:
         finally:
             await broker.stop()
 
+    async def last_event(self, kind: str, sandbox_id: str, *, within: float = 10.0) -> Any:
+        """The body of the last ``sandbox.evt.<kind>.<sandbox_id>`` on the bus (the api answers
+        once the record changed; the event follows that CAS, so it may take a moment)."""
+        from nats.js.errors import NotFoundError
+
+        nc = await nats.connect(self.nats_url)
+        try:
+            deadline = time.monotonic() + within
+            while True:
+                with contextlib.suppress(NotFoundError):
+                    msg = await nc.jetstream().get_last_msg(
+                        "SANDBOX_EVT", f"sandbox.evt.{kind}.{sandbox_id}"
+                    )
+                    return json.loads(msg.data or b"{}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no {kind} event of {sandbox_id}")
+                await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
     @contextlib.asynccontextmanager
     async def observer(self) -> AsyncIterator[LocalRuntime]:
         """A read-only view of the services' workloads (local runtime); on exit it stops every pod
