@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from common import (
@@ -42,7 +45,7 @@ from common import (
     torpor_stack,
     write_result,
 )
-from resume_vs_podstart import COMMANDS, raw_local
+from resume_vs_podstart import COMMANDS, raw_kubernetes, raw_local
 
 from shared.envd.client import ConnectEnvdClient
 from shared.models.snapshots import ProcessConfig
@@ -61,7 +64,12 @@ async def until_warm(probe: Any, within: float = 300.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def measure(cycles: int) -> dict[str, Any]:
+async def measure(
+    stack: Any, raw: Any, pool_rt: Any | None, cycles: int, system_warm: Any = None
+) -> dict[str, Any]:
+    """``pool_rt``: a runtime with its own pool of one for the runtime-alone claim (local only);
+    ``system_warm``: how many of the stack's pool pods are ready (default: the local runtime's
+    records)."""
     creates: list[float] = []
     resumes: list[float] = []
     claims: list[float] = []
@@ -69,91 +77,87 @@ async def measure(cycles: int) -> dict[str, Any]:
     servings: list[float] = []
     loads: list[float] = []
     not_warm = bad_replays = 0
-    env = {"TORPOR_POOLS": f"{TEMPLATE}=1"}
     envd = ConnectEnvdClient()
-    async with torpor_stack(env=env) as stack, raw_local(stack) as raw:
-        pool_rt = LocalRuntime(
-            nats_url=stack.nats_url,
-            data_dir=stack.root / "raw-pool",
-            bucket=f"bench_pool_{uuid.uuid4().hex[:6]}",
-            pools={TEMPLATE: 1},
-            poll_interval=0.2,
-        )
-        await pool_rt.start()
-        try:
-            await raw()  # warm-up of the bare workload
+    try:
+        await raw()  # warm-up of the bare workload
 
-            async def runtime_warm() -> int:
-                return await pool_rt.warm_pods(TEMPLATE)
+        async def runtime_warm() -> int:
+            assert pool_rt is not None
+            return int(await pool_rt.warm_pods(TEMPLATE))
 
-            async def system_warm() -> int:
-                return await warm_pods(stack.nats_url)
+        async def local_warm() -> int:
+            return await warm_pods(stack.nats_url)
 
-            async with stack.aclient(USER) as http, stack.store() as store:
-                for n in range(-1, cycles):  # cycle -1: untimed warm-up of every path
-                    await until_warm(system_warm)
-                    t0 = time.perf_counter()
-                    sid = (await create_sandbox(http))["sandboxID"]
-                    created = time.perf_counter() - t0
-                    warm = (await stack.last_event("created", sid)).get("path") == "warm"
-                    rec = await store.get(sid)
-                    ep = Endpoint(host=rec.host, pod_uid=rec.pod_uid)
-                    for command in COMMANDS:
-                        await envd.start_process(
-                            ep,
-                            ProcessConfig(cmd="/bin/bash", args=["-l", "-c", command]),
-                            tag=None,
-                            access_token=rec.envd_access_token,
-                        )
-                    await pause(http, sid)
-                    await until_warm(system_warm)
-                    t0 = time.perf_counter()
-                    code = await connect(http, sid)
-                    resumed = time.perf_counter() - t0
-                    native = (await http.get(f"/api/v1/sandbox/{sid}")).json()
-                    warm = warm and (native.get("lastResume") or {}).get("path") == "warm"
-                    rec = await store.get(sid)
-                    live = await envd.list_processes(
-                        Endpoint(host=rec.host, pod_uid=rec.pod_uid),
+        system_warm = system_warm or local_warm
+
+        async with stack.aclient(USER) as http, stack.store() as store:
+            for n in range(-1, cycles):  # cycle -1: untimed warm-up of every path
+                await until_warm(system_warm)
+                t0 = time.perf_counter()
+                sid = (await create_sandbox(http))["sandboxID"]
+                created = time.perf_counter() - t0
+                warm = (await stack.last_event("created", sid)).get("path") == "warm"
+                rec = await store.get(sid)
+                ep = Endpoint(host=rec.host, pod_uid=rec.pod_uid)
+                for command in COMMANDS:
+                    await envd.start_process(
+                        ep,
+                        ProcessConfig(cmd="/bin/bash", args=["-l", "-c", command]),
+                        tag=None,
                         access_token=rec.envd_access_token,
                     )
-                    replayed = sorted(p.config.args[-1] for p in live if p.config.args)
-                    await kill(http, sid)
+                await pause(http, sid)
+                await until_warm(system_warm)
+                t0 = time.perf_counter()
+                code = await connect(http, sid)
+                resumed = time.perf_counter() - t0
+                native = (await http.get(f"/api/v1/sandbox/{sid}")).json()
+                warm = warm and (native.get("lastResume") or {}).get("path") == "warm"
+                rec = await store.get(sid)
+                live = await envd.list_processes(
+                    Endpoint(host=rec.host, pod_uid=rec.pod_uid),
+                    access_token=rec.envd_access_token,
+                )
+                replayed = sorted(p.config.args[-1] for p in live if p.config.args)
+                await kill(http, sid)
 
+                claimed, claimed_warm = 0.0, True
+                if pool_rt is not None:
                     await until_warm(runtime_warm)
                     name = f"claim-{uuid.uuid4().hex[:8]}"
                     t0 = time.perf_counter()
                     await pool_rt.create(
                         WorkloadSpec(name=name, owner="bench", access_token=uuid.uuid4().hex)
                     )
-                    claimed_ep = await pool_rt.wait_ready(name, timeout=120)
+                    claimed_warm = (await pool_rt.wait_ready(name, timeout=120)).warm
                     claimed = time.perf_counter() - t0
                     await pool_rt.delete(name)
 
-                    started, served, _stopped = await raw()
-                    if n < 0:
-                        continue
-                    if not warm or not claimed_ep.warm:
-                        not_warm += 1
-                        continue
-                    if code != 201 or replayed != sorted(COMMANDS):
-                        bad_replays += 1
-                    creates.append(created)
-                    resumes.append(resumed)
+                started, served, _stopped = await raw()
+                if n < 0:
+                    continue
+                if not warm or not claimed_warm:
+                    not_warm += 1
+                    continue
+                if code != 201 or replayed != sorted(COMMANDS):
+                    bad_replays += 1
+                creates.append(created)
+                resumes.append(resumed)
+                if pool_rt is not None:
                     claims.append(claimed)
-                    starts.append(started)
-                    servings.append(served)
-                    loads.append(loadavg()[0])
-                    print(
-                        f"  {n + 1}/{cycles}: create {created * 1000:.0f} ms, resume "
-                        f"{resumed * 1000:.0f} ms, claim {claimed * 1000:.0f} ms, cold pod "
-                        f"{started * 1000:.0f} ms, load {loads[-1]}",
-                        flush=True,
-                    )
-        finally:
-            await pool_rt.close()
-            await envd.close()
-    create, resume, claim = summary(creates), summary(resumes), summary(claims)
+                starts.append(started)
+                servings.append(served)
+                loads.append(loadavg()[0])
+                print(
+                    f"  {n + 1}/{cycles}: create {created * 1000:.0f} ms, resume "
+                    f"{resumed * 1000:.0f} ms, claim {claimed * 1000:.0f} ms, cold pod "
+                    f"{started * 1000:.0f} ms, load {loads[-1]}",
+                    flush=True,
+                )
+    finally:
+        await envd.close()
+    create, resume = summary(creates), summary(resumes)
+    claim = summary(claims) if claims else {"n": 0, "p50_ms": 0.0}
     start, serving = summary(starts), summary(servings)
     return {
         "cycles": len(creates),
@@ -167,7 +171,7 @@ async def measure(cycles: int) -> dict[str, Any]:
         "pod_serving": serving,
         "ratio_create_to_pod_start_p50": ratio(create["p50_ms"], start["p50_ms"]),
         "ratio_resume_to_pod_start_p50": ratio(resume["p50_ms"], start["p50_ms"]),
-        "ratio_claim_to_pod_start_p50": ratio(claim["p50_ms"], start["p50_ms"]),
+        "ratio_claim_to_pod_start_p50": ratio(claim["p50_ms"], start["p50_ms"]) if claims else None,
         "ratio_create_to_pod_serving_p50": ratio(create["p50_ms"], serving["p50_ms"]),
         "ratio_resume_to_pod_serving_p50": ratio(resume["p50_ms"], serving["p50_ms"]),
         "load_1m_during": {
@@ -185,15 +189,105 @@ async def measure(cycles: int) -> dict[str, Any]:
     }
 
 
+async def run_local(cycles: int) -> dict[str, Any]:
+    env = {"TORPOR_POOLS": f"{TEMPLATE}=1"}
+    async with torpor_stack(env=env) as stack, raw_local(stack) as raw:
+        assert stack.root is not None
+        pool_rt = LocalRuntime(
+            nats_url=stack.nats_url,
+            data_dir=stack.root / "raw-pool",
+            bucket=f"bench_pool_{uuid.uuid4().hex[:6]}",
+            pools={TEMPLATE: 1},
+            poll_interval=0.2,
+        )
+        await pool_rt.start()
+        try:
+            return await measure(stack, raw, pool_rt, cycles)
+        finally:
+            await pool_rt.close()
+
+
+async def run_kubernetes(cycles: int) -> dict[str, Any]:
+    """The same on the test rig (kube-apiserver + controller-manager, the test kubelet running
+    bubblewrap pods). Pools serve ``persist: none`` templates only on Kubernetes: the stack's
+    ``sandbox-base`` is overridden with that annotation; the cold reference is the packaged one."""
+    import yaml
+
+    from shared.runtime.kubernetes import DEFAULT_TEMPLATES
+    from shared.runtime.kubernetes.objects import ANNOTATION_PERSIST
+    from tests.k8s.kubelet import TestKubelet
+    from tests.k8s.plugin import admin_client, create_namespace
+    from tests.k8s.rig import ControlPlane, ensure_binaries
+
+    work = Path(tempfile.mkdtemp(prefix="torpor-bench-pools-k8s-"))
+    templates = work / "templates"
+    templates.mkdir()
+    doc: dict[str, Any] = yaml.safe_load((DEFAULT_TEMPLATES / f"{TEMPLATE}.yaml").read_text())
+    doc["template"].setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_PERSIST] = (
+        "none"
+    )
+    (templates / f"{TEMPLATE}.yaml").write_text(yaml.safe_dump(doc))
+    plane = await asyncio.to_thread(
+        ControlPlane(bin_dir=ensure_binaries(build=False), workdir=work / "plane").start
+    )
+    kubelet = await asyncio.to_thread(
+        TestKubelet(kubeconfig=plane.kubeconfig, workdir=work / "kubelet").start
+    )
+    try:
+        admin = await admin_client(plane.kubeconfig)
+        try:
+            for ns in ("torpor-sandboxes", "bench-raw"):
+                await create_namespace(admin, ns)
+        finally:
+            await admin.close()  # type: ignore[no-untyped-call]
+        env = {
+            "TORPOR_KUBECONFIG": str(plane.kubeconfig),
+            "TORPOR_NAMESPACE": "torpor-sandboxes",
+            "TORPOR_READY_TIMEOUT": "120",
+            "TORPOR_TEMPLATES_DIR": str(templates),
+            "TORPOR_POOLS": f"{TEMPLATE}=1",
+        }
+        async with (
+            torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
+            raw_kubernetes(plane.kubeconfig, "bench-raw") as raw,
+        ):
+            from shared.runtime.kubernetes import KubernetesRuntime
+
+            observer = await KubernetesRuntime.from_kubeconfig(
+                plane.kubeconfig, namespace="torpor-sandboxes"
+            )
+            try:
+
+                async def warm() -> int:
+                    return await observer.warm_pods(TEMPLATE)
+
+                result = await measure(stack, raw, None, cycles, warm)
+            finally:
+                await observer.close()
+        result["control_plane"] = (
+            "etcd + kube-apiserver + kube-controller-manager (tests/k8s/rig.py), "
+            "test kubelet (bubblewrap pods); template sandbox-base with persist: none"
+        )
+        return result
+    finally:
+        await asyncio.to_thread(kubelet.stop)
+        await asyncio.to_thread(plane.stop)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def report(result: dict[str, Any]) -> None:
     print(
-        f"\nlocal runtime, pool of 1: {result['cycles']} cycles "
+        f"\n{result['runtime']} runtime, pool of 1: {result['cycles']} cycles "
         f"({result['skipped_not_warm']} skipped: not warm); load {result['load_1m_during']}"
     )
     rows = [
         stats_row("create from the pool (POST /sandboxes → 201)", result["create_warm"]),
         stats_row("resume into a warm pod (connect → 201, replayed)", result["resume_warm"]),
-        stats_row("claim (runtime alone: create → ready)", result["claim_runtime"]),
+        *(
+            [stats_row("claim (runtime alone: create → ready)", result["claim_runtime"])]
+            if result["claim_runtime"]["n"]
+            else []
+        ),
         stats_row("cold pod start → ready (runtime alone)", result["pod_start"]),
         stats_row("cold pod start → daemon serves List", result["pod_serving"]),
     ]
@@ -210,11 +304,14 @@ def report(result: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--runtime", choices=("local", "kubernetes"), default="local")
     args = parser.parse_args()
-    result = asyncio.run(measure(args.cycles))
-    result["command"] = f"bench/pool_bench.py --cycles {args.cycles}"
+    runner = run_local if args.runtime == "local" else run_kubernetes
+    result = {"runtime": args.runtime, **asyncio.run(runner(args.cycles))}
+    result["command"] = f"bench/pool_bench.py --runtime {args.runtime} --cycles {args.cycles}"
     report(result)
-    print(f"wrote {write_result('pools_local', {'runtime': 'local', **result})}")
+    path = write_result(f"pools_{args.runtime}", result)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

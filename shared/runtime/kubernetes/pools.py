@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 from shared.ports.workloads import LABEL_MANAGED_BY, MANAGED_BY
@@ -30,6 +31,7 @@ from shared.runtime.kubernetes.objects import (
     Pod,
     is_ready,
     is_terminating,
+    persist_mode,
 )
 
 LABEL_POOL = "torpor.dev/pool"
@@ -76,6 +78,20 @@ def pool_pod_body(
         },
         "spec": pod["spec"],
     }
+
+
+def poolable(pod_template: Mapping[str, Any]) -> bool:
+    """Whether warm pods can serve this template: nothing of a sandbox may be decided when the
+    pod starts. Not with ``persist: layer`` (the sandbox's claim), nor with a ``subPathExpr``
+    (expanded from the pod's labels at start: a pool pod has no sandbox's labels then, and would
+    mount the volume's root, every sandbox's files)."""
+    if persist_mode(pod_template) != "none":
+        return False
+    spec = pod_template.get("spec") or {}
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        if any("subPathExpr" in m for m in container.get("volumeMounts") or []):
+            return False
+    return True
 
 
 def claimable(pod: Pod) -> bool:
@@ -129,6 +145,7 @@ __all__ = [
     "claimable",
     "pool_key",
     "pool_pod_body",
+    "poolable",
     "sandbox_env",
     "slot_name",
 ]

@@ -56,7 +56,6 @@ from shared.runtime.kubernetes.objects import (
     is_ready,
     is_terminating,
     network_policy_body,
-    persist_mode,
     ready_endpoint,
     replica_set_body,
     rerendered_pod_template,
@@ -76,6 +75,7 @@ from shared.runtime.kubernetes.pools import (
     claimable,
     pool_key,
     pool_pod_body,
+    poolable,
     sandbox_env,
 )
 from shared.runtime.kubernetes.templates import PodTemplates
@@ -380,13 +380,12 @@ class KubernetesRuntime:
         if self._pools and self._pool_task is None:
             for template in self._pools:
                 with contextlib.suppress(NotFound):
-                    if persist_mode(self._templates.get(template)) != "none":
-                        log.warning("k8s_pool_not_served", template=template, persist="layer")
+                    if not poolable(self._templates.get(template)):
+                        log.warning("k8s_pool_not_served", template=template)
             self._pool_task = asyncio.create_task(self._keep_pools(interval, claim_timeout))
 
     def _serves(self, template_name: str, pod_template: Mapping[str, Any]) -> bool:
-        # A pool pod cannot have a sandbox's claim mounted in advance: persist: none only.
-        return template_name in self._pools and persist_mode(pod_template) == "none"
+        return template_name in self._pools and poolable(pod_template)
 
     async def warm_pods(self, template: str) -> int:
         """Pool pods of ``template`` ready to be claimed now."""
@@ -409,7 +408,7 @@ class KubernetesRuntime:
                 pod_template = self._templates.get(template)
             except NotFound:
                 continue
-            if persist_mode(pod_template) != "none":
+            if not poolable(pod_template):
                 continue
             pods, _ = await self._pods(selector({LABEL_POOL: pool_key(template)}))
             live = [p for p in pods if not is_terminating(p)]
@@ -459,7 +458,7 @@ class KubernetesRuntime:
         pod_template = spec.get("template") or {}
         if spec.get("replicas") or template is None or template not in self._pools:
             return None
-        if persist_mode(pod_template) != "none":
+        if not poolable(pod_template):
             return None
         env = sandbox_env(pod_template, (meta.get("annotations") or {}).get(ANNOTATION_SANDBOX_ENV))
         token = env.pop(ACCESS_TOKEN_ENV, None)

@@ -1,0 +1,78 @@
+"""The Kubernetes warm-pool objects (shared/runtime/kubernetes/pools.py): pure functions."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from shared.ports.workloads import LABEL_SANDBOX_ID
+from shared.runtime.kubernetes.objects import ACCESS_TOKEN_ENV, ANNOTATION_PERSIST
+from shared.runtime.kubernetes.pools import (
+    ANNOTATION_CLAIMED,
+    ANNOTATION_SECRET,
+    LABEL_POOL,
+    claim_patch,
+    claimable,
+    pool_pod_body,
+    poolable,
+)
+
+pytestmark = pytest.mark.unit
+
+TEMPLATE: dict[str, Any] = {
+    "metadata": {"labels": {"app": "sandbox"}, "annotations": {ANNOTATION_PERSIST: "none"}},
+    "spec": {
+        "containers": [
+            {
+                "name": "envd",
+                "image": "i",
+                "env": [{"name": ACCESS_TOKEN_ENV, "value": "from-the-template"}],
+                "volumeMounts": [{"name": "data", "mountPath": "/home/user"}],
+            }
+        ],
+        "volumes": [{"name": "data", "emptyDir": {}}],
+    },
+}
+
+
+def test_only_templates_that_decide_nothing_at_pod_start_are_pooled() -> None:
+    assert poolable(TEMPLATE)
+    keeps_files = copy.deepcopy(TEMPLATE)
+    keeps_files["metadata"]["annotations"][ANNOTATION_PERSIST] = "layer"
+    assert not poolable(keeps_files)
+    shared = copy.deepcopy(TEMPLATE)
+    shared["spec"]["containers"][0]["volumeMounts"].append(
+        {"name": "s", "mountPath": "/mnt/shared", "subPathExpr": "$(OWNER)/$(SANDBOX_ID)"}
+    )
+    assert not poolable(shared)  # a pool pod would mount the root: every sandbox's files
+
+
+def test_a_pool_pod_has_its_own_token_and_no_sandbox() -> None:
+    pod = pool_pod_body("sandbox-fresh", TEMPLATE, 0, "one-time")
+    meta = pod["metadata"]
+    assert meta["name"].startswith("pool-") and LABEL_SANDBOX_ID not in meta["labels"]
+    assert LABEL_POOL in meta["labels"] and meta["annotations"][ANNOTATION_SECRET] == "one-time"
+    env = pod["spec"]["containers"][0]["env"]
+    assert [e["value"] for e in env if e["name"] == ACCESS_TOKEN_ENV] == ["one-time"]
+    assert TEMPLATE["spec"]["containers"][0]["env"][0]["value"] == "from-the-template"
+
+
+def test_a_claim_is_guarded_by_the_version_seen() -> None:
+    pod = pool_pod_body("sandbox-fresh", TEMPLATE, 0, "s")
+    pod["metadata"]["resourceVersion"] = "42"
+    pod["status"] = {
+        "phase": "Running",
+        "podIP": "10.0.0.2",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    assert claimable(pod)
+    patch = claim_patch(pod, {LABEL_SANDBOX_ID: "sbx-1"}, claimer="sbx-1")["metadata"]
+    assert patch["resourceVersion"] == "42" and patch["labels"][LABEL_POOL] is None
+    assert patch["annotations"][ANNOTATION_CLAIMED] == "sbx-1"
+    pod["metadata"]["annotations"][ANNOTATION_CLAIMED] = "sbx-1"
+    assert not claimable(pod)  # taken: never a second time
+    pod["metadata"]["annotations"].pop(ANNOTATION_CLAIMED)
+    pod["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "uid": "u"}]
+    assert not claimable(pod)
