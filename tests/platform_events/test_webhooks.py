@@ -28,6 +28,8 @@ from tests.support.fixtures import started
 from tests.support.stack import SEED_TEMPLATE, SERVICES, Stack
 from tests.support.waiting import until
 
+pytestmark = pytest.mark.e2e  # the whole system as processes (its fixture is not ``stack``)
+
 LIFECYCLE = [f"sandbox.lifecycle.{t}" for t in ("created", "paused", "resumed", "killed")]
 MAX_ATTEMPTS = 8
 
