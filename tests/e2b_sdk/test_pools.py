@@ -13,7 +13,7 @@ import pytest
 from e2b import Sandbox
 
 from tests.support.fixtures import started
-from tests.support.pods import warm_pods
+from tests.support.pods import release_pods, warm_pods
 from tests.support.stack import Stack
 from tests.support.waiting import until
 
@@ -23,9 +23,10 @@ SIZE = 1
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    yield from started(
-        Stack(tmp_path_factory.mktemp("pools"), env={"TORPOR_POOLS": f"sandbox-base={SIZE}"})
-    )
+    system = Stack(tmp_path_factory.mktemp("pools"), env={"TORPOR_POOLS": f"sandbox-base={SIZE}"})
+    yield from started(system)
+    # The stack kills its pods; the pool's waiting pod (no test kills it) leaves its mounts.
+    asyncio.run(release_pods(system.data_dir))
 
 
 @pytest.fixture(scope="module")
