@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from pathlib import Path
 
 import structlog
 from fastapi import FastAPI, Request, Response
@@ -23,12 +25,16 @@ from services.api.routes import (
     native,
     snapshots,
     telemetry,
+    templates,
     usage,
     webhooks,
 )
 from services.api.schemas import ErrorBody
 from services.api.sessions import Sessions
 from services.api.settings import ApiSettings
+from services.api.template_builds import TemplateBuilds, TemplateStore
+from shared.models.template_records import TEMPLATE_FILES_DIR
+from shared.ports.bus import Publisher
 from shared.quota.models import QuotaSettings
 from shared.settings import BusSettings
 from shared.web.limits import HttpLimits
@@ -58,6 +64,7 @@ async def bus_wiring(
     from shared.bus.publishing import BrokerPublisher
     from shared.bus.records import KvSandboxStore
     from shared.bus.snapshot_store import KvSnapshotStore
+    from shared.bus.template_store import KvTemplateStore
     from shared.bus.topology import (
         KV_API_KEYS,
         KV_DELIVERIES,
@@ -66,6 +73,7 @@ async def bus_wiring(
         KV_SESSIONS,
         KV_SNAPSHOTS,
         KV_USAGE,
+        KV_TEMPLATES,
         KV_USERS,
         KV_WEBHOOKS,
     )
@@ -102,7 +110,14 @@ async def bus_wiring(
             retention=timedelta(seconds=settings.snapshot_retention_seconds),
             max_snapshots=max_snapshots,
         )
-        templates = FileTemplateCatalog.from_settings(load(RuntimeSettings))
+        runtime_settings = load(RuntimeSettings)
+        templates = FileTemplateCatalog.from_settings(runtime_settings)
+        builds = template_builds(
+            settings,
+            KvTemplateStore(await key_value(broker, KV_TEMPLATES)),
+            BrokerPublisher(broker),
+            runtime_settings.data_dir,
+        )
         envd = ConnectEnvdClient()
         try:
             yield Wiring(
@@ -124,11 +139,27 @@ async def bus_wiring(
                     policy=load(WebhookPolicySettings).policy(own_ports=(settings.port,)),
                 ),
                 usage=KvUsageStore(await key_value(broker, KV_USAGE)),
+                builds=builds,
             )
         finally:
             await envd.close()
     finally:
         await broker.stop()
+
+
+def template_builds(
+    settings: ApiSettings, store: TemplateStore, publisher: Publisher, data_dir: Path
+) -> TemplateBuilds:
+    key = settings.template_upload_key
+    return TemplateBuilds(
+        store=store,
+        publisher=publisher,
+        blobs=data_dir / TEMPLATE_FILES_DIR,
+        signer_key=key.get_secret_value().encode() if key else secrets.token_bytes(32),
+        max_templates=settings.template_max_templates,
+        max_concurrent_builds=settings.template_max_concurrent_builds,
+        max_upload_bytes=settings.template_max_upload_bytes,
+    )
 
 
 def create_app(
@@ -163,6 +194,7 @@ def create_app(
     errors.install(app)
     app.include_router(telemetry.router)  # first: /sandboxes/metrics is not a sandbox id
     app.include_router(e2b.router)
+    app.include_router(templates.router)  # before snapshots: /templates/tags is no template id
     app.include_router(snapshots.router)
     app.include_router(events.router)
     app.include_router(webhooks.router)

@@ -15,6 +15,7 @@ from services.api.errors import ApiError
 from services.api.gate import AUTHENTICATED
 from services.api.sessions import Sessions
 from services.api.settings import ApiSettings
+from services.api.template_builds import TemplateBuilds
 from shared.auth.models import User
 from shared.domain.record import SandboxRecord
 from shared.lifecycle.event_query import Page
@@ -132,6 +133,7 @@ class Wiring:
     events: EventReader | None = None  # the events API; None: 501 there
     webhooks: WebhookAdmin | None = None  # webhook registrations; None: 501 there
     usage: UsageStore | None = None  # the usage ledger (read); None: 501 there
+    builds: TemplateBuilds | None = None  # templates users build; None: 501 there
 
 
 _api_key = APIKeyHeader(name="X-API-KEY", auto_error=False, description="An API key (E2B SDK)")

@@ -18,6 +18,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.settings import ApiSettings
+from services.api.uploads import UPLOAD_PREFIX, UploadSigner
 from shared.auth.models import User
 from shared.web.limits import HttpLimits
 from shared.web.requests import (
@@ -78,6 +79,10 @@ class ApiGate:
         limit = self.settings.max_body_bytes
         if scope["path"].startswith(DASHBOARD_PREFIX):
             limit = DASHBOARD_MAX_BODY
+        elif scope["path"].startswith(UPLOAD_PREFIX) and scope.get("method") == "PUT":
+            # A template's build context: the signed URL is the credential (no API key, as
+            # with E2B's presigned URLs); checked before a byte of the body is read.
+            limit = self._admit_upload(scope)
         else:
             await self._authenticate(scope)
         check_declared(scope, limit)
@@ -89,6 +94,16 @@ class ApiGate:
         )
         body, gone = await reader.read_all()
         return _replay(body, gone, receive)
+
+    def _admit_upload(self, scope: Scope) -> int:
+        wired = self.wiring()
+        builds = getattr(wired, "builds", None) if wired is not None else None
+        if builds is None:
+            raise RequestRefused(503, "template builds are not available")
+        token = scope["path"][len(UPLOAD_PREFIX) :]
+        if "/" in token or UploadSigner(builds.signer_key).verify(token) is None:
+            raise RequestRefused(403, "the upload URL is invalid or has expired")
+        return int(builds.max_upload_bytes)
 
     async def _authenticate(self, scope: Scope) -> None:
         wired = self.wiring()

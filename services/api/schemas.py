@@ -20,7 +20,7 @@ from shared.ids import SANDBOX_ID_PATTERN
 from shared.models.lifecycle import Hooks
 from shared.models.network import MAX_RULES, Cidr, NetworkPolicy
 from shared.models.snapshot_records import SNAPSHOT_NAME_PATTERN
-from shared.models.user_input import EnvVars, Metadata, TemplateName
+from shared.models.user_input import EnvVars, Metadata, TemplateName, TemplateRef
 
 
 class _In(BaseModel):
@@ -129,7 +129,7 @@ class NetworkUpdate(_In):
 
 
 class NewSandbox(_In):
-    template_id: TemplateName = Field(default="base", alias="templateID")
+    template_id: TemplateRef = Field(default="base", alias="templateID")
     timeout: int | None = Field(default=None, ge=1, le=2**31 - 1)
     auto_pause: bool | None = Field(default=None, alias="autoPause")
     auto_pause_memory: NoMemory = Field(default=None, alias="autoPauseMemory")

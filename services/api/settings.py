@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from shared.settings import SettingsBase
 
@@ -50,6 +50,16 @@ class ApiSettings(SettingsBase):
     snapshot_retention_seconds: int = Field(default=30 * 86400, ge=1)
     """Seconds a stored snapshot is kept (listed, usable); then the snapshotter deletes it,
     files included."""
+
+    template_upload_key: SecretStr | None = None
+    """Signs the build-context upload URLs of template builds (HMAC-SHA256). Every API replica
+    needs the same key; unset, each API process makes its own at start (one replica only)."""
+    template_max_upload_bytes: int = Field(default=256 * 2**20, ge=1024)
+    """Largest build-context archive one upload may send."""
+    template_max_templates: int = Field(default=50, ge=0)
+    """Templates one user may have."""
+    template_max_concurrent_builds: int = Field(default=2, ge=1)
+    """Builds one user may have running at once (429 beyond)."""
 
     def resolve_template(self, name: str) -> str:
         return self.default_template if name == "base" else name

@@ -28,6 +28,7 @@ SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("scaler", description="scales workloads 0/1, replays on resume"),
     ServiceSpec("deliverer", description="webhooks: signed deliveries, retries, history"),
     ServiceSpec("ledger", description="usage: running and paused time per sandbox and user"),
+    ServiceSpec("builder", description="builds the templates users send"),
 )
 
 NAMES = tuple(s.name for s in SERVICES)

@@ -20,6 +20,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
 from services.api.settings import ApiSettings
+from services.builder.settings import BuilderSettings
 from services.cli.settings import UpSettings
 from services.deliverer.settings import DelivererSettings
 from services.ledger.settings import LedgerSettings
@@ -62,6 +63,7 @@ CLASSES: tuple[type[BaseSettings], ...] = (
     WebhookPolicySettings,
     DelivererSettings,
     LedgerSettings,
+    BuilderSettings,
     UpSettings,
 )
 

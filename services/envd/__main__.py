@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Read once (parse_args' default); processes the daemon starts must not inherit the token.
     os.environ.pop("ENVD_ACCESS_TOKEN", None)
+    from services.envd.startup import Startup
+
+    startup = Startup.take_from_environ()  # a built template's start and ready commands
     if args.precompile:
         return precompile()
     host, port = _split_listen(args.listen)
@@ -124,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         access_token=args.access_token,
         log_level=args.log_level,
         sudo_socket=args.sudo_socket,
+        startup=startup,
     )
 
 

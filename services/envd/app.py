@@ -11,6 +11,7 @@ Connect-Timeout-Ms is not enforced by connectrpc's server; the Start handler rea
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
@@ -156,6 +157,7 @@ class EnvdApp:
         self._files = FilesApi(users=self.users)
         self.metrics = Metrics(root)
         self.logs = LogBuffer()
+        self.ready: asyncio.Event | None = None  # set: a ready command must succeed first
 
     @property
     def connect_apps(self) -> _ConnectApps:
@@ -178,6 +180,10 @@ class EnvdApp:
         path: str = scope["path"]
         try:
             if path == "/health":
+                if self.ready is not None and not self.ready.is_set():
+                    # A built template's ready command has not succeeded yet (startup.py).
+                    await send_json(send, 503, {"code": "unavailable", "message": "not ready"})
+                    return
                 await send({"type": "http.response.start", "status": 204, "headers": []})
                 await send({"type": "http.response.body", "body": b""})
                 return

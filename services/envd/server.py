@@ -12,6 +12,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from services.envd.app import EnvdApp
+from services.envd.startup import Startup
+from services.envd.startup import run as run_startup
 from services.envd.version import ENVD_VERSION
 
 if TYPE_CHECKING:
@@ -75,6 +77,7 @@ def serve(
     access_token: str | None,
     log_level: str,
     sudo_socket: str | None = None,
+    startup: Startup | None = None,
 ) -> int:
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s envd %(levelname)s %(name)s: %(message)s"
@@ -103,6 +106,10 @@ def serve(
         envd_log.info("envd %s listening on %s, root %s", ENVD_VERSION, sock.getsockname(), root)
         sampler = asyncio.create_task(app.metrics.run())
         activity = asyncio.create_task(app.activity.run())
+        starting = None
+        if startup is not None:
+            app.ready = asyncio.Event()
+            starting = asyncio.create_task(run_startup(startup, app.table, app.users, app.ready))
         sudo = None
         if sudo_socket:
             from services.envd.sudo import SudoServer
@@ -114,6 +121,8 @@ def serve(
         finally:
             sampler.cancel()
             activity.cancel()
+            if starting is not None:
+                starting.cancel()
             if sudo is not None:
                 await sudo.close()
             app.close()

@@ -149,9 +149,12 @@ def users() -> list[User]:
                 s.CMD_NETWORK,
                 s.CMD_SNAPSHOT,
                 s.CMD_SNAPSHOT_DELETE,
+                s.CMD_TEMPLATE_BUILD,
             )
         ],
         events(s.EVT_TIMEOUT_SET, s.EVT_ACTIVITY),
+        kv_read(t.KV_TEMPLATES),
+        kv_write(t.KV_TEMPLATES),
         kv_read(t.KV_SANDBOXES),
         kv_write(t.KV_SANDBOXES),
         kv_read(t.KV_SNAPSHOTS),
@@ -263,7 +266,27 @@ def users() -> list[User]:
         kv_write(t.KV_USAGE),
         dead_letters(),
     )
-    return [admin, api, proxy, scheduler, snapshotter, scaler, deliverer, ledger, platform()]
+    builder = service(
+        "builder",
+        "template builds: build records (CAS, logs), build pods (the local runtime's workloads)",
+        bind_durable(t.BUILDER_BUILDS),
+        local_runtime(),
+        kv_read(t.KV_TEMPLATES),
+        kv_write(t.KV_TEMPLATES),
+        dead_letters(),
+    )
+    return [
+        admin,
+        api,
+        proxy,
+        scheduler,
+        snapshotter,
+        scaler,
+        deliverer,
+        ledger,
+        builder,
+        platform(),
+    ]
 
 
 def platform() -> User:

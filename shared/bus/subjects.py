@@ -15,6 +15,8 @@ CMD_NETWORK = "sandbox.cmd.network"
 # Stored snapshots: take one of the sandbox, delete one taken of it (id last: the source sandbox).
 CMD_SNAPSHOT = "sandbox.cmd.snapshot"
 CMD_SNAPSHOT_DELETE = "sandbox.cmd.snapshot_delete"
+# Template builds (E2B's template API): build one (id last: the build id, a uuid).
+CMD_TEMPLATE_BUILD = "sandbox.cmd.template_build"
 
 # Events (fan-out, past tense).
 EVT_PREFIX = "sandbox.evt"

@@ -43,6 +43,7 @@ KV_SNAPSHOTS = "torpor_snapshots"  # stored snapshots (create_snapshot, fork); C
 KV_WEBHOOKS = "torpor_webhooks"  # webhook registrations, <owner token>.<webhook id>
 KV_DELIVERIES = "torpor_webhook_deliveries"  # delivery history per (webhook, event); TTL 7 days
 KV_USAGE = "torpor_usage"  # the usage ledger: <owner token>.<sandbox id>, CAS writes only
+KV_TEMPLATES = "torpor_templates"  # templates users build, their builds and names; CAS writes
 
 DAY = 86400
 
@@ -178,6 +179,16 @@ SCHEDULER_LIFECYCLE = Durable(
 SCHEDULER_FIRED = Durable(
     STREAM_TIMERS, "scheduler-fired", (s.all_of(s.TIMER_FIRED),), retry=SCHEDULER_RETRY
 )
+# A build runs for minutes: the handler sends heartbeats; a crashed builder's build comes back
+# after ack_wait, and a build is never retried after it started (the record says so).
+BUILDER_RETRY = RetryPolicy(ack_wait=60, max_deliver=3, give_up_after=2, dead_letter_after=3)
+BUILDER_BUILDS = Durable(
+    STREAM_CMD,
+    "builder-builds",
+    (s.all_of(s.CMD_TEMPLATE_BUILD),),
+    retry=BUILDER_RETRY,
+    max_ack_pending=64,
+)
 
 # Webhooks (services/deliverer): the public lifecycle facts (shared.models.public_events), so a
 # fact made public there is delivered too.
@@ -214,6 +225,7 @@ DURABLES = (
     DELIVERER_EVENTS,
     DELIVERER_SEND,
     LEDGER_EVENTS,
+    BUILDER_BUILDS,
 )
 _RETRY_BY_DURABLE = {d.name: d.retry for d in DURABLES}
 
@@ -239,6 +251,14 @@ def kv_buckets(replicas: int) -> list[KeyValueConfig]:
             history=5,
             replicas=replicas,
             max_value_size=256 * 1024,
+            storage=StorageType.FILE,
+        ),
+        KeyValueConfig(
+            bucket=KV_TEMPLATES,
+            description="templates users build, their builds (with logs) and names; CAS writes",
+            history=5,
+            replicas=replicas,
+            max_value_size=1024 * 1024,
             storage=StorageType.FILE,
         ),
         KeyValueConfig(bucket=KV_USERS, history=5, replicas=replicas, storage=StorageType.FILE),

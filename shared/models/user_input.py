@@ -107,6 +107,21 @@ def check_template_name(name: str) -> str:
     return name
 
 
+# What a create names: a template, or a user's template ``name:tag`` (E2B's tags).
+_TEMPLATE_REF_RE = re.compile(TEMPLATE_NAME_PATTERN[:-1] + r"(:[A-Za-z0-9][A-Za-z0-9_.-]{0,62})?$")
+
+
+def check_template_ref(ref: str) -> str:
+    if not _TEMPLATE_REF_RE.match(ref):
+        msg = (
+            f"template {_shown(ref)} is invalid: lowercase letters, digits, '.', '_' and '-', "
+            "at most 63 characters, optionally ':' and a tag"
+        )
+        raise ValueError(msg)
+    return ref
+
+
 EnvVars = Annotated[dict[str, str], AfterValidator(check_envs)]
 Metadata = Annotated[dict[str, str], AfterValidator(check_metadata)]
 TemplateName = Annotated[str, AfterValidator(check_template_name)]
+TemplateRef = Annotated[str, AfterValidator(check_template_ref)]

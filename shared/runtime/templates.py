@@ -80,6 +80,14 @@ class Template(_Frozen):
     persist: Literal["layer", "none"] = "layer"
     # Lifecycle hooks (and, later, the activity policy): docs/lifecycle-hooks.md.
     lifecycle: TemplateLifecycle = Field(default_factory=TemplateLifecycle)
+    # A template users built (services/builder): its read-only layers, lowest first (keys under
+    # ``<data dir>/template-layers``, local runtime), the user and the start and ready commands
+    # every sandbox of it runs (the daemon reports ready once the ready command succeeds).
+    layers: list[str] = Field(default_factory=list, max_length=256)
+    user: Literal["root", "user"] = "user"
+    start_cmd: str | None = None
+    ready_cmd: str | None = None
+    start_cwd: str | None = None  # where the start command runs (the build's last WORKDIR)
     image: str | None = None  # kubernetes only: the sandbox image
     kubernetes: dict[str, Any] = Field(default_factory=dict)  # adapter-specific extras
 
@@ -107,9 +115,13 @@ def parse_millicpu(quantity: str) -> int:
         raise ConfigError(msg) from None
 
 
-def template_dirs(override: Path | None) -> list[Path]:
-    """The search path: the operator's directory first, then the packaged one."""
-    return [override, PACKAGED_TEMPLATES_DIR] if override is not None else [PACKAGED_TEMPLATES_DIR]
+def template_dirs(override: Path | None, *, built: Path | None = None) -> list[Path]:
+    """The search path: the operator's directory first, then the templates users built (local
+    runtime: named by their build id, which no operator template can be), then the packaged."""
+    found = [override] if override is not None else []
+    if built is not None:
+        found.append(built)
+    return [*found, PACKAGED_TEMPLATES_DIR]
 
 
 def load_template(name: str, dirs: Sequence[Path]) -> Template:

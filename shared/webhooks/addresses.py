@@ -35,7 +35,7 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # torpor's well-known ports: API, proxy, NATS (client, cluster, monitoring), the services' health
 # and metrics ports, the in-sandbox daemon.
 DEFAULT_CONTROL_PORTS: frozenset[int] = frozenset(
-    {3000, 3001, 4222, 6222, 8222, 7422, 8080, 8081, 8082, 8083, 8084, 8085, 8086, 49983}
+    {3000, 3001, 4222, 6222, 8222, 7422, 8080, 8081, 8082, 8083, 8084, 8085, 8086, 8087, 49983}
 )
 
 

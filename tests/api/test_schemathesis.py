@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
 
 import schemathesis
 from hypothesis import HealthCheck, settings
@@ -17,17 +21,26 @@ from schemathesis.specs.openapi.checks import (
 from services.api.app import create_app
 from services.api.deps import Wiring
 from services.api.settings import ApiSettings
+from services.api.template_builds import TemplateBuilds
 from shared.lifecycle.event_query import EventQuery
 from shared.lifecycle.webhooks import WebhookRegistry
 from shared.ports.lifecycle import CreateRequest
 from shared.webhooks.addresses import AddressPolicy
 from tests.api.fakes import FakeKeys, FakeLifecycle, FakeSnapshots
 from tests.fakes.events import InMemoryEventLog
+from tests.fakes.publisher import RecordingPublisher
 from tests.fakes.store import InMemorySandboxStore
 from tests.fakes.usage import InMemoryUsage
 from tests.fakes.webhooks import FakeResolver, InMemoryDeliveryLog, InMemoryWebhooks
+from tests.fakes.templates import FakeTemplateStore
 
 _KEY = "torpor_fuzz_key"
+
+
+def _scratch() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="torpor-fuzz-blobs-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def _app() -> object:
@@ -38,6 +51,12 @@ def _app() -> object:
     for name in ("a", "b0", "sandbox-01"):
         asyncio.run(lifecycle.create(CreateRequest(owner="fuzzer", sandbox_id=name)))
     cfg = ApiSettings()
+    builds = TemplateBuilds(
+        store=FakeTemplateStore(),
+        publisher=RecordingPublisher(),
+        blobs=_scratch(),
+        signer_key=b"fuzz",
+    )
     wiring = Wiring(
         settings=cfg,
         lifecycle=lifecycle,
@@ -51,6 +70,7 @@ def _app() -> object:
             resolver=FakeResolver(),
         ),
         usage=InMemoryUsage(),
+        builds=builds,
     )
     return create_app(cfg, wiring=wiring)
 

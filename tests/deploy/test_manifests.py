@@ -17,8 +17,9 @@ from tests.deploy.kustomize import OVERLAYS, REPO, KustomizeMissing, render
 from tests.deploy.nats_auth import load_generator
 from tests.k8s.rig import ClusterAccess
 
-SERVICES = ("api", "proxy", "scheduler", "snapshotter", "scaler", "deliverer", "ledger")
-NEEDS_KUBE_API = {"scaler", "snapshotter"}  # the runtime adapter; the others talk only to NATS
+SERVICES = ("api", "proxy", "scheduler", "snapshotter", "scaler", "deliverer", "ledger", "builder")
+# the runtime adapter; the others talk only to NATS
+NEEDS_KUBE_API = {"scaler", "snapshotter", "builder"}
 
 
 def _render(overlay: str) -> list[dict[str, Any]]:

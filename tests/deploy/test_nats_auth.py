@@ -37,7 +37,16 @@ from tests.deploy.nats_auth import (
 
 pytestmark = pytest.mark.timeout(120)
 
-SERVICES = ("api", "proxy", "scheduler", "snapshotter", "scaler", "deliverer", "ledger")
+SERVICES = (
+    "api",
+    "proxy",
+    "scheduler",
+    "snapshotter",
+    "scaler",
+    "deliverer",
+    "ledger",
+    "builder",
+)
 
 
 class Probe(BaseModel):
@@ -72,11 +81,12 @@ JOBS: dict[str, Job] = {
             s.CMD_RESUME,
             s.CMD_KILL,
             s.CMD_NETWORK,
+            s.CMD_TEMPLATE_BUILD,
             s.EVT_TIMEOUT_SET,
             s.EVT_ACTIVITY,
         ),
-        kv_reads=ALL_KV,
-        kv_writes=(t.KV_SANDBOXES,),
+        kv_reads=(*ALL_KV, t.KV_TEMPLATES),
+        kv_writes=(t.KV_SANDBOXES, t.KV_TEMPLATES),
     ),
     "proxy": Job(
         publishes=(s.CMD_RESUME, s.EVT_ACTIVITY, s.EVT_TIMEOUT_SET),
@@ -116,6 +126,12 @@ JOBS: dict[str, Job] = {
         kv_reads=(t.KV_SANDBOXES, t.KV_USAGE),
         dead_letters=True,
     ),
+    "builder": Job(
+        binds=(t.BUILDER_BUILDS,),
+        kv_reads=(t.KV_TEMPLATES,),
+        kv_writes=(t.KV_TEMPLATES,),
+        dead_letters=True,
+    ),
 }
 
 # Things a service must NOT be able to do (one representative denial each).
@@ -146,6 +162,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "sandbox.cmd.pause.x",
         f"$JS.API.CONSUMER.MSG.NEXT.{t.STREAM_EVT}.scheduler-lifecycle",
     ),
+    # records of sandboxes and users are not the builder's; nor are other commands
+    "builder": (f"$KV.{t.KV_SANDBOXES}.x", "sandbox.cmd.create.x"),
 }
 
 

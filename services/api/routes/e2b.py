@@ -16,6 +16,7 @@ from services.api.deps import CallerDep, WiringDep, require_template
 from services.api.errors import ApiError, refuse_resume_if_up
 from services.api.quotas import admit_create, admit_resume
 from services.api.routes.snapshots import snapshot_request
+from services.api.routes.templates import build_for_create
 from services.api.schemas import (
     ConnectSandbox,
     ErrorBody,
@@ -93,8 +94,9 @@ async def create_sandbox(
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> SandboxOut:
     from_snapshot = looks_like_snapshot_id(body.template_id)
-    template = w.settings.resolve_template(body.template_id)
-    if not from_snapshot:
+    built = None if from_snapshot else await build_for_create(w, caller, body.template_id)
+    template = built or w.settings.resolve_template(body.template_id)
+    if not from_snapshot and built is None:
         require_template(w, template, field="templateID")
     request = CreateRequest(
         owner=caller.name,

@@ -130,8 +130,11 @@ async def list_snapshots(  # noqa: PLR0917 - one parameter per query field of th
 )
 async def delete_snapshot(w: WiringDep, caller: CallerDep, template_id: str) -> Response:
     if not looks_like_snapshot_id(template_id):
-        # Templates are files of the deployment, never deleted through the API.
-        raise ApiError(404, f"template {template_id[:100]!r} not found")
+        # A template users built (the operator's template files are never deleted here).
+        from services.api.routes.templates import delete_template
+
+        await delete_template(w, caller, template_id)
+        return Response(status_code=204)
     await _service(w).delete(template_id, owner=caller.scope)
     return Response(status_code=204)
 

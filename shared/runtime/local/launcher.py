@@ -23,7 +23,17 @@ import structlog
 
 from shared.errors import RuntimeFailure
 from shared.ports.workloads import ENVD_PORT
-from shared.runtime.local import bwrap, disk, etc, inject, limits, mounts, procfs, userns
+from shared.runtime.local import (
+    bwrap,
+    disk,
+    etc,
+    inject,
+    limits,
+    mounts,
+    procfs,
+    template_layers,
+    userns,
+)
 from shared.runtime.local.layers import Layers, Persist
 from shared.runtime.local.records import PodRecord, WorkloadRecord
 from shared.runtime.templates import Template, load_template
@@ -31,6 +41,11 @@ from shared.runtime.templates import Template, load_template
 log = structlog.get_logger()
 
 ENV_ACCESS_TOKEN = "ENVD_ACCESS_TOKEN"  # noqa: S105 - a variable name, read by the daemon
+# A built template's start and ready commands (services/envd/startup.py reads them).
+ENV_START_CMD = "TORPOR_START_CMD"
+ENV_READY_CMD = "TORPOR_READY_CMD"
+ENV_START_USER = "TORPOR_START_USER"
+ENV_START_CWD = "TORPOR_START_CWD"
 _HANDSHAKE_TIMEOUT = 30.0
 # Where each pod's private mount namespace stages its bind sources (see bwrap.stage_prefix).
 STAGE_DIR = Path("/run/torpor-stage")
@@ -117,7 +132,8 @@ class PodLauncher:
                 holder=uid,
             )
             root = pod_dir / "root"
-            await asyncio.to_thread(_mount_root, self._rootfs, layer, pod_dir, base)
+            lowers = [template_layers.tree(self._data_dir, key) for key in template.layers]
+            await asyncio.to_thread(_mount_root, self._rootfs, layer, pod_dir, base, lowers)
             # A warm pod gets the sandbox's volumes when it is claimed (see .pools).
             volumes = (
                 []
@@ -340,6 +356,8 @@ class PodLauncher:
         none``)."""
         mounts.unmount(pod_dir / "root")
         mounts.unmount(pod_dir / "lower")
+        for extra in _template_lowers(pod_dir):
+            mounts.unmount(extra)
         try:
             note = json.loads((pod_dir / _LAYER_NOTE).read_text())
             name, persist = str(note["name"]), Persist(note["persist"])
@@ -388,6 +406,15 @@ class PodLauncher:
             "E2B_SANDBOX": "true",
             "E2B_SANDBOX_ID": record.name,
         }
+        # The daemon reads these once and keeps them from the processes it starts.
+        for var, value in (
+            (ENV_START_CMD, template.start_cmd),
+            (ENV_READY_CMD, template.ready_cmd),
+            (ENV_START_USER, template.user if template.start_cmd or template.ready_cmd else None),
+            (ENV_START_CWD, template.start_cwd),
+        ):
+            if value:
+                env[var] = value
         if record.access_token:
             # Not ``--access-token`` in argv: visible in ``ps``, and a token starting with "-"
             # would be read as an option. The daemon drops it from the environment it hands on.
@@ -460,23 +487,43 @@ def remove_pod_dir(pod_dir: Path) -> None:
     if not stat.S_ISDIR(st.st_mode):
         log.error("runtime_local_pod_dir_not_a_folder", pod_dir=str(pod_dir))
         return
-    for mounted in ("workspace", "root", "lower"):
+    for mounted in [
+        *(pod_dir / m for m in ("workspace", "root", "lower")),
+        *_template_lowers(pod_dir),
+    ]:
         # Never remove through a mount: ``root`` holds the sandbox's kept files.
-        if mounts.is_mounted(pod_dir / mounted):
-            log.error("runtime_local_pod_dir_still_mounted", pod_dir=str(pod_dir), at=mounted)
+        if mounts.is_mounted(mounted):
+            log.error("runtime_local_pod_dir_still_mounted", pod_dir=str(pod_dir), at=str(mounted))
             return
     shutil.rmtree(pod_dir, ignore_errors=True)
 
 
-def _mount_root(rootfs: Path, layer: Path, pod_dir: Path, base: int) -> None:
+def _template_lowers(pod_dir: Path) -> list[Path]:
+    try:
+        return sorted(pod_dir.glob("lower-[0-9]*"))
+    except OSError:
+        return []
+
+
+def _mount_root(
+    rootfs: Path, layer: Path, pod_dir: Path, base: int, template_layers: Sequence[Path] = ()
+) -> None:
     """``<pod dir>/root``: the rootfs, id-mapped into the pod's range (read-only), under the
-    layer's ``upper`` (see .layers and .mounts)."""
+    read-only layers of a template users built (``lower-<i>``, each id-mapped the same way),
+    under the layer's ``upper`` (see .layers and .mounts)."""
     lower, root = pod_dir / "lower", pod_dir / "root"
     lower.mkdir(mode=0o700, exist_ok=True)
     root.mkdir(mode=0o755, exist_ok=True)
+    stack = []
     userns_fd = mounts.mapping_userns(base, userns.IDS_PER_POD)
     try:
         mounts.idmapped_clone(rootfs, lower, userns_fd=userns_fd)
+        for i, tree in enumerate(template_layers):
+            target = pod_dir / f"lower-{i}"
+            target.mkdir(mode=0o700, exist_ok=True)
+            mounts.idmapped_clone(tree, target, userns_fd=userns_fd)
+            stack.append(target)
     finally:
         os.close(userns_fd)
-    mounts.mount_overlay(lower, layer / "upper", layer / "work", root)
+    # overlayfs: the leftmost lower layer is the top one.
+    mounts.mount_overlay([*reversed(stack), lower], layer / "upper", layer / "work", root)

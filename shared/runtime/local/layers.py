@@ -239,7 +239,11 @@ def shift_ids(root: Path, delta: int, *, base: int) -> None:
         return new if base <= new < base + IDS_PER_SANDBOX else base
 
     for folder, dirs, files in os.walk(root, followlinks=False):
-        for entry in [folder, *(os.path.join(folder, n) for n in [*dirs, *files])]:
+        # Each entry once: a folder when the walk enters it (a folder listed in ``dirs`` would
+        # otherwise be shifted twice, and land outside the range: as the sandbox's root), a
+        # symlink to a folder (listed in ``dirs``, never entered) here.
+        links = [n for n in dirs if os.path.islink(os.path.join(folder, n))]
+        for entry in [folder, *(os.path.join(folder, n) for n in [*links, *files])]:
             st = os.lstat(entry)
             os.chown(entry, shifted(st.st_uid), shifted(st.st_gid), follow_symlinks=False)
 

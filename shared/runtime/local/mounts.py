@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from shared.errors import RuntimeFailure
@@ -170,13 +171,16 @@ def check_option_path(path: Path) -> None:
         raise RuntimeFailure(msg)
 
 
-def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
-    """overlayfs on ``target``: ``lower`` read-only under ``upper`` (``work`` on upper's fs)."""
-    for path in (lower, upper, work, target):
+def mount_overlay(lower: Path | Sequence[Path], upper: Path, work: Path, target: Path) -> None:
+    """overlayfs on ``target``: ``lower`` read-only under ``upper`` (``work`` on upper's fs);
+    several lower layers: the first is the top one."""
+    lowers = [lower] if isinstance(lower, Path) else list(lower)
+    for path in (*lowers, upper, work, target):
         check_option_path(path)
     # index/metacopy/redirect_dir off: a kept upper layer stays a plain tree of files, usable
     # with any later lower layer and readable by the snapshot code without overlayfs.
-    options = f"lowerdir={lower},upperdir={upper},workdir={work},index=off,metacopy=off"
+    lowerdir = ":".join(str(x) for x in lowers)
+    options = f"lowerdir={lowerdir},upperdir={upper},workdir={work},index=off,metacopy=off"
     flags = _MS_NOSUID | _MS_NODEV
     if _libc.mount(b"torpor-root", str(target).encode(), b"overlay", flags, options.encode()) != 0:
         raise _fail("cannot mount the sandbox's root (overlayfs)")

@@ -48,6 +48,7 @@ from nats.js.kv import KeyValue
 from shared.bus.topology import KV_WORKLOADS, workloads_bucket
 from shared.errors import Conflict, NotFound, PodNotReady, RuntimeFailure, Unavailable
 from shared.models.network import NetworkPolicy
+from shared.models.template_records import BUILT_TEMPLATES_DIR
 from shared.ports.workloads import (
     ENVD_PORT,
     LABEL_MANAGED_BY,
@@ -104,7 +105,9 @@ class LocalRuntime:
         self._nats_url = nats_url
         self._nats_options = dict(nats_options or {})  # credentials, inbox prefix
         self._data_dir = data_dir.resolve()
-        self._template_dirs = template_dirs(templates_dir)
+        self._template_dirs = template_dirs(
+            templates_dir, built=self._data_dir / BUILT_TEMPLATES_DIR
+        )
         self._bucket = bucket
         self._bwrap = bwrap
         self._python = python

@@ -9,7 +9,7 @@ user=${BOOTSTRAP_USER:-admin}
 pw() { od -An -tx1 -N24 /dev/urandom | tr -d ' \n'; }
 kubectl get namespace "$ns" >/dev/null 2>&1 || kubectl create namespace "$ns"
 args=()
-for u in admin api proxy scheduler snapshotter scaler deliverer ledger platform route; do
+for u in admin api proxy scheduler snapshotter scaler deliverer ledger builder platform route; do
   args+=("--from-literal=$u=$(pw)")
 done
 kubectl -n "$ns" create secret generic torpor-nats-auth "${args[@]}"

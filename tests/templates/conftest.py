@@ -1,0 +1,22 @@
+"""One stack per module with the builder, build pods offline (``TORPOR_BUILDER_ALLOW_INTERNET=
+false``: the network rule; what a build installs comes from its build context)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.fixtures import started
+from tests.support.stack import SERVICES, Stack
+
+
+@pytest.fixture(scope="module")
+def tstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from started(
+        Stack(
+            tmp_path_factory.mktemp("templates"),
+            services=(*SERVICES, "builder"),
+            env={"TORPOR_BUILDER_ALLOW_INTERNET": "false", "TORPOR_BUILDER_DISK": "1Gi"},
+        )
+    )

@@ -1,0 +1,182 @@
+"""Templates users build, end to end with the unmodified ``e2b`` SDK on the local runtime:
+Template(...).build(), then Sandbox.create(name) and name:tag."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2b import Sandbox, Template
+from e2b.exceptions import BuildException
+
+from tests.support.stack import Stack
+
+
+def _wheel(folder: Path) -> None:
+    """A pure-Python wheel, made here (pip installs it with --no-index: no download)."""
+    dist = "torpor_demo-1.0.dist-info"
+    files = {
+        "torpor_demo/__init__.py": "GREETING = 'hello from a wheel'\n",
+        f"{dist}/METADATA": "Metadata-Version: 2.1\nName: torpor-demo\nVersion: 1.0\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + f"{dist}/RECORD,,\n"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, text in {**files, f"{dist}/RECORD": record}.items():
+            z.writestr(name, text)
+    (folder / "torpor_demo-1.0-py3-none-any.whl").write_bytes(buf.getvalue())
+
+
+def _deb(folder: Path, work: Path) -> None:
+    """A tiny .deb, made here with dpkg-deb (installed with dpkg -i: no download)."""
+    root = work / "deb"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text(
+        "Package: torpor-hello\nVersion: 1.0\nArchitecture: all\n"
+        "Maintainer: torpor <t@example.invalid>\nDescription: test package\n"
+    )
+    (root / "usr/share/torpor-hello").mkdir(parents=True)
+    (root / "usr/share/torpor-hello/hello.txt").write_text("hello from a deb\n")
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "--build", str(root), str(folder / "torpor-hello.deb")],
+        check=True,
+        capture_output=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def context(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ctx = tmp_path_factory.mktemp("context")
+    (ctx / "pkgs").mkdir()
+    _wheel(ctx / "pkgs")
+    _deb(ctx / "pkgs", tmp_path_factory.mktemp("debwork"))
+    (ctx / "app").mkdir()
+    (ctx / "app" / "config.txt").write_text("copied into the template\n")
+    return ctx
+
+
+def _api(stack: Stack, user: str = "alice") -> dict[str, Any]:
+    return {"api_key": stack.keys[user], "api_url": stack.api_url}
+
+
+def _template(context: Path, marker: str) -> Any:
+    return (
+        Template(file_context_path=str(context))
+        .from_debian_image("bookworm")
+        .copy("pkgs/", "/opt/pkgs/")
+        .run_cmd("dpkg -i /opt/pkgs/torpor-hello.deb", user="root")
+        .pip_install(["--no-index", "--find-links=/opt/pkgs", "torpor-demo"])
+        .copy("app/config.txt", "/home/user/app/config.txt")
+        .run_cmd(f"echo {marker} > /home/user/marker.txt")
+        .set_start_cmd(
+            "echo started > /tmp/started.txt && sleep infinity", "test -f /tmp/started.txt"
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def built(tstack: Stack, context: Path) -> dict[str, Any]:
+    name = f"tpl-{uuid.uuid4().hex[:8]}"
+    logs: list[str] = []
+    info = Template.build(
+        _template(context, "one"),
+        name,
+        tags=["v1"],
+        on_build_logs=lambda e: logs.append(e.message),
+        **_api(tstack),
+    )
+    return {"name": name, "info": info, "logs": logs}
+
+
+def test_sandbox_from_name_has_packages_file_and_start_command(
+    tstack: Stack, built: dict[str, Any]
+) -> None:
+    sbx = Sandbox.create(built["name"], **tstack.sdk_opts("alice"))
+    try:
+        out = sbx.commands.run(
+            "cat /usr/share/torpor-hello/hello.txt /home/user/app/config.txt "
+            "/home/user/marker.txt /tmp/started.txt && "
+            "python3 -c 'import torpor_demo; print(torpor_demo.GREETING)'"
+        )
+        assert out.stdout.split("\n")[:5] == [
+            "hello from a deb",
+            "copied into the template",
+            "one",
+            "started",
+            "hello from a wheel",
+        ]
+        # the start command runs as one of the sandbox's processes
+        assert any("sleep infinity" in " ".join([p.cmd, *p.args]) for p in sbx.commands.list())
+        # files copied for `user` are hers; her home is still hers
+        owners = sbx.commands.run("stat -c %U /home/user/app/config.txt /home/user").stdout
+        assert owners.split() == ["user", "user"]
+    finally:
+        sbx.kill()
+
+
+def test_sandbox_from_tag(tstack: Stack, built: dict[str, Any]) -> None:
+    sbx = Sandbox.create(f"{built['name']}:v1", **tstack.sdk_opts("alice"))
+    try:
+        assert sbx.commands.run("cat /home/user/marker.txt").stdout.strip() == "one"
+    finally:
+        sbx.kill()
+
+
+def test_rebuild_with_one_change_reuses_the_earlier_steps(
+    tstack: Stack, context: Path, built: dict[str, Any]
+) -> None:
+    info = Template.build(_template(context, "two"), f"{built['name']}:v2", **_api(tstack))
+    with tstack.client("alice") as c:
+        status = c.get(f"/templates/{info.template_id}/builds/{info.build_id}/status").json()
+    cached = [e["message"] for e in status["logEntries"] if e["message"].startswith("CACHED")]
+    # steps 1-5 are unchanged (copy, dpkg, pip, copy); step 5, the echo, changed
+    assert [m.split("]")[0] for m in cached] == [
+        "CACHED [1/5",
+        "CACHED [2/5",
+        "CACHED [3/5",
+        "CACHED [4/5",
+    ]
+    sbx = Sandbox.create(f"{built['name']}:v2", **tstack.sdk_opts("alice"))
+    try:
+        assert sbx.commands.run("cat /home/user/marker.txt").stdout.strip() == "two"
+    finally:
+        sbx.kill()
+
+
+def test_failing_step_reports_its_log_and_exit_code(tstack: Stack) -> None:
+    template = Template().from_debian_image().run_cmd("echo about to fail; exit 7")
+    with pytest.raises(BuildException) as failed:
+        Template.build(template, f"fail-{uuid.uuid4().hex[:8]}", **_api(tstack))
+    assert "exit status 7" in str(failed.value)
+
+
+def test_another_user_cannot_see_use_or_delete_it(tstack: Stack, built: dict[str, Any]) -> None:
+    tid = built["info"].template_id
+    assert Template.exists(built["name"], **_api(tstack)) is True
+    assert Template.exists(built["name"], **_api(tstack, "bob")) is False
+    with tstack.client("bob") as c:
+        assert c.get(f"/templates/{tid}").status_code == 404
+        assert c.delete(f"/templates/{tid}").status_code == 404
+        assert all(t["templateID"] != tid for t in c.get("/templates").json())
+        r = c.post("/v2/sandboxes", json={"templateID": built["name"]})
+        assert r.status_code == 400
+    with tstack.client("alice") as c:
+        assert c.get(f"/templates/{tid}").status_code == 200
+
+
+def test_delete(tstack: Stack, context: Path) -> None:
+    name = f"del-{uuid.uuid4().hex[:8]}"
+    info = Template.build(Template().from_debian_image().run_cmd("true"), name, **_api(tstack))
+    with tstack.client("alice") as c:
+        assert c.delete(f"/templates/{info.template_id}").status_code == 204
+        assert c.get(f"/templates/{info.template_id}").status_code == 404
+    assert Template.exists(name, **_api(tstack)) is False
+    with httpx.Client(base_url=tstack.api_url, headers={"X-API-KEY": tstack.keys["alice"]}) as c:
+        assert c.post("/v2/sandboxes", json={"templateID": name}).status_code == 400

@@ -1,0 +1,121 @@
+"""Template layers on disk (local runtime), fast tier: a hostile build-context archive cannot
+write outside its layer, COPY keeps the owners of the folders it passes through, and an
+exported layer's ids are shifted once (a nested folder is not its root's)."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from shared.errors import RuntimeFailure
+from shared.runtime.local import template_layers
+from shared.runtime.local.layers import shift_ids
+
+pytestmark = pytest.mark.unit
+
+
+def _tar(path: Path, members: list[tarfile.TarInfo], data: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for info in members:
+            payload = data.get(info.name)
+            tar.addfile(info, io.BytesIO(payload) if payload is not None else None)
+    return path
+
+
+def _file(name: str, data: bytes) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info
+
+
+def _copy(tmp_path: Path, archive: Path, src: str, dest: str) -> Path:
+    tree = tmp_path / "layer"
+    tree.mkdir(parents=True, exist_ok=True)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    lower = tmp_path / "lower"
+    (lower / "home" / "user").mkdir(parents=True, exist_ok=True)
+    os.chown(lower / "home" / "user", 1000, 1000)
+    template_layers.copy_in(
+        archive,
+        tree,
+        src=src,
+        dest=dest,
+        workdir="/home/user",
+        owner=1000,
+        mode=None,
+        lowers=[lower],
+        scratch=scratch,
+    )
+    return tree
+
+
+def test_a_hostile_archive_writes_nothing_outside(tmp_path: Path) -> None:
+    member = _file("../escape.txt", b"x")
+    archive = _tar(tmp_path / "a.tar.gz", [member], {member.name: b"x"})
+    with pytest.raises(RuntimeFailure):
+        _copy(tmp_path, archive, "*", "/opt/")
+    assert not list(tmp_path.rglob("escape.txt"))
+
+
+def test_an_absolute_member_stays_inside_the_layer(tmp_path: Path) -> None:
+    member = _file("/etc/torpor-escape-test.txt", b"x")
+    archive = _tar(tmp_path / "a.tar.gz", [member], {member.name: b"x"})
+    tree = _copy(tmp_path, archive, "*", "/opt/")
+    assert (tree / "opt/torpor-escape-test.txt").read_bytes() == b"x"  # a folder: its contents
+    assert not Path("/etc/torpor-escape-test.txt").exists()
+
+
+def test_a_link_out_of_the_archive_is_refused(tmp_path: Path) -> None:
+    link = tarfile.TarInfo("evil")
+    link.type = tarfile.SYMTYPE
+    link.linkname = "/etc/shadow"
+    hard = tarfile.TarInfo("hard")
+    hard.type = tarfile.LNKTYPE
+    hard.linkname = "../../../etc/passwd"
+    for member in (link, hard):
+        archive = _tar(tmp_path / f"{member.name}.tar.gz", [member], {})
+        with pytest.raises(RuntimeFailure):
+            _copy(tmp_path / member.name, archive, "*", "/opt/")
+
+
+@pytest.mark.parametrize("src", ["../x", "/etc/passwd"])
+def test_a_source_outside_the_context_is_refused(tmp_path: Path, src: str) -> None:
+    archive = _tar(tmp_path / "a.tar.gz", [_file("ok.txt", b"x")], {"ok.txt": b"x"})
+    with pytest.raises(RuntimeFailure):
+        _copy(tmp_path, archive, src, "/opt/")
+
+
+def test_copy_keeps_the_owner_of_folders_it_passes_through(tmp_path: Path) -> None:
+    archive = _tar(tmp_path / "a.tar.gz", [_file("app/c.txt", b"hi")], {"app/c.txt": b"hi"})
+    tree = _copy(tmp_path, archive, "app/c.txt", "app/config.txt")
+    assert (tree / "home/user/app/config.txt").read_bytes() == b"hi"
+    assert os.stat(tree / "home/user").st_uid == 1000  # as below: her home stays hers
+    assert os.stat(tree / "home").st_uid == 0
+    assert os.stat(tree / "home/user/app/config.txt").st_uid == 1000
+
+
+def test_make_parents_refuses_a_file_in_the_way(tmp_path: Path) -> None:
+    lower = tmp_path / "lower"
+    lower.mkdir()
+    (lower / "opt").write_text("a file")
+    with pytest.raises(RuntimeFailure):
+        template_layers.make_parents(tmp_path / "t", PurePosixPath("/opt/x"), [lower], owner=0)
+
+
+def test_shift_ids_moves_every_entry_once(tmp_path: Path) -> None:
+    base = 1 << 30
+    nested = tmp_path / "root" / "home" / "user"
+    nested.mkdir(parents=True)
+    (nested / "f").write_text("x")
+    os.symlink("/nowhere", tmp_path / "root" / "link")
+    for p in (tmp_path / "root", tmp_path / "root" / "home", nested, nested / "f"):
+        os.chown(p, base + 1000, base + 1000)
+    shift_ids(tmp_path / "root", -base, base=0)
+    assert os.stat(nested).st_uid == 1000
+    assert os.stat(nested / "f").st_uid == 1000
+    assert os.stat(tmp_path / "root" / "home").st_uid == 1000
