@@ -154,6 +154,7 @@ async def torpor_stack(
     env: dict[str, str] | None = None,
     log_level: str | None = None,
     root: Path | None = None,
+    services: tuple[str, ...] | None = None,
 ) -> AsyncIterator[Stack]:
     """The tests' ``Stack`` with one user, ``USER``, in ``root`` or a temporary directory
     (removed afterwards unless ``TORPOR_BENCH_KEEP=1``, for a post-mortem of the logs).
@@ -166,6 +167,7 @@ async def torpor_stack(
             root,
             replicas=replicas,
             runtime=runtime,
+            **({"services": services} if services is not None else {}),
             users={USER: False},
             env=env or {},
             log_level=log_level or os.environ.get("TORPOR_BENCH_LOG_LEVEL", "warning"),

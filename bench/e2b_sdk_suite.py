@@ -126,8 +126,15 @@ def summarize(report: Path) -> tuple[int, int, int]:
 
 async def with_stack(python: Path, suite: Path, args: argparse.Namespace) -> Path:
     from bench.common import USER, torpor_stack
+    from tests.support.stack import SERVICES
 
-    async with torpor_stack(log_level="info") as stack:
+    # With the template builder (E2B's template tests); its build pods stay offline (the
+    # network rule: nothing here dials outside), so steps that download fail.
+    async with torpor_stack(
+        log_level="info",
+        services=(*SERVICES, "builder"),
+        env={"TORPOR_BUILDER_ALLOW_INTERNET": "false"},
+    ) as stack:
         print(f"torpor stack at {stack.api_url} (logs in {stack.root}/logs)")
         env = {
             "E2B_API_URL": stack.api_url,

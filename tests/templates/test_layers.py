@@ -70,17 +70,31 @@ def test_an_absolute_member_stays_inside_the_layer(tmp_path: Path) -> None:
     assert not Path("/etc/torpor-escape-test.txt").exists()
 
 
-def test_a_link_out_of_the_archive_is_refused(tmp_path: Path) -> None:
-    link = tarfile.TarInfo("evil")
-    link.type = tarfile.SYMTYPE
-    link.linkname = "/etc/shadow"
+def test_a_hard_link_out_of_the_archive_is_refused(tmp_path: Path) -> None:
     hard = tarfile.TarInfo("hard")
     hard.type = tarfile.LNKTYPE
     hard.linkname = "../../../etc/passwd"
-    for member in (link, hard):
-        archive = _tar(tmp_path / f"{member.name}.tar.gz", [member], {})
-        with pytest.raises(RuntimeFailure):
-            _copy(tmp_path / member.name, archive, "*", "/opt/")
+    archive = _tar(tmp_path / "hard.tar.gz", [hard], {})
+    with pytest.raises(RuntimeFailure):
+        _copy(tmp_path, archive, "*", "/opt/")
+
+
+def test_a_symlink_is_copied_as_a_link_and_never_followed(tmp_path: Path) -> None:
+    link = tarfile.TarInfo("etc-link")
+    link.type = tarfile.SYMTYPE
+    link.linkname = "/etc"
+    through = _file("etc-link/torpor-escape-test", b"x")  # written through the link: refused
+    archive = _tar(tmp_path / "a.tar.gz", [link, through], {through.name: b"x"})
+    with pytest.raises(RuntimeFailure):
+        _copy(tmp_path / "a", archive, "*", "/opt/")
+    assert not Path("/etc/torpor-escape-test").exists()
+    # alone, the link is kept as a link (a name inside the sandbox, as E2B keeps it) ...
+    archive = _tar(tmp_path / "b.tar.gz", [link], {})
+    tree = _copy(tmp_path / "b", archive, "*", "/opt/")
+    assert os.readlink(tree / "opt" / "etc-link") == "/etc"
+    # ... and a COPY source through it cannot reach the host's files
+    with pytest.raises(RuntimeFailure):
+        _copy(tmp_path / "c", archive, "etc-link/hostname", "/opt/")
 
 
 @pytest.mark.parametrize("src", ["../x", "/etc/passwd"])

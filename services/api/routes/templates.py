@@ -317,6 +317,9 @@ async def _spec(
         base_build = None
         if found is not None:
             base_build = found[0].tags.get(found[1] or DEFAULT_TAG)
+        elif _packaged(w, body.from_template):
+            # E2B's ``base`` or an operator's template: on the local runtime the Debian rootfs
+            return _spec_of(body, None, _steps(body, b, template.owner))
         if base_build is None:
             raise ApiError(
                 400, f"fromTemplate: template {_shown(body.from_template)} has no ready build"
@@ -330,15 +333,28 @@ async def _spec(
             )
     else:
         raise ApiError(400, "fromImage: give fromImage or fromTemplate")
-    steps = [_step(i, step, b, template.owner) for i, step in enumerate(body.steps)]
+    steps = _steps(body, b, template.owner)
     for i, step in enumerate(steps):
         if step.files_hash is not None and not await asyncio.to_thread(
             blob_path(b.blobs, template.owner, step.files_hash).is_file
         ):
             raise ApiError(400, f"steps[{i}].filesHash: the files were not uploaded")
+    return _spec_of(body, base_build, steps)
+
+
+def _packaged(w: Wiring, name: str) -> bool:
+    resolved = w.settings.resolve_template(name)
+    return is_name(name) and w.templates is not None and w.templates.exists(resolved)
+
+
+def _steps(body: TemplateBuildStart, b: TemplateBuilds, owner: str) -> list[Step]:
+    return [_step(i, step, b, owner) for i, step in enumerate(body.steps)]
+
+
+def _spec_of(body: TemplateBuildStart, base_build: str | None, steps: list[Step]) -> BuildSpec:
     return BuildSpec(
         base="template" if base_build else "debian",
-        base_image=body.from_image,
+        base_image=body.from_image or (body.from_template if not base_build else None),
         base_build_id=base_build,
         steps=steps,
         force=body.force,

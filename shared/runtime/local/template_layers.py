@@ -74,6 +74,15 @@ def discard(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def _member_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """tarfile's ``data`` filter, except that a symlink may point anywhere (it is a name inside
+    the sandbox, as in E2B; nothing here follows it: a member written through it is refused
+    by the same filter, which resolves the path it would land on)."""
+    if member.issym():
+        return tarfile.tar_filter(member, dest)
+    return tarfile.data_filter(member, dest)
+
+
 def _lookup(path: PurePosixPath, lowers: Sequence[Path]) -> os.stat_result | None:
     """``path`` (absolute, inside the sandbox) in the stack of lower trees, top first."""
     relative = str(path).lstrip("/")
@@ -131,7 +140,7 @@ def copy_in(
             msg = f"the archive has more than {MAX_ARCHIVE_MEMBERS} entries"
             raise RuntimeFailure(msg)
         try:
-            tar.extractall(context, filter="data")
+            tar.extractall(context, filter=_member_filter)  # noqa: S202 - filtered: see _member_filter
         except (tarfile.TarError, OSError) as e:
             msg = f"cannot unpack the copied files: {e}"
             raise RuntimeFailure(msg) from e
@@ -139,6 +148,13 @@ def copy_in(
         msg = f"COPY source {src!r} must be relative to the build context"
         raise RuntimeFailure(msg)
     matches = sorted(glob.glob(src, root_dir=context, recursive=False, include_hidden=True))
+    inside = os.path.realpath(context)
+    for match in matches:
+        # Through a symlink of the archive a glob could reach the host's files: never.
+        parent = os.path.realpath(os.path.dirname(context / match))
+        if parent != inside and not parent.startswith(inside + os.sep):
+            msg = f"COPY source {src!r} leads out of the build context"
+            raise RuntimeFailure(msg)
     if not matches:
         msg = f"COPY source {src!r} matched no file"
         raise RuntimeFailure(msg)
