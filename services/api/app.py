@@ -72,8 +72,8 @@ async def bus_wiring(
         KV_SANDBOXES,
         KV_SESSIONS,
         KV_SNAPSHOTS,
-        KV_USAGE,
         KV_TEMPLATES,
+        KV_USAGE,
         KV_USERS,
         KV_WEBHOOKS,
     )

@@ -30,9 +30,9 @@ from tests.api.fakes import FakeKeys, FakeLifecycle, FakeSnapshots
 from tests.fakes.events import InMemoryEventLog
 from tests.fakes.publisher import RecordingPublisher
 from tests.fakes.store import InMemorySandboxStore
+from tests.fakes.templates import FakeTemplateStore
 from tests.fakes.usage import InMemoryUsage
 from tests.fakes.webhooks import FakeResolver, InMemoryDeliveryLog, InMemoryWebhooks
-from tests.fakes.templates import FakeTemplateStore
 
 _KEY = "torpor_fuzz_key"
 
