@@ -9,9 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
-
-from kubernetes.aio.client import V1ReplicaSet
+from typing import TYPE_CHECKING, Any
 
 from shared.errors import ConfigError
 from shared.ids import is_valid_sandbox_id
@@ -26,6 +24,9 @@ from shared.ports.workloads import (
     Workload,
     WorkloadSpec,
 )
+
+if TYPE_CHECKING:  # annotations only: importing the client costs seconds (the unit tier)
+    from kubernetes.aio.client import V1ReplicaSet
 
 LABEL_TEMPLATE = "torpor.dev/template"
 # torpor's own version of the annotations, bumped by every patch_annotations. The object's
