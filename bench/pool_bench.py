@@ -51,7 +51,7 @@ from shared.envd.client import ConnectEnvdClient
 from shared.models.snapshots import ProcessConfig
 from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.local import LocalRuntime
-from tests.support.pods import warm_pods
+from tests.support.pods import release_pods, warm_pods
 
 TEMPLATE = "sandbox-base"
 
@@ -191,20 +191,25 @@ async def measure(
 
 async def run_local(cycles: int) -> dict[str, Any]:
     env = {"TORPOR_POOLS": f"{TEMPLATE}=1"}
-    async with torpor_stack(env=env) as stack, raw_local(stack) as raw:
-        assert stack.root is not None
-        pool_rt = LocalRuntime(
-            nats_url=stack.nats_url,
-            data_dir=stack.root / "raw-pool",
-            bucket=f"bench_pool_{uuid.uuid4().hex[:6]}",
-            pools={TEMPLATE: 1},
-            poll_interval=0.2,
-        )
-        await pool_rt.start()
-        try:
-            return await measure(stack, raw, pool_rt, cycles)
-        finally:
-            await pool_rt.close()
+    root = Path(tempfile.mkdtemp(prefix="torpor-bench-pools-"))
+    try:
+        async with torpor_stack(env=env, root=root) as stack, raw_local(stack) as raw:
+            pool_rt = LocalRuntime(
+                nats_url=stack.nats_url,
+                data_dir=stack.root / "raw-pool",
+                bucket=f"bench_pool_{uuid.uuid4().hex[:6]}",
+                pools={TEMPLATE: 1},
+                poll_interval=0.2,
+            )
+            await pool_rt.start()
+            try:
+                return await measure(stack, raw, pool_rt, cycles)
+            finally:
+                await pool_rt.close()
+    finally:
+        # The stack kills its pods; the waiting pool pod's mounts are undone here.
+        await release_pods(root / "data")
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def run_kubernetes(cycles: int) -> dict[str, Any]:
