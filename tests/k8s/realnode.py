@@ -82,6 +82,7 @@ class RealNodeAccess:
     service_cidr: ipaddress.IPv4Network
     containerd_socket: Path
     audit_log: Path  # requests of AUDITED_NAMESPACES' ServiceAccounts (JSON lines)
+    pod_logs: Path  # the kubelet's podLogsDir: <namespace>_<pod>_<uid>/<container>/<n>.log
     images: dict[str, str]  # short name -> the reference pods use (e.g. sandbox-base)
     started_in: float
 
@@ -272,6 +273,7 @@ class RealNode:
             service_cidr=self.service_cidr,
             containerd_socket=self.socket,
             audit_log=self.plane.audit_log,
+            pod_logs=self.workdir / "pod-logs",
             images={short: ref for short, (ref, _) in self.images.items()},
             started_in=self.started_in,
         )

@@ -327,3 +327,62 @@ def test_a_sandbox_on_the_deployed_stack_reaches_no_credentials(
     assert lines[0] == "token False", out
     assert lines[1] == "apiserver 401", out
     assert lines[2].startswith("nats -ERR 'Authorization Violation'"), out
+
+
+def warnings_about(admin: Apiserver, name: str) -> list[str]:
+    events = get(admin, f"/api/v1/namespaces/{NAMESPACE}/events")["items"]
+    return [
+        f"{e['reason']}: {e.get('message', '')}"
+        for e in events
+        if e["involvedObject"]["name"] == name and e.get("type") == "Warning"
+    ]
+
+
+def service_restarts(admin: Apiserver) -> dict[str, int]:
+    return {
+        p["metadata"]["name"]: sum(s["restartCount"] for s in p["status"]["containerStatuses"])
+        for service in SERVICES
+        for p in pods(admin, f"app.kubernetes.io/name=torpor-{service}")
+    }
+
+
+def test_nats_goes_lame_duck_on_shutdown_and_the_stack_reconnects(
+    deployed: Deployed, admin: Apiserver, real_node: RealNodeAccess
+) -> None:
+    """Deleting the NATS pod runs the StatefulSet's preStop (``nats-server --signal ldm=`` by
+    name, with the pid file of nats.conf) in the built image: the server enters lame-duck mode
+    before it stops, the StatefulSet brings it back Ready on the same claim, and the API serves
+    again through the new server. Last in the module: the other tests need a steady NATS."""
+    restarts = service_restarts(admin)
+    (old,) = pods(admin, NATS_SELECTOR)
+    name, uid = old["metadata"]["name"], old["metadata"]["uid"]
+    deleted = admin.client.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    assert deleted.status_code == 200, deleted.text
+    # the kubelet's log of the terminating container (gone once the pod is removed)
+    logs = real_node.pod_logs / f"{NAMESPACE}_{name}_{uid}" / "nats"
+
+    def lame_duck() -> bool:
+        return any(
+            "Entering lame duck mode" in log.read_text(errors="replace")
+            for log in logs.glob("*.log")
+        )
+
+    try:
+        until(lame_duck, 30, "'Entering lame duck mode' in the NATS pod's log", every=0.2)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; pod warnings: {warnings_about(admin, name)}") from None
+
+    def back() -> list[dict[str, Any]]:
+        return [p for p in pods(admin, NATS_SELECTOR) if p["metadata"]["uid"] != uid and running(p)]
+
+    # lame_duck_duration (30 s, nats.conf) + a start on the same claim
+    until(back, 120, "a new Ready NATS pod")
+    headers = {"Authorization": f"Bearer {deployed.api_key}"}
+
+    def listed() -> bool:
+        reply = httpx.get(f"{deployed.api_url}/v2/sandboxes", headers=headers, timeout=10)
+        return reply.status_code == 200 and isinstance(reply.json(), list)
+
+    until(listed, 60, "GET /v2/sandboxes answering 200 through the new NATS server")
+    # reconnected, not restarted
+    assert service_restarts(admin) == restarts
