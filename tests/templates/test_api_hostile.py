@@ -249,3 +249,24 @@ async def test_build_quota_and_the_command_sent(
     assert (
         await c.post("/v3/templates", json={"name": "four"}, headers=_as("alice"))
     ).status_code == 429
+
+
+async def test_tags_without_a_name_or_a_tag_are_refused(
+    api: tuple[httpx.AsyncClient, TemplateBuilds],
+) -> None:
+    c, builds = api
+    made = await _new(c)
+    bid = made["buildID"]
+    await builds.store.update_template(
+        made["templateID"], lambda t: t.model_copy(update={"tags": {"default": bid}})
+    )
+    for bad in (":invalid-tag", "app:", "other:v1", "--ro-bind", "a\x00b"):
+        r = await c.post(
+            "/templates/tags", json={"target": "app", "tags": [bad]}, headers=_as("alice")
+        )
+        assert r.status_code == 400, (bad, r.text)
+    r = await c.post(
+        "/templates/tags", json={"target": "app", "tags": ["prod"]}, headers=_as("alice")
+    )
+    assert r.status_code == 201
+    assert r.json() == {"tags": ["prod"], "buildID": bid}

@@ -500,6 +500,8 @@ def _tag_value(template: TemplateRecord, value: str, *, field: str) -> str:
     name, tag = split_name(value)
     if tag is None:
         tag, name = name, ""
+    elif not name:  # ":tag": a name left out is no name (E2B refuses it too)
+        raise ApiError(400, f"{field}: {_shown(value)} has no template name before ':'")
     if not is_tag(tag) or (name and name not in template.names):
         raise ApiError(400, f"{field}: {_shown(value)} is not a tag of this template")
     return tag
