@@ -245,6 +245,10 @@ def _on_pause_check(
         if _failed_our_pause(record, timer):
             return _give_up(record, now, "pause_failed")
         return Plan("not_ours")
+    if _refused_our_pause(record, timer):
+        # A prePause hook refused it (a fresh deadline on the record): this check holds the
+        # sandbox's only timer, so the timeout is armed again or it would never expire.
+        return Plan("refused", arm=(timeout_timer(record, notice),))
     if record.generation != timer.generation or record.state == SandboxState.PAUSED:
         return Plan("paused")  # the pause went through (generation moved on)
     if states.is_running(record.state) and record.deadline is not None and record.deadline > now:
@@ -267,6 +271,17 @@ def _on_pause_check(
 def check_delay(policy: Policy, attempt: int) -> timedelta:
     """Backoff between pause attempts: ``pause_check * 2**(attempt-1)``."""
     return policy.pause_check * float(2 ** max(0, attempt - 1))
+
+
+def _refused_our_pause(record: SandboxRecord, timer: Timer) -> bool:
+    """A refusal moves the generation on and leaves the sandbox running with the outcome kept
+    (a later pause or resume clears it, and a resume arms its own timer)."""
+    return (
+        states.is_running(record.state)
+        and record.refused_pause is not None
+        and record.deadline is not None
+        and record.generation > timer.generation
+    )
 
 
 def _failed_our_pause(record: SandboxRecord, timer: Timer) -> bool:

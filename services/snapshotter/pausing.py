@@ -12,7 +12,9 @@ Order of effects, each safe to repeat:
 Before step 2, the ``prePause`` hooks run (``shared.lifecycle.hooks``: the template's, then the
 sandbox's). One with ``onFailure: abort`` that fails refuses the pause: ``pausing → running``
 with the outcome on the record (``refused_pause``) and a fresh timeout; nothing was captured and
-the pod never stopped. The api answers the waiting pause 409 with the outcome.
+the pod never stopped. The api answers the waiting pause 409 with the outcome. A timeout (or
+platform) pause past the template's ``maxLifetime`` is not refused: the abort is recorded as
+``overridden`` and the pause proceeds (``shared.lifecycle.hooks.abort_honoured``).
 
 A snapshot over the annotation budget (``MAX_SNAPSHOT_ANNOTATION_BYTES``, 200 KiB of the 256 KiB
 Kubernetes allows for all annotations) fails the pause: the sandbox goes to ``failed`` with the
@@ -32,7 +34,7 @@ from services.snapshotter import metrics
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord, SnapshotRef
 from shared.errors import EnvdUnavailable, IllegalTransition, NotFound
-from shared.lifecycle.hooks import HookRunner, describe, refusal
+from shared.lifecycle.hooks import HookRunner, abort_honoured, describe, refusal
 from shared.lifecycle.pods import current_endpoint
 from shared.lifecycle.replay import replay_key
 from shared.lifecycle.worker import fail_transition
@@ -87,8 +89,16 @@ class Snapshotter:
             if endpoint is None:
                 msg = f"sandbox {record.sandbox_id} has no running pod to snapshot"
                 raise EnvdUnavailable(msg)
-            template = self._templates(record.template).hooks
-            outcomes = await self._hooks.run("prePause", "pause", record, endpoint, template)
+            facts = self._templates(record.template)
+            may_abort = abort_honoured(
+                cmd.reason,
+                started_at=record.started_at,
+                max_lifetime=facts.activity.max_lifetime,
+                at=t.now(),
+            )
+            outcomes = await self._hooks.run(
+                "prePause", "pause", record, endpoint, facts.hooks, may_abort=may_abort
+            )
             refused = refusal(outcomes)
             if refused is not None:
                 await self._store.update(sid, t.pause_refused(cmd_msg_id, refused))

@@ -7,11 +7,20 @@ failed like any other. Every outcome is published as ``sandbox.evt.hook`` (id
 ``hook:<sid>:g<gen>:<hook>:<source>``: a redelivered command re-runs its hooks — they must be
 idempotent — and its event is deduplicated). Outcomes carry the tail of the output, never the
 command, with the sandbox's env values and secret-shaped strings masked.
+
+An abort refuses a pause the sandbox's owner asked for, always. A pause by timeout (or by the
+platform) is the operator's bound, not the tenant's: its abort is honoured only while the sandbox
+is within the template's ``maxLifetime`` since it last started; past it the pause proceeds and the
+outcome says ``overridden`` (``abort_honoured``). We bound by ``maxLifetime`` rather than by a
+number of refusals: it is the bound the operator already set on activity inside the sandbox, it
+needs no counter on the record that a redelivery or a resume would have to keep right, and its
+cost is predictable (a count of refusals times a timeout the tenant chooses is not).
 """
 
 from __future__ import annotations
 
 import time
+from datetime import datetime, timedelta
 from typing import Literal
 
 import structlog
@@ -31,6 +40,17 @@ log = structlog.get_logger()
 HOOK_USER = "user"  # E2B's default user: hooks never run as root
 _MIN_MASKED = 4  # env values shorter than this are not masked (they would mask everything)
 Op = Literal["pause", "resume", "kill"]
+PauseReason = Literal["user", "timeout", "platform"]
+
+
+def abort_honoured(
+    reason: PauseReason, *, started_at: datetime, max_lifetime: int, at: datetime
+) -> bool:
+    """May a prePause abort refuse this pause? A user's: always. A timeout's or the platform's:
+    only while the sandbox is within ``max_lifetime`` seconds of its last start."""
+    if reason == "user":
+        return True
+    return at < started_at + timedelta(seconds=max_lifetime)
 
 
 def declared(name: HookName, template: Hooks, sandbox: Hooks) -> list[tuple[HookSource, Hook]]:
@@ -58,8 +78,10 @@ def outcome_of(
     duration_ms: float,
     error: str | None = None,
     secrets: list[str] | None = None,
+    may_abort: bool = True,
 ) -> HookOutcome:
-    """``result`` None: it did not run (``error`` says why)."""
+    """``result`` None: it did not run (``error`` says why). ``may_abort`` False: a failure
+    with policy abort is recorded as ``overridden`` and does not stop the transition."""
     ok = result is not None and result.exit_code == 0 and not result.timed_out
     if result is not None and result.timed_out:
         error = f"timed out after {hook.timeout}s (killed)"
@@ -73,7 +95,8 @@ def outcome_of(
         duration_ms=round(duration_ms, 1),
         output=output,
         error=mask_values(error, secrets or []) if error else None,
-        aborted=not ok and hook.on_failure == "abort",
+        aborted=not ok and hook.on_failure == "abort" and may_abort,
+        overridden=not ok and hook.on_failure == "abort" and not may_abort,
     )
 
 
@@ -105,6 +128,8 @@ class HookRunner:
         record: SandboxRecord,
         endpoint: Endpoint,
         template: Hooks,
+        *,
+        may_abort: bool = True,
     ) -> list[HookOutcome]:
         outcomes: list[HookOutcome] = []
         secrets = list(record.envs.values())
@@ -132,6 +157,7 @@ class HookRunner:
                 duration_ms=(time.monotonic() - started) * 1000,
                 error=error,
                 secrets=secrets,
+                may_abort=may_abort,
             )
             outcomes.append(outcome)
             log.info(
@@ -142,6 +168,7 @@ class HookRunner:
                 exit_code=outcome.exit_code,
                 duration_ms=outcome.duration_ms,
                 aborted=outcome.aborted,
+                overridden=outcome.overridden,
             )
             await emit(
                 self._publisher,

@@ -97,6 +97,9 @@ class HookOutcome(BaseModel):
     output: str = ""
     error: str | None = None  # why it did not run or end (timed out, daemon unreachable)
     aborted: bool = False  # this failure stopped the transition
+    # An abort not honoured: a timeout pause past the template's maxLifetime proceeds anyway
+    # (shared.lifecycle.hooks.abort_honoured), so a hook cannot keep a sandbox up for ever.
+    overridden: bool = False
 
     @field_validator("output", "error")
     @classmethod

@@ -9,7 +9,9 @@ module's own (nats-server, the five services, bubblewrap pods; the unmodified ``
 - activity inside: a process producing output keeps its sandbox from pausing while an idle one
   pauses, ``expiring`` comes before each automatic pause, and the template's ``maxLifetime``
   still pauses the busy one; the daemon's ``/keepalive`` is reachable from inside, its
-  ``/activity`` is not (it needs the access token).
+  ``/activity`` is not (it needs the access token);
+- a prePause that always aborts refuses timeout pauses only within the template's
+  ``maxLifetime``: past it the pause proceeds, the outcome marked ``overridden``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,16 @@ lifecycle:
 )
 
 
+# The shortest maxLifetime: a timeout pause is refused by an aborting prePause only for 10 s.
+BOUNDED_TEMPLATE = (
+    SEED_TEMPLATE.replace("name: sandbox-base", "name: bounded")
+    + """\
+lifecycle:
+  activity: {maxLifetime: 10}
+"""
+)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     yield from started(
@@ -62,6 +74,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "sandbox-base": SEED_TEMPLATE,
                 "hooked": HOOKED_TEMPLATE,
                 "busy": BUSY_TEMPLATE,
+                "bounded": BOUNDED_TEMPLATE,
             },
         )
     )
@@ -256,3 +269,29 @@ def test_a_busy_process_keeps_it_running_an_idle_one_does_not(
         for sid in (busy_id, idle_id):
             if sid:
                 Sandbox.kill(sid, **opts)
+
+
+def test_an_always_aborting_pre_pause_cannot_outlive_max_lifetime(
+    stack: Stack, opts: dict[str, Any], api: httpx.Client
+) -> None:
+    sid = _create(
+        stack,
+        {
+            "templateID": "bounded",
+            "timeout": 3,
+            "autoPause": True,
+            "hooks": {"prePause": {"command": "exit 1", "onFailure": "abort"}},
+        },
+    )
+    try:
+        until(lambda: _state(api, sid) == "paused", 90, "the pause past maxLifetime")
+        got = api.get(f"/events/sandboxes/{sid}", params={"orderAsc": "true", "limit": 100})
+        assert got.status_code == 200, got.text
+        outcomes = [e["eventData"]["outcome"] for e in got.json() if e["type"].endswith(".hook")]
+        # Refused while within maxLifetime (3 s timeouts in 10 s), then overridden once.
+        assert outcomes and all(not o["ok"] for o in outcomes)
+        assert [o["overridden"] for o in outcomes] == [False] * (len(outcomes) - 1) + [True]
+        assert all(o["aborted"] for o in outcomes[:-1]) and len(outcomes) >= 2
+        assert not outcomes[-1]["aborted"]
+    finally:
+        Sandbox.kill(sid, **opts)

@@ -5,6 +5,7 @@ the events and on the record; hostile declarations refused."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 from services.api.schemas import NativeCreate, NewSandbox
 from shared.domain.states import SandboxState
 from shared.errors import PauseRefused, RuntimeFailure
+from shared.lifecycle.hooks import PauseReason, abort_honoured, outcome_of, refusal
 from shared.models.lifecycle import Hook, Hooks, TemplateFacts
 from shared.models.messages import SandboxHookRan
 from shared.ports.envd import CommandResult
@@ -179,3 +181,37 @@ def test_hostile_hooks_are_refused_naming_the_field(hooks: dict[str, Any], says:
         with pytest.raises(ValidationError) as e:
             model.model_validate({"hooks": hooks, **extra})
         assert says in str(e.value) and "hooks" in str(e.value)
+
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("reason", "after", "honoured"),
+    [
+        ("user", 10**6, True),  # the owner's own pause: its hook may always refuse it
+        ("timeout", 0, True),
+        ("timeout", 59, True),
+        ("timeout", 60, False),  # at maxLifetime the operator's bound wins
+        ("timeout", 10**6, False),
+        ("platform", 60, False),
+    ],
+)
+def test_a_pre_pause_abort_refuses_a_timeout_pause_only_within_max_lifetime(
+    reason: PauseReason, after: int, honoured: bool
+) -> None:
+    at = T0 + timedelta(seconds=after)
+    assert abort_honoured(reason, started_at=T0, max_lifetime=60, at=at) is honoured
+
+
+def test_an_overridden_abort_is_recorded_but_does_not_stop_the_pause() -> None:
+    hook = Hook(command="exit 1", on_failure="abort")
+    failed = CommandResult(exit_code=1, output="no")
+    outcome = outcome_of("prePause", "sandbox", hook, failed, duration_ms=1, may_abort=False)
+    assert (outcome.ok, outcome.aborted, outcome.overridden) == (False, False, True)
+    assert refusal([outcome]) is None
+    honoured = outcome_of("prePause", "sandbox", hook, failed, duration_ms=1)
+    assert (honoured.aborted, honoured.overridden) == (True, False)
+    assert refusal([honoured]) == honoured
+    ok = outcome_of("prePause", "sandbox", hook, CommandResult(exit_code=0), duration_ms=1)
+    assert not ok.aborted and not ok.overridden

@@ -16,6 +16,7 @@ from services.scheduler.handlers import SchedulerHandlers
 from shared.bus import subjects
 from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
+from shared.models.lifecycle import HookOutcome
 from shared.models.messages import (
     KillSandbox,
     PauseSandbox,
@@ -149,6 +150,25 @@ async def test_a_pause_that_never_happens_is_retried_then_the_sandbox_is_killed(
         ("kill", "kill:sbx-stuck:g1"),
     ]
     assert [e.decision for e in s.publisher.of_type(SandboxExpired)] == ["pause", "kill"]
+
+
+async def test_a_refused_timeout_pause_arms_the_timeout_again() -> None:
+    """A prePause abort refused the pause (running, generation+1, a fresh deadline): the pause
+    check held the sandbox's only timer, so it must arm the timeout again, or the sandbox would
+    never expire (docs/lifecycle-hooks.md)."""
+    s = scheduler(pause_check=5)
+    await s.put("sbx-refused", timeout=1)
+    assert await s.run(1) == ["expired"]
+    refused = HookOutcome(hook="prePause", source="sandbox", policy="abort", ok=False)
+
+    def refuse(r: SandboxRecord) -> SandboxRecord:  # what pause_refused writes
+        deadline = s.clock() + timedelta(seconds=1)
+        update = {"generation": 2, "deadline": deadline, "refused_pause": refused}
+        return r.model_copy(update=update)
+
+    await s.store.update("sbx-refused", refuse)
+    assert await s.run(5) == ["refused", "expired"]  # the check re-arms; the deadline expires
+    assert s.commands() == [("pause", "pause:sbx-refused:g1"), ("pause", "pause:sbx-refused:g2")]
 
 
 async def test_a_failed_timeout_pause_gets_the_sandbox_killed_at_once() -> None:
