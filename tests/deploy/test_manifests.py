@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from shared.runtime.kubernetes.objects import LABEL_SANDBOX_ACCESS
 from tests.conftest import skip_or_fail
 from tests.deploy.apiserver import Apiserver
 from tests.deploy.kustomize import OVERLAYS, REPO, KustomizeMissing, render
@@ -166,16 +167,38 @@ def test_nats_gets_every_password_and_the_shipped_config(rendered: Any) -> None:
         assert anti["requiredDuringSchedulingIgnoredDuringExecution"], "R3 needs 3 nodes"
 
 
-def test_the_scaler_mounts_the_sandbox_templates(rendered: Any) -> None:
+# Services that dial sandbox daemons at the pod IP (the proxy: traffic; the scaler: replay and
+# hooks; the snapshotter: List and prePause; the scheduler: activity inside; the builder: builds).
+DIALS_SANDBOXES = {"proxy", "scaler", "snapshotter", "scheduler", "builder"}
+# Services that read the templates (the api: a create's template; the scaler: pods and hooks;
+# the snapshotter: prePause and maxLifetime; the scheduler: the activity policy).
+READS_TEMPLATES = {"api", "scaler", "snapshotter", "scheduler"}
+
+
+def test_services_that_dial_sandboxes_carry_the_sandbox_access_label(rendered: Any) -> None:
+    """Each sandbox's NetworkPolicy admits ingress only from pods with this label: without it,
+    e.g. the scheduler's activity probe would time out and activity inside would never count."""
+    _, docs = rendered
+    deployments = by_kind(docs, "Deployment")
+    for service in SERVICES:
+        labels = deployments[f"torpor-{service}"]["spec"]["template"]["metadata"]["labels"]
+        has = labels.get(LABEL_SANDBOX_ACCESS) == "true"
+        assert has is (service in DIALS_SANDBOXES), f"{service}: {LABEL_SANDBOX_ACCESS}"
+
+
+def test_the_services_reading_templates_mount_the_sandbox_templates(rendered: Any) -> None:
     overlay, docs = rendered
-    scaler = by_kind(docs, "Deployment")["torpor-scaler"]["spec"]["template"]["spec"]
-    (c,) = scaler["containers"]
-    mount = next(m for m in c["volumeMounts"] if m["name"] == "templates")
     config = configmap(docs, "torpor-config")["data"]
-    assert mount["mountPath"] == config["TORPOR_TEMPLATES_DIR"]
-    volume = next(v for v in scaler["volumes"] if v["name"] == "templates")
     templates = configmap(docs, "torpor-sandbox-templates")
-    assert volume["configMap"]["name"] == templates["metadata"]["name"]  # hash suffix followed
+    for service in sorted(READS_TEMPLATES):
+        spec = by_kind(docs, "Deployment")[f"torpor-{service}"]["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        mount = next(m for m in c["volumeMounts"] if m["name"] == "templates")
+        assert mount["mountPath"] == config["TORPOR_TEMPLATES_DIR"], service
+        assert mount.get("readOnly") is True, service
+        volume = next(v for v in spec["volumes"] if v["name"] == "templates")
+        # the hash suffix followed
+        assert volume["configMap"]["name"] == templates["metadata"]["name"], service
     template = yaml.safe_load(templates["data"]["sandbox-base.yaml"])
     assert template["kind"] == "PodTemplate"
     mounts = {

@@ -340,8 +340,9 @@ def to_workload(rs: V1ReplicaSet, pods: Iterable[Pod]) -> Workload:
 
 # ---- network policy -------------------------------------------------------------------------
 
-# Control-plane pods that talk to sandboxes (proxy, scaler, snapshotter) carry this label; a
-# sandbox pod accepts connections from them only (deploy/kustomize/base sets it).
+# Control-plane pods that talk to sandboxes (proxy, scaler, snapshotter, scheduler, builder)
+# carry this label; a sandbox pod accepts connections from them only (deploy/kustomize/base
+# sets it; tests/deploy/test_manifests.py checks which services do).
 LABEL_SANDBOX_ACCESS = "torpor.dev/sandbox-access"
 _ALL = {4: "0.0.0.0/0", 6: "::/0"}
 
