@@ -133,9 +133,9 @@ class RuntimeSettings(SettingsBase):
     """kubernetes: namespace of the sandbox ReplicaSets (`deploy/` sets the pod's own namespace,
     `torpor`)."""
     control_plane_namespace: str | None = None
-    """kubernetes: namespace of the proxy, scaler and snapshotter, when sandboxes live
-    elsewhere. Each sandbox's NetworkPolicy admits connections only from pods labelled
-    `torpor.dev/sandbox-access: "true"` in it."""
+    """kubernetes: namespace of the control plane (proxy, scaler, snapshotter, scheduler,
+    builder), when sandboxes live elsewhere. Each sandbox's NetworkPolicy admits connections
+    only from pods labelled `torpor.dev/sandbox-access: "true"` in it."""
     kubeconfig: Path | None = None  # kubernetes: None = in-cluster config
     """kubernetes: kubeconfig file; unset means the in-cluster ServiceAccount. `KUBECONFIG` is
     not read."""
