@@ -106,6 +106,7 @@ class SnapshotService:
             template=sandbox.template,
             envs=dict(sandbox.envs),
             network=sandbox.network,
+            hooks=sandbox.hooks,
             internal=internal,
             files_only=files_only,
             created_at=at,

@@ -19,6 +19,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.models.lifecycle import NO_HOOKS, Hooks
 from shared.models.network import OPEN, NetworkPolicy
 
 # ``snap-`` + 20 lowercase alphanumerics: a KV key, a NATS token, a path segment, and a value of
@@ -70,6 +71,7 @@ class SnapshotRecord(BaseModel):
     template: str
     envs: dict[str, str] = Field(default_factory=dict)
     network: NetworkPolicy = OPEN
+    hooks: Hooks = NO_HOOKS  # the source's own lifecycle hooks (the template's apply anyway)
     annotation: str | None = None  # base64 ``Snapshot`` (process list); set when ready
     process_count: int = 0
     files_bytes: int | None = None  # what the runtime stored for the files

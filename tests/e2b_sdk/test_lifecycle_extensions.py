@@ -11,7 +11,8 @@ module's own (nats-server, the five services, bubblewrap pods; the unmodified ``
   still pauses the busy one; the daemon's ``/keepalive`` is reachable from inside, its
   ``/activity`` is not (it needs the access token);
 - a prePause that always aborts refuses timeout pauses only within the template's
-  ``maxLifetime``: past it the pause proceeds, the outcome marked ``overridden``.
+  ``maxLifetime``: past it the pause proceeds, the outcome marked ``overridden``;
+- a sandbox's hooks go with it to its forks and to sandboxes created from its snapshots.
 """
 
 from __future__ import annotations
@@ -295,3 +296,39 @@ def test_an_always_aborting_pre_pause_cannot_outlive_max_lifetime(
         assert not outcomes[-1]["aborted"]
     finally:
         Sandbox.kill(sid, **opts)
+
+
+def _hooks_of(api: httpx.Client, sandbox_id: str) -> Any:
+    got = api.get(f"/api/v1/sandbox/{sandbox_id}")
+    assert got.status_code == 200, got.text
+    return got.json()["hooks"]
+
+
+def test_hooks_are_carried_to_forks_and_sandboxes_from_a_snapshot(
+    stack: Stack, opts: dict[str, Any], api: httpx.Client
+) -> None:
+    mine = {"prePause": {"command": "echo mine", "timeout": 5, "onFailure": "abort"}}
+    theirs = {"postResume": {"command": "echo theirs", "timeout": 5, "onFailure": "ignore"}}
+    sid = _create(stack, {"templateID": "base", "timeout": 120, "hooks": mine})
+    made: list[str] = []
+    try:
+        declared = _hooks_of(api, sid)
+        assert declared["prePause"]["command"] == "echo mine"
+        src = Sandbox.connect(sid, **opts)
+        snap = src.create_snapshot().snapshot_id
+        try:
+            # From the snapshot: the source's hooks, unless the create declares its own.
+            made.append(_create(stack, {"templateID": snap, "timeout": 120}))
+            assert _hooks_of(api, made[-1]) == declared
+            made.append(_create(stack, {"templateID": snap, "timeout": 120, "hooks": theirs}))
+            own = _hooks_of(api, made[-1])
+            assert own["postResume"]["command"] == "echo theirs" and own["prePause"] is None
+        finally:
+            Sandbox.delete_snapshot(snap, **opts)
+        (fork,) = src.fork(count=1, timeout=120)
+        assert isinstance(fork, Sandbox), fork
+        made.append(fork.sandbox_id)
+        assert _hooks_of(api, fork.sandbox_id) == declared
+    finally:
+        for each in (sid, *made):
+            Sandbox.kill(each, **opts)

@@ -26,6 +26,7 @@ from services.api.views import sandbox_out
 from shared.errors import TorporError
 from shared.ids import is_valid_sandbox_id
 from shared.lifecycle.snapshots import origin_of
+from shared.models.lifecycle import NO_HOOKS
 from shared.models.snapshot_records import SnapshotRecord, is_snapshot_id, looks_like_snapshot_id
 from shared.ports.lifecycle import CreateRequest
 from shared.redaction import redact_text
@@ -143,12 +144,15 @@ async def snapshot_request(
     w: Wiring, owner: str, snapshot_id: str, base: CreateRequest
 ) -> CreateRequest:
     """A create whose ``templateID`` is a snapshot id: the snapshot's template and envs (the
-    request's envs on top), its files and processes. ``NotFound`` unless it is the caller's."""
+    request's envs on top), its files and processes, and its source's hooks unless the request
+    declares hooks of its own (then those, whole: hooks are not merged one by one).
+    ``NotFound`` unless it is the caller's."""
     snap = await _service(w).get(snapshot_id, owner=owner)
     return base.model_copy(
         update={
             "template": snap.template,
             "envs": {**snap.envs, **base.envs},
+            "hooks": base.hooks if base.hooks != NO_HOOKS else snap.hooks,
             "origin_snapshot_id": snap.snapshot_id,
             "origin": origin_of(snap),
         }
@@ -185,6 +189,7 @@ async def fork_sandbox(
         metadata=dict(source.metadata),
         envs=dict(snap.envs),
         network=snap.network,
+        hooks=snap.hooks,  # a fork is the same workload: its prePause/postResume apply to it
         origin_snapshot_id=snap.snapshot_id,
         origin=origin_of(snap),
     )
