@@ -3,15 +3,17 @@ and signer, the build quotas; and the one rule of who sees which template."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from shared.domain.record import SandboxRecord
 from shared.models.template_records import (
     BuildRecord,
     NameRecord,
     TemplateRecord,
+    is_build_id,
     is_template_id,
     split_name,
 )
@@ -73,3 +75,19 @@ async def find(
         if found is not None and visible(found, user, admin=admin):
             return found, tag
     return None
+
+
+async def template_ids(
+    builds: TemplateBuilds | None, records: Iterable[SandboxRecord]
+) -> dict[str, str]:
+    """E2B's ``templateID`` of a sandbox is its template's id, but a sandbox of a built template
+    records the build it started from (the runtime's template name): build id -> template id,
+    for each such build still known."""
+    if builds is None:
+        return {}
+    shown: dict[str, str] = {}
+    for ref in {r.template for r in records if is_build_id(r.template)}:
+        build = await builds.store.get_build(ref)
+        if build is not None:
+            shown[ref] = build.template_id
+    return shown

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from services.api.schemas import (
@@ -51,12 +52,17 @@ def report_out(report: ResumeReport | None) -> ResumeReportOut | None:
 
 
 def sandbox_out(
-    record: SandboxRecord, settings: ApiSettings, *, resumed: bool = False
+    record: SandboxRecord,
+    settings: ApiSettings,
+    *,
+    resumed: bool = False,
+    template_ids: Mapping[str, str] | None = None,
 ) -> SandboxOut:
-    """``resumed``: this call resumed the sandbox, so the answer carries the resume report."""
+    """``resumed``: this call resumed the sandbox, so the answer carries the resume report.
+    ``template_ids``: build id -> template id (``services.api.template_builds.template_ids``)."""
     return SandboxOut(
         resume_report=report_out(record.last_resume) if resumed else None,
-        template_id=record.template,
+        template_id=shown_template(record, template_ids),
         sandbox_id=record.sandbox_id,
         client_id=settings.client_id,
         envd_version=ENVD_VERSION,
@@ -81,9 +87,15 @@ def network_out(record: SandboxRecord) -> NetworkOut:
     )
 
 
-def listed_out(record: SandboxRecord, settings: ApiSettings) -> ListedSandboxOut:
+def shown_template(record: SandboxRecord, template_ids: Mapping[str, str] | None) -> str:
+    return (template_ids or {}).get(record.template, record.template)
+
+
+def listed_out(
+    record: SandboxRecord, settings: ApiSettings, template_ids: Mapping[str, str] | None = None
+) -> ListedSandboxOut:
     return ListedSandboxOut(
-        template_id=record.template,
+        template_id=shown_template(record, template_ids),
         sandbox_id=record.sandbox_id,
         client_id=settings.client_id,
         started_at=record.started_at,
@@ -97,8 +109,10 @@ def listed_out(record: SandboxRecord, settings: ApiSettings) -> ListedSandboxOut
     )
 
 
-def detail_out(record: SandboxRecord, settings: ApiSettings) -> SandboxDetailOut:
-    listed = listed_out(record, settings)
+def detail_out(
+    record: SandboxRecord, settings: ApiSettings, template_ids: Mapping[str, str] | None = None
+) -> SandboxDetailOut:
+    listed = listed_out(record, settings, template_ids)
     return SandboxDetailOut(
         **listed.model_dump(),
         envd_access_token=record.envd_access_token,

@@ -125,8 +125,31 @@ def test_sandbox_from_tag(tstack: Stack, built: dict[str, Any]) -> None:
     sbx = Sandbox.create(f"{built['name']}:v1", **tstack.sdk_opts("alice"))
     try:
         assert sbx.commands.run("cat /home/user/marker.txt").stdout.strip() == "one"
+        # E2B's templateID of a sandbox is the template's id, never the build it started from
+        info = built["info"]
+        assert info.build_id != info.template_id
+        assert sbx.get_info().template_id == info.template_id
     finally:
         sbx.kill()
+
+
+def test_create_get_and_list_answer_the_template_id(tstack: Stack, built: dict[str, Any]) -> None:
+    tid = built["info"].template_id
+    with tstack.client("alice") as c:
+        created = c.post("/v2/sandboxes", json={"templateID": built["name"]})
+        assert created.status_code == 201, created.text
+        sid = created.json()["sandboxID"]
+        try:
+            assert created.json()["templateID"] == tid
+            assert c.get(f"/v2/sandboxes/{sid}").json()["templateID"] == tid
+            listed = {s["sandboxID"]: s["templateID"] for s in c.get("/v2/sandboxes").json()}
+            assert listed[sid] == tid
+            by_template = c.get("/v2/sandboxes", params={"template": tid}).json()
+            assert sid in {s["sandboxID"] for s in by_template}
+            other = c.get("/v2/sandboxes", params={"template": "base"}).json()
+            assert sid not in {s["sandboxID"] for s in other}
+        finally:
+            assert c.delete(f"/sandboxes/{sid}").status_code == 204
 
 
 def test_rebuild_with_one_change_reuses_the_earlier_steps(

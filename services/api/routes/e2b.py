@@ -30,7 +30,8 @@ from services.api.schemas import (
     SandboxOut,
     TimeoutRequest,
 )
-from services.api.views import detail_out, listed_out, sandbox_out, visible
+from services.api.template_builds import template_ids
+from services.api.views import detail_out, listed_out, sandbox_out, shown_template, visible
 from shared.domain import states
 from shared.domain.record import SandboxRecord
 from shared.errors import Conflict, NotFound
@@ -118,7 +119,9 @@ async def create_sandbox(
         except NotFound:
             existing = None
         if existing is not None and visible(existing):
-            return sandbox_out(existing, w.settings)
+            return sandbox_out(
+                existing, w.settings, template_ids=await template_ids(w.builds, [existing])
+            )
     await admit_create(w, caller.name)
     try:
         record = await w.lifecycle.create(request, wait=w.settings.create_wait)
@@ -127,7 +130,7 @@ async def create_sandbox(
             raise
         # A concurrent retry with the same key won the race: answer with its sandbox.
         record = await w.lifecycle.get(request.sandbox_id, owner=caller.name)
-    return sandbox_out(record, w.settings)
+    return sandbox_out(record, w.settings, template_ids=await template_ids(w.builds, [record]))
 
 
 @router.get(
@@ -143,7 +146,8 @@ async def create_sandbox(
     include_in_schema=False,
 )
 async def get_sandbox(w: WiringDep, caller: CallerDep, sandbox_id: str) -> SandboxDetailOut:
-    return detail_out(await _get(w, caller, sandbox_id), w.settings)
+    record = await _get(w, caller, sandbox_id)
+    return detail_out(record, w.settings, await template_ids(w.builds, [record]))
 
 
 def _parse_metadata(raw: str | None) -> dict[str, str]:
@@ -196,12 +200,14 @@ async def list_sandboxes_v2(  # noqa: PLR0917 - one parameter per query field of
     if wanted_states - {"running", "paused"}:
         raise ApiError(400, "state must be a comma-separated list of running, paused")
     meta = _parse_metadata(metadata)
+    listed = await _listed(w, caller)
+    shown = await template_ids(w.builds, listed)
     records = [
         r
-        for r in await _listed(w, caller)
+        for r in listed
         if (not wanted_states or r.state.e2b in wanted_states)
         and all(r.metadata.get(k) == v for k, v in meta.items())
-        and (template is None or r.template == template)
+        and (template is None or template in {r.template, shown_template(r, shown)})
         and (started_after is None or r.started_at >= started_after)  # E2B: at or after
     ]
 
@@ -216,7 +222,7 @@ async def list_sandboxes_v2(  # noqa: PLR0917 - one parameter per query field of
     page, rest = records[:page_size], records[page_size:]
     if rest and page:
         response.headers["x-next-token"] = _encode_token(page[-1])
-    return [listed_out(r, w.settings) for r in page]
+    return [listed_out(r, w.settings, shown) for r in page]
 
 
 @router.get(
@@ -237,7 +243,8 @@ async def list_sandboxes_v1(
         ),
         key=lambda r: (r.started_at, r.sandbox_id),
     )
-    return [listed_out(r, w.settings) for r in records]
+    shown = await template_ids(w.builds, records)
+    return [listed_out(r, w.settings, shown) for r in records]
 
 
 @router.post(
@@ -264,13 +271,18 @@ async def connect_sandbox(
     if states.is_up(record.state):
         record = await w.lifecycle.extend_timeout(sandbox_id, owner=caller.scope, timeout=timeout)
         response.status_code = status.HTTP_200_OK
-        return sandbox_out(record, w.settings)
+        return sandbox_out(record, w.settings, template_ids=await template_ids(w.builds, [record]))
     await admit_resume(w, record)
     result = await w.lifecycle.resume(
         sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
     )
     response.status_code = status.HTTP_201_CREATED if result.resumed else status.HTTP_200_OK
-    return sandbox_out(result.record, w.settings, resumed=result.resumed)
+    return sandbox_out(
+        result.record,
+        w.settings,
+        resumed=result.resumed,
+        template_ids=await template_ids(w.builds, [result.record]),
+    )
 
 
 @router.post(
@@ -290,7 +302,12 @@ async def resume_sandbox(
     result = await w.lifecycle.resume(
         sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
     )
-    return sandbox_out(result.record, w.settings, resumed=result.resumed)
+    return sandbox_out(
+        result.record,
+        w.settings,
+        resumed=result.resumed,
+        template_ids=await template_ids(w.builds, [result.record]),
+    )
 
 
 @router.post(
