@@ -11,7 +11,8 @@ TorporError
 │   └── EnvdUnavailable
 ├── EnvdError                    the in-sandbox daemon answered with an error
 ├── RuntimeFailure               the runtime could not do what was asked
-│   └── PodNotReady              a pod did not become ready in time
+│   ├── PodNotReady              a pod did not become ready in time
+│   └── ReadyFailed              a template's ready command never succeeded
 └── SnapshotTooLarge             a snapshot would not fit the annotation size limit
 """
 
@@ -88,6 +89,11 @@ class RuntimeFailure(TorporError):
 
 class PodNotReady(RuntimeFailure):
     """The workload's pod did not become ready before the deadline."""
+
+
+class ReadyFailed(RuntimeFailure):
+    """The pod's daemon is up but its template's ready command never succeeded before the
+    deadline: no retry heals that (the message carries the last attempt's exit code/output)."""
 
 
 class SnapshotTooLarge(TorporError):

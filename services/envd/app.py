@@ -11,7 +11,6 @@ Connect-Timeout-Ms is not enforced by connectrpc's server; the Start handler rea
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import hashlib
@@ -34,6 +33,7 @@ from services.envd.files_http import (
     send_json,
 )
 from services.envd.processes import ProcessTable
+from services.envd.startup import Readiness
 from services.envd.telemetry import LogBuffer, Metrics
 from services.envd.users import Users
 from services.envd.version import ENVD_VERSION
@@ -157,7 +157,7 @@ class EnvdApp:
         self._files = FilesApi(users=self.users)
         self.metrics = Metrics(root)
         self.logs = LogBuffer()
-        self.ready: asyncio.Event | None = None  # set: a ready command must succeed first
+        self.ready: Readiness | None = None  # set: a ready command must succeed first
 
     @property
     def connect_apps(self) -> _ConnectApps:
@@ -180,9 +180,10 @@ class EnvdApp:
         path: str = scope["path"]
         try:
             if path == "/health":
-                if self.ready is not None and not self.ready.is_set():
-                    # A built template's ready command has not succeeded yet (startup.py).
-                    await send_json(send, 503, {"code": "unavailable", "message": "not ready"})
+                if self.ready is not None and not self.ready.done.is_set():
+                    # A built template's ready command has not succeeded yet (startup.py): a
+                    # distinct code, so the runtime can fail the create with the reason.
+                    await send_json(send, 503, {"code": "not_ready", "message": self.ready.last})
                     return
                 await send({"type": "http.response.start", "status": 204, "headers": []})
                 await send({"type": "http.response.body", "body": b""})

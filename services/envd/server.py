@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from services.envd.app import EnvdApp
-from services.envd.startup import Startup
+from services.envd.startup import Readiness, Startup
 from services.envd.startup import run as run_startup
 from services.envd.version import ENVD_VERSION
 
@@ -108,7 +108,7 @@ def serve(
         activity = asyncio.create_task(app.activity.run())
         starting = None
         if startup is not None:
-            app.ready = asyncio.Event()
+            app.ready = Readiness()
             starting = asyncio.create_task(run_startup(startup, app.table, app.users, app.ready))
         sudo = None
         if sudo_socket:

@@ -4,9 +4,10 @@ The runtime hands them over in the environment (``TORPOR_START_CMD``, ``TORPOR_R
 ``TORPOR_START_USER``, ``TORPOR_START_CWD``); the daemon takes them out before starting any
 process. The start command runs once per sandbox as one of its processes (a pause captures it
 and a resume replays it like any other: a marker in the sandbox's kept files says it ran); the
-ready command runs every half second until it exits 0. Until then ``/health`` answers 503, so
-the runtime does not count the pod as ready and the SDK's create waits, and fails clearly
-after the create timeout with the ready command's last output in the pod's log.
+ready command runs every half second until it exits 0. Until then ``/health`` answers 503 with
+code ``not_ready`` and the last attempt's exit code and output tail (``Readiness.last``): the
+runtime tells "still waiting for the ready command" from "daemon down", and when its ready
+timeout passes it fails the create with that reason instead of retrying.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.envd.processes import Exit, Output, ProcessError, ProcessSpec, ProcessTable
 from services.envd.users import Identity, UnknownUser, Users
@@ -29,6 +30,15 @@ ENV_CWD = "TORPOR_START_CWD"
 STARTED_MARKER = "/var/lib/torpor/start-cmd.started"
 READY_INTERVAL = 0.5
 READY_ATTEMPT_TIMEOUT = 30.0
+LAST_OUTPUT_CHARS = 300
+
+
+@dataclass
+class Readiness:
+    """``done`` once the ready command exited 0; ``last``: why it has not yet (for /health)."""
+
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    last: str = "ready command has not run yet"
 
 
 @dataclass(frozen=True)
@@ -47,11 +57,12 @@ class Startup:
         return cls(start_cmd=start or None, ready_cmd=ready or None, user=user, cwd=cwd)
 
 
-async def run(startup: Startup, table: ProcessTable, users: Users, ready: asyncio.Event) -> None:
+async def run(startup: Startup, table: ProcessTable, users: Users, ready: Readiness) -> None:
     try:
         identity = users.resolve(startup.user or None)
     except UnknownUser as e:
         log.error("start command: %s", e)
+        ready.last = f"start user: {e}"
         return
     if startup.start_cmd and not os.path.exists(STARTED_MARKER):
         try:
@@ -74,7 +85,7 @@ async def run(startup: Startup, table: ProcessTable, users: Users, ready: asynci
         except ProcessError as e:
             log.error("start command did not start: %s", e)
     if not startup.ready_cmd:
-        ready.set()
+        ready.done.set()
         return
     attempt = 0
     while True:
@@ -82,8 +93,9 @@ async def run(startup: Startup, table: ProcessTable, users: Users, ready: asynci
         code, output = await _once(startup.ready_cmd, table, identity, startup.cwd)
         if code == 0:
             log.info("ready command succeeded (attempt %d)", attempt)
-            ready.set()
+            ready.done.set()
             return
+        ready.last = describe_attempt(code, output)
         if attempt == 1 or attempt % 20 == 0:
             # Into the pod's log: a create that times out shows why.
             log.warning("ready command not yet: exit %s: %s", code, output[-300:])
@@ -116,3 +128,10 @@ async def _once(
         return None, "timed out"
     finally:
         proc.unsubscribe(sub)
+
+
+def describe_attempt(code: int | None, output: str) -> str:
+    """One failed ready attempt for /health: its exit code and the tail of its output."""
+    status = "no exit code" if code is None else f"exit {code}"
+    tail = output.replace("\x00", "").strip()[-LAST_OUTPUT_CHARS:]
+    return f"ready command failed: {status}" + (f": {tail}" if tail else "")

@@ -33,7 +33,7 @@ from shared.bus.retry import Retry
 from shared.domain import states
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
-from shared.errors import IllegalTransition, NotFound
+from shared.errors import IllegalTransition, NotFound, ReadyFailed
 from shared.lifecycle.hooks import HookRunner, describe, refusal
 from shared.lifecycle.pods import ensure_workload, workload_spec
 from shared.lifecycle.worker import PermanentFailure, fail_transition
@@ -118,7 +118,11 @@ class Scaler:
         if from_snapshot:
             workload = await self._restorer.origin_files(record, workload)
         await self._runtime.scale(sid, 1)
-        endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
+        try:
+            endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
+        except ReadyFailed as e:  # the template's ready command never succeeded: no retry heals
+            await self._runtime.delete(sid)
+            raise PermanentFailure(str(e)) from e
         outcomes = (
             await self._restorer.replay(record, endpoint, workload.annotations, _no_progress)
             if from_snapshot

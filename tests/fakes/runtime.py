@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from shared.errors import EnvdUnavailable, NotFound, PodNotReady
+from shared.errors import EnvdUnavailable, NotFound, PodNotReady, ReadyFailed
 from shared.models.network import NetworkPolicy
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.ports.envd import CommandResult, InnerActivity
@@ -24,6 +24,7 @@ class FakeRuntime:
     def __init__(self) -> None:
         self.workloads: dict[str, Workload] = {}
         self.fail_ready = False
+        self.ready_failure: str | None = None  # the daemon's "ready command not yet"
         self.scale_calls: list[tuple[str, int]] = []
         self._version = itertools.count(1)
         self._addresses = itertools.count(2)
@@ -103,6 +104,8 @@ class FakeRuntime:
     async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
         wl = self._require(name)
         await asyncio.sleep(0)
+        if self.ready_failure is not None:
+            raise ReadyFailed(f"pod of {name} not ready within {timeout:g}s: {self.ready_failure}")
         if self.fail_ready or wl.pod_uid is None or wl.pod_ip is None:
             raise PodNotReady(f"{name} not ready")
         return Endpoint(host=wl.pod_ip, pod_uid=wl.pod_uid, warm=wl.pod_uid in self._warm)

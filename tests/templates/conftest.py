@@ -17,6 +17,11 @@ def tstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         Stack(
             tmp_path_factory.mktemp("templates"),
             services=(*SERVICES, "builder"),
-            env={"TORPOR_BUILDER_ALLOW_INTERNET": "false", "TORPOR_BUILDER_DISK": "1Gi"},
+            env={
+                "TORPOR_BUILDER_ALLOW_INTERNET": "false",
+                "TORPOR_BUILDER_DISK": "1Gi",
+                # Under the API's create wait (60s): a never-ready create fails, not 504s.
+                "TORPOR_SCALER_READY_TIMEOUT": "30",
+            },
         )
     )

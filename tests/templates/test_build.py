@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import subprocess
+import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from e2b import Sandbox, Template
-from e2b.exceptions import BuildException
+from e2b.exceptions import BuildException, SandboxException
 
 from tests.support.stack import Stack
 
@@ -203,3 +204,26 @@ def test_delete(tstack: Stack, context: Path) -> None:
     assert Template.exists(name, **_api(tstack)) is False
     with httpx.Client(base_url=tstack.api_url, headers={"X-API-KEY": tstack.keys["alice"]}) as c:
         assert c.post("/v2/sandboxes", json={"templateID": name}).status_code == 400
+
+
+def test_ready_command_that_never_succeeds_fails_the_create(tstack: Stack) -> None:
+    """Not a 504 "still in progress" retried forever: after the scaler's ready timeout the
+    create fails with the ready command's last exit code and output, and its pod is gone."""
+    name = f"unready-{uuid.uuid4().hex[:8]}"
+    template = Template().from_debian_image().set_start_cmd("sleep 1000", "echo not yet; exit 3")
+    info = Template.build(template, name, **_api(tstack))
+    with pytest.raises(SandboxException) as failed:
+        Sandbox.create(name, **tstack.sdk_opts("alice"))
+    reason = str(failed.value)
+    assert "ready command failed: exit 3: not yet" in reason, reason
+    assert "still in progress" not in reason
+    with tstack.client("alice") as c:
+        mine = [s for s in c.get("/v2/sandboxes").json() if s["templateID"] == info.template_id]
+        assert len(mine) == 1
+        native = c.get(f"/api/v1/sandbox/{mine[0]['sandboxID']}").json()
+    assert native["state"] == "failed"
+    pods = tstack.data_dir / "pods"
+    deadline = time.monotonic() + 30
+    while any(pods.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(pods.iterdir()), "the never-ready pod was left running"

@@ -198,6 +198,23 @@ async def test_unknown_template_fails_the_create_at_once(system: InMemorySystem)
     assert rec.failure is not None and rec.failure.startswith("create:")
 
 
+async def test_never_ready_template_fails_the_create_at_once_and_removes_the_pod(
+    system: InMemorySystem,
+) -> None:
+    """Not retried until the API's wait ends in 504: the ready command's reason, failed."""
+    system.runtime.ready_failure = "ready command failed: exit 3: not yet"
+    with pytest.raises(RuntimeFailure, match="exit 3: not yet"):
+        await system.lifecycle.create(
+            CreateRequest(owner="alice", sandbox_id="sbx-unready", template="base"), wait=5
+        )
+    rec = await system.store.get("sbx-unready")
+    assert rec is not None and rec.state == SandboxState.FAILED
+    assert rec.failure is not None and "ready command failed: exit 3" in rec.failure
+    assert "sbx-unready" not in system.runtime.workloads
+    failed = [p for p in system.publisher.published if p.verb == "failed"]
+    assert len(failed) == 1
+
+
 @pytest.mark.parametrize("sandbox_id", ["Not_Valid!", "--ro-bind", "a\x00b", "x" * 300])
 async def test_invalid_sandbox_id_is_refused(system: InMemorySystem, sandbox_id: str) -> None:
     with pytest.raises(ValueError, match="invalid sandbox id"):

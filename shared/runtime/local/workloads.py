@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import sys
 import time
@@ -46,7 +47,14 @@ from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
 from shared.bus.topology import KV_WORKLOADS, workloads_bucket
-from shared.errors import Conflict, NotFound, PodNotReady, RuntimeFailure, Unavailable
+from shared.errors import (
+    Conflict,
+    NotFound,
+    PodNotReady,
+    ReadyFailed,
+    RuntimeFailure,
+    Unavailable,
+)
 from shared.models.network import NetworkPolicy
 from shared.models.template_records import BUILT_TEMPLATES_DIR
 from shared.ports.workloads import (
@@ -364,6 +372,7 @@ class LocalRuntime:
 
     async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
         deadline = time.monotonic() + timeout
+        waiting: str | None = None  # the daemon's last "ready command not yet" (startup.py)
         async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
             while True:
                 current = await self._store.get(name)
@@ -381,10 +390,17 @@ class LocalRuntime:
                     pod = None
                 # The daemon binds before importing its app: one patient probe is the fastest.
                 patience = max(0.05, min(deadline - time.monotonic(), 5.0))
-                if pod is not None and await self._healthy(client, record.address, patience):
+                healthy = False
+                if pod is not None:
+                    healthy, waiting = await self._probe(client, record.address, patience)
+                if pod is not None and healthy:
                     if pod.ready or await self._mark_ready(name, pod.uid):
                         return Endpoint(host=record.address, port=ENVD_PORT, pod_uid=pod.uid)
                     continue  # replaced or stopped meanwhile: look again
+                if time.monotonic() >= deadline and waiting is not None:
+                    # Up, but its ready command kept failing: waiting longer will not heal it.
+                    msg = f"pod of {name} not ready within {timeout:g}s: {waiting}"
+                    raise ReadyFailed(msg)
                 if time.monotonic() >= deadline:
                     msg = f"pod of {name} not ready within {timeout:g}s{self._log_tail(record)}"
                     raise PodNotReady(msg)
@@ -574,12 +590,18 @@ class LocalRuntime:
             pod_ip=record.address if pod is not None else None,
         )
 
-    async def _healthy(self, client: httpx.AsyncClient, address: str, patience: float) -> bool:
+    async def _probe(
+        self, client: httpx.AsyncClient, address: str, patience: float
+    ) -> tuple[bool, str | None]:
+        """(healthy, why not ready): the second is the daemon's reason while it waits for a
+        template's ready command (503 ``not_ready``), None when it is down or answers else."""
         try:
             response = await client.get(f"http://{address}:{ENVD_PORT}/health", timeout=patience)
         except httpx.HTTPError:
-            return False
-        return response.is_success
+            return False, None
+        if response.is_success:
+            return True, None
+        return False, not_ready_reason(response.status_code, response.content)
 
     async def _mark_ready(self, name: str, uid: str) -> bool:
         """Record that pod ``uid`` answered; False when it is no longer the workload's pod."""
@@ -611,3 +633,17 @@ def _check_annotations(annotations: Mapping[str, str]) -> None:
     if size > MAX_ANNOTATIONS_BYTES:
         msg = f"annotations total {size} bytes, over the {MAX_ANNOTATIONS_BYTES}-byte limit"
         raise RuntimeFailure(msg)
+
+
+def not_ready_reason(status: int, body: bytes) -> str | None:
+    """The daemon's "ready command not yet" reason from a /health answer, else None."""
+    if status != 503:
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("code") != "not_ready":
+        return None
+    message = data.get("message")
+    return message[:500] if isinstance(message, str) else "ready command failed"
