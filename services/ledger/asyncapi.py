@@ -9,14 +9,11 @@ from faststream import FastStream
 from services.ledger.handlers import build_router
 from services.ledger.metering import Ledger
 from shared.bus.asyncapi import document
-from shared.models.usage import Size
 
 
 def app() -> FastStream:
     inert: Any = None
-    router = build_router(
-        Ledger(records=inert, usage=inert, size=Size(cpu=1, memory_mb=1, kept_bytes=0))
-    )
+    router = build_router(Ledger(records=inert, usage=inert, sizes=inert))
     return document(
         router,
         title="torpor ledger",

@@ -2,8 +2,9 @@
 one (``shared.models.usage.apply``), compare-and-set it. A lost race re-reads and re-applies
 (the re-read record may already hold this event: then nothing changes).
 
-Every sandbox is weighed by one size (``TORPOR_LEDGER_*``, the figures the API reports as
-``cpuCount``/``memoryMB``/``diskSizeMB``): per-template sizes are not known to the ledger yet."""
+Each sandbox is weighed by its template's size (``services.ledger.sizes``), fixed at the
+sandbox's first event and stored on its usage record: a template changed later does not re-price
+seconds already counted, nor those still to come for that sandbox."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from datetime import UTC, datetime
 import structlog
 
 from services.ledger import metrics
+from services.ledger.sizes import TemplateSizes
 from shared.errors import Conflict
 from shared.models.public_events import fact_of
-from shared.models.usage import FACTS, SandboxUsage, Size, apply, totals
+from shared.models.usage import FACTS, SandboxUsage, apply, totals
 from shared.ports.bus import SandboxStore
 from shared.ports.usage import UsageStore
 
@@ -30,11 +32,11 @@ class Ledger:
         *,
         records: SandboxStore,
         usage: UsageStore,
-        size: Size,
+        sizes: TemplateSizes,
     ) -> None:
         self._records = records
         self._usage = usage
-        self._size = size
+        self._sizes = sizes
         self._published_all = False
 
     async def on_event(self, subject: str, data: bytes, *, msg_id: str | None, seq: int) -> str:
@@ -51,9 +53,10 @@ class Ledger:
         at = datetime.fromisoformat(str(payload["at"]).replace("Z", "+00:00"))
         if at.tzinfo is None:
             at = at.replace(tzinfo=UTC)
-        size = self._size
         for _ in range(_CAS_ATTEMPTS):
             current = await self._usage.get_with_revision(record.owner, sandbox_id)
+            # The size is the one fixed at the sandbox's first event, once there is a record.
+            size = current[0].size if current else self._sizes.of(record.template)
             new = apply(
                 current[0] if current else None,
                 fact=fact,

@@ -1,4 +1,5 @@
-"""The ledger's own settings (``TORPOR_LEDGER_*``): the sizes time is weighed by."""
+"""The ledger's own settings (``TORPOR_LEDGER_*``): the default size time is weighed by, for
+each figure a sandbox's template does not set (or when the template cannot be read)."""
 
 from __future__ import annotations
 
@@ -15,4 +16,5 @@ class LedgerSettings(SettingsBase):
     memory_mb: int = Field(default=512, ge=1)
     """Memory of a sandbox whose template sets no memory limit."""
     kept_mb: int = Field(default=1024, ge=0)
-    """What a paused sandbox keeps, when its template sets no disk size."""
+    """What a paused sandbox keeps, when its template sets no disk size (a template with
+    `persist: none` keeps 0)."""

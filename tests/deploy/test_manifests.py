@@ -171,8 +171,9 @@ def test_nats_gets_every_password_and_the_shipped_config(rendered: Any) -> None:
 # hooks; the snapshotter: List and prePause; the scheduler: activity inside; the builder: builds).
 DIALS_SANDBOXES = {"proxy", "scaler", "snapshotter", "scheduler", "builder"}
 # Services that read the templates (the api: a create's template; the scaler: pods and hooks;
-# the snapshotter: prePause and maxLifetime; the scheduler: the activity policy).
-READS_TEMPLATES = {"api", "scaler", "snapshotter", "scheduler"}
+# the snapshotter: prePause and maxLifetime; the scheduler: the activity policy; the ledger:
+# each sandbox's size).
+READS_TEMPLATES = {"api", "scaler", "snapshotter", "scheduler", "ledger"}
 
 
 def test_services_that_dial_sandboxes_carry_the_sandbox_access_label(rendered: Any) -> None:
