@@ -254,3 +254,21 @@ def test_a_local_template_that_persists_nothing_keeps_zero_bytes(tmp_path: Path)
         except NotFound:
             continue
         raise AssertionError(hostile)
+
+
+def test_a_user_built_template_is_read_from_the_built_folder(tmp_path: Path) -> None:
+    """Local runtime: a built template is ``<build id>.yaml`` under the data dir, with the
+    build's cpuCount/memoryMB as its limits (services/builder); the operator's folder wins."""
+    build_id = "0b8e5f0c-1d2e-4f3a-9b4c-5d6e7f8a9b0c"
+    built, operator = tmp_path / "built", tmp_path / "operator"
+    built.mkdir()
+    operator.mkdir()
+    (built / f"{build_id}.yaml").write_text(
+        "resources:\n  limits:\n    cpu: '3'\n    memory: 3072Mi\n    disk: 2Gi\n"
+    )
+    assert read_size("local", operator, built, build_id) == TemplateSize(
+        cpu=3, memory_bytes=3072 * MIB, kept_bytes=2 * 1024 * MIB
+    )
+    (built / "sandbox-base.yaml").write_text("resources:\n  limits:\n    cpu: '8'\n")
+    (operator / "sandbox-base.yaml").write_text("resources:\n  limits:\n    cpu: 250m\n")
+    assert read_size("local", operator, built, "sandbox-base").cpu == 0.25
