@@ -40,6 +40,7 @@ USERS = (
     "scaler",
     "deliverer",
     "ledger",
+    "builder",
     "platform",
 )
 
@@ -102,6 +103,7 @@ def test_each_service_process_holds_only_its_own_password(placeholder_bus: Embed
         "scaler",
         "deliverer",
         "ledger",
+        "builder",
     }
     for name, pid in pids.items():
         env = environ_of(pid)
@@ -130,15 +132,26 @@ async def test_service_cannot_leave_its_lane(placeholder_bus: EmbeddedBus, servi
 
 @pytest.mark.parametrize(
     "user",
-    ["scaler", "snapshotter", "api", "proxy", "scheduler", "deliverer", "ledger", "platform"],
+    [
+        "scaler",
+        "snapshotter",
+        "builder",
+        "api",
+        "proxy",
+        "scheduler",
+        "deliverer",
+        "ledger",
+        "platform",
+    ],
 )
 async def test_only_the_runtime_services_reach_the_workload_records(
     placeholder_bus: EmbeddedBus, user: str
 ) -> None:
-    """The local runtime's bucket (pods' tokens and envs) is the scaler's and snapshotter's."""
+    """The local runtime's bucket (pods' tokens and envs) is the scaler's and snapshotter's, and
+    the builder's (its build pods are local-runtime workloads)."""
     async with connect(placeholder_bus, user, inbox_prefix=f"_INBOX_{user}") as (nc, errors):
         js = nc.jetstream()
-        if user in {"scaler", "snapshotter"}:
+        if user in {"scaler", "snapshotter", "builder"}:
             kv = await js.key_value(t.KV_WORKLOADS)
             await kv.put(f"probe.{user}", b"x")
             assert (await kv.get(f"probe.{user}")).value == b"x"
