@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -44,26 +43,41 @@ def test_keepalive_file_and_endpoint(tmp_path: Path) -> None:
     assert activity.report()["last"]["keepalive"] >= marker.stat().st_mtime
 
 
+# Run as its own process, like the daemon: the sampler counts every descendant of the process it
+# runs in, and pytest's own children (session nats-server, the real node's kubelet and apiserver)
+# are busy whenever the rest of the suite is.
+SAMPLER = """
+import subprocess, sys, time
+from services.envd.activity import Activity
+
+activity = Activity()
+idle = subprocess.Popen(["sleep", "30"])
+activity.sample_cpu()
+time.sleep(0.5)
+activity.sample_cpu()
+print("idle", activity.cpu is None, flush=True)
+idle.kill()
+idle.wait()
+burn = "import time\\nend = time.process_time() + 0.4\\nwhile time.process_time() < end: pass\\n"
+busy = subprocess.Popen([sys.executable, "-c", burn + "time.sleep(30)"])
+activity.sample_cpu()
+deadline = time.monotonic() + 30
+while activity.cpu is None and time.monotonic() < deadline:
+    time.sleep(0.5)
+    activity.sample_cpu()
+print("busy", activity.cpu is not None, flush=True)
+busy.kill()
+busy.wait()
+"""
+
+
 def test_cpu_counts_a_busy_child_not_an_idle_one() -> None:
-    activity = Activity()
-    idle = subprocess.Popen(["sleep", "30"])
-    try:
-        activity.sample_cpu()
-        time.sleep(0.5)
-        activity.sample_cpu()
-        assert activity.cpu is None
-    finally:
-        idle.kill()
-        idle.wait()
-    burn = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
-    busy = subprocess.Popen([sys.executable, "-c", burn + "time.sleep(30)"])
-    try:
-        activity.sample_cpu()
-        deadline = time.monotonic() + 30
-        while activity.cpu is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-            activity.sample_cpu()
-        assert activity.cpu is not None
-    finally:
-        busy.kill()
-        busy.wait()
+    out = subprocess.run(
+        [sys.executable, "-c", SAMPLER],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    ).stdout.split()
+    assert out == ["idle", "True", "busy", "True"]
