@@ -33,6 +33,9 @@ class SnapshotRef(BaseModel):
     captured_at: str
     process_count: int
     annotation: str  # the base64 value, as stored on the ReplicaSet (shown as metadata.snapshot)
+    # The pause command that captured it: how a redelivered pause recognises its own capture.
+    # None for an origin (a stored snapshot a sandbox starts from) and for records written before.
+    pause_msg_id: str | None = None
 
 
 class SandboxRecord(BaseModel):

@@ -165,15 +165,25 @@ def store_snapshot(cmd_msg_id: str, ref: SnapshotRef) -> Mutation:
     check = _require("pause", cmd_msg_id)
 
     def mutate(record: SandboxRecord) -> SandboxRecord:
-        return check(record).model_copy(update={"snapshot": ref})
+        stored = ref.model_copy(update={"pause_msg_id": cmd_msg_id})
+        return check(record).model_copy(update={"snapshot": stored})
 
     return mutate
 
 
 def snapshot_of_this_pause(record: SandboxRecord) -> SnapshotRef | None:
-    """The record's snapshot if it was captured during the pause in flight (not a previous one)."""
+    """The record's snapshot if it was captured during the pause in flight (not a previous one).
+
+    Known by the pause command that stored it: a time rule would take a previous pause's
+    capture for this one when a pause follows a resume within the allowed skew, and the sandbox
+    would come back with the processes of its earlier life."""
     if record.state != S.PAUSING or record.pending is None or record.snapshot is None:
         return None
+    if record.snapshot.pause_msg_id is not None:
+        mine = record.snapshot.pause_msg_id == record.pending.cmd_msg_id
+        return record.snapshot if mine else None
+    # Stored before the command id was kept: the capture happens after the pause began; allow a
+    # little clock skew between replicas.
     captured = parse_captured_time(record.snapshot.captured_at)
     # The capture happens after the pause began; allow a little clock skew between replicas.
     if captured + timedelta(seconds=5) < record.pending.started_at:

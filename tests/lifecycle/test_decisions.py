@@ -90,8 +90,30 @@ def test_paused_requires_a_snapshot_of_this_pause() -> None:
         id=snap.id, captured_at=snap.captured_time, process_count=0, annotation=snap.encode()
     )
     done = t.paused(generation=3, retention=timedelta(days=30))(t.store_snapshot("p", ref)(pausing))
-    assert done.state == SandboxState.PAUSED and done.generation == 4 and done.snapshot == ref
+    assert done.state == SandboxState.PAUSED and done.generation == 4
+    assert done.snapshot == ref.model_copy(update={"pause_msg_id": "p"})
     assert done.retain_until is not None and done.host is None and done.deadline is None
+
+
+def test_a_previous_pause_capture_moments_ago_is_not_this_pause_s() -> None:
+    """Pause, resume, pause again within a second: the second pause must capture afresh (it
+    took the first capture for its own and replayed the first life's processes)."""
+    snap = Snapshot.capture([], at=t.now())
+    ref = SnapshotRef(
+        id=snap.id, captured_at=snap.captured_time, process_count=0, annotation=snap.encode()
+    )
+    first = t.store_snapshot("p1", ref)(
+        t.begin("pause", "p1", generation=3)(rec(SandboxState.RUNNING))
+    )
+    # Resumed and running again (generation 5), still carrying the first capture.
+    again = first.model_copy(
+        update={"state": SandboxState.RUNNING, "pending": None, "generation": 5}
+    )
+    second = t.begin("pause", "p2", generation=5)(again)
+    assert t.snapshot_of_this_pause(second) is None
+    with pytest.raises(IllegalTransition):
+        t.paused(generation=5, retention=timedelta(days=30))(second)
+    assert t.snapshot_of_this_pause(t.store_snapshot("p2", ref)(second)) is not None
 
 
 def test_failed_only_for_the_owner() -> None:
