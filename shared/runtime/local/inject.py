@@ -161,19 +161,7 @@ def _in_child(
             os.write(write, struct.pack("ii", code, step))
         os._exit(0)
     os.close(write)
-    try:
-        data = b""
-        while len(data) < 8:
-            chunk = os.read(read, 8 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(read)
-        os.waitpid(pid, 0)
-    if len(data) < 8:
-        raise RuntimeFailure("the helper that enters the pod died")
-    code, step = struct.unpack("ii", data)
+    code, step = _outcome(pid, read)
     if code:
         what = (
             "cannot set the pod's hostname"
@@ -276,6 +264,14 @@ def _in_child_switch(mnt_ns: int, tree: int, points: list[tuple[str, bool]], own
             os.write(write, struct.pack("ii", code, step))
         os._exit(0)
     os.close(write)
+    code, step = _outcome(pid, read)
+    if code:
+        reason = os.strerror(code) if code != 255 else "error"
+        raise RuntimeFailure(f"cannot switch the pod's root (step {step}): {reason}")
+
+
+def _outcome(pid: int, read: int) -> tuple[int, int]:
+    """The forked helper's (errno, step it reached), read from its pipe; the helper is reaped."""
     try:
         data = b""
         while len(data) < 8:
@@ -289,9 +285,7 @@ def _in_child_switch(mnt_ns: int, tree: int, points: list[tuple[str, bool]], own
     if len(data) < 8:
         raise RuntimeFailure("the helper that enters the pod died")
     code, step = struct.unpack("ii", data)
-    if code:
-        reason = os.strerror(code) if code != 255 else "error"
-        raise RuntimeFailure(f"cannot switch the pod's root (step {step}): {reason}")
+    return code, step
 
 
 def _make_dirs(target: str, owner: int) -> None:
