@@ -1,11 +1,14 @@
 """Warm pools on Kubernetes (shared/runtime/kubernetes/pools.py): a real kube-apiserver and
 controller-manager (the ReplicaSet controller adopts the claimed pod), the test kubelet running
 the real daemon. Templates with ``persist: none`` only (a pool pod cannot carry a sandbox's
-claim)."""
+claim). Two scaler replicas claim at once; the process keeping the pool (pool_owner.py) is
+killed -9 between a claim and its binding."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +17,24 @@ import httpx
 import pytest
 import yaml
 from kubernetes.aio import client as k8s
+from kubernetes.aio.client.exceptions import ApiException
 
-from shared.ports.workloads import Endpoint, WorkloadSpec
+from shared.ports.workloads import (
+    LABEL_MANAGED_BY,
+    LABEL_SANDBOX_ID,
+    MANAGED_BY,
+    Endpoint,
+    WorkloadSpec,
+)
 from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
 from shared.runtime.kubernetes.objects import ANNOTATION_PERSIST
-from shared.runtime.kubernetes.pools import ANNOTATION_SECRET, LABEL_POOL
+from shared.runtime.kubernetes.pools import (
+    ANNOTATION_BOUND,
+    ANNOTATION_CLAIMED,
+    ANNOTATION_SECRET,
+    LABEL_POOL,
+    claim_patch,
+)
 from tests.k8s.kubelet import TestKubelet
 from tests.k8s.rig import ClusterAccess
 from tests.k8s.test_runtime_kubernetes import pods_of
@@ -28,32 +44,44 @@ pytestmark = [pytest.mark.k8s, pytest.mark.timeout(240)]
 TEMPLATE = "sandbox-fresh"
 
 
-@pytest.fixture
-async def pooled(
-    tmp_path: Path, k8s_cluster: ClusterAccess, k8s_kubelet: TestKubelet, k8s_namespace: str
-) -> AsyncIterator[KubernetesRuntime]:
+def write_template(folder: Path) -> Path:
+    """``TEMPLATE``: ``sandbox-base`` with ``persist: none`` (what pools serve), in ``folder``."""
     document: dict[str, Any] = yaml.safe_load((DEFAULT_TEMPLATES / "sandbox-base.yaml").read_text())
     document["metadata"]["name"] = TEMPLATE
     meta = document["template"].setdefault("metadata", {})
     meta.setdefault("annotations", {})[ANNOTATION_PERSIST] = "none"
-    (tmp_path / f"{TEMPLATE}.yaml").write_text(yaml.safe_dump(document))
+    (folder / f"{TEMPLATE}.yaml").write_text(yaml.safe_dump(document))
+    return folder
+
+
+async def pooled_runtime(
+    cluster: ClusterAccess, namespace: str, templates: Path, size: int, claim_timeout: float
+) -> KubernetesRuntime:
     runtime = await KubernetesRuntime.from_kubeconfig(
-        Path(k8s_cluster.kubeconfig),
-        namespace=k8s_namespace,
-        templates=PodTemplates(tmp_path, DEFAULT_TEMPLATES),
-        pools={TEMPLATE: 1},
+        Path(cluster.kubeconfig),
+        namespace=namespace,
+        templates=PodTemplates(templates, DEFAULT_TEMPLATES),
+        pools={TEMPLATE: size},
     )
-    runtime.start_pools(interval=0.2, claim_timeout=30)
+    runtime.start_pools(interval=0.2, claim_timeout=claim_timeout)
+    return runtime
+
+
+@pytest.fixture
+async def pooled(
+    tmp_path: Path, k8s_cluster: ClusterAccess, k8s_kubelet: TestKubelet, k8s_namespace: str
+) -> AsyncIterator[KubernetesRuntime]:
+    runtime = await pooled_runtime(k8s_cluster, k8s_namespace, write_template(tmp_path), 1, 30)
     yield runtime
     await runtime.close()
 
 
-async def until_warm(rt: KubernetesRuntime) -> None:
+async def until_warm(rt: KubernetesRuntime, size: int = 1) -> None:
     for _ in range(600):
-        if await rt.warm_pods(TEMPLATE) >= 1:
+        if await rt.warm_pods(TEMPLATE) >= size:
             return
         await asyncio.sleep(0.2)
-    pytest.fail("no warm pod within 120 s")
+    pytest.fail(f"not {size} warm pods within 120 s")
 
 
 async def envs(ep: Endpoint, token: str) -> tuple[int, dict[str, str]]:
@@ -116,3 +144,187 @@ async def test_create_and_resume_claim_warm_pods_adopted_by_the_replica_set(
         assert len(await pods_of(admin_api, rt.namespace, n)) == 1
     for n in (name, *names):
         await rt.delete(n)
+
+
+def sandbox_spec(name: str) -> WorkloadSpec:
+    """As tests/k8s/pool_owner.py makes them: token ``tok-<name>``, env ``WHO=<name>``."""
+    return WorkloadSpec(
+        name=name, owner="alice", template=TEMPLATE, envs={"WHO": name}, access_token=f"tok-{name}"
+    )
+
+
+async def unsettled(api: k8s.ApiClient, namespace: str, sandboxes: list[str], size: int) -> str:
+    """Why the namespace's pods are not (yet) what a pool must leave: every pod either in the
+    pool (unclaimed, nobody's), or adopted by exactly the ReplicaSet of the sandbox its labels
+    name (and bound to it, when it came from the pool), one pod per sandbox, the pool full.
+    Empty when settled."""
+    listed = await k8s.CoreV1Api(api).list_namespaced_pod(
+        namespace, label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+    )
+    held: dict[str, list[str]] = {}
+    pool = 0
+    for item in listed.items:
+        pod = api.sanitize_for_serialization(item)  # type: ignore[no-untyped-call]
+        meta = pod["metadata"]
+        labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+        owners = meta.get("ownerReferences") or []
+        if meta.get("deletionTimestamp"):
+            return f"{meta['name']} still terminating"
+        if LABEL_POOL in labels:
+            if owners or ANNOTATION_CLAIMED in notes:
+                return f"pool pod {meta['name']} claimed or owned while still in the pool"
+            pool += 1
+            continue
+        sandbox = labels.get(LABEL_SANDBOX_ID)
+        rs = [(o["kind"], o["name"], o.get("controller")) for o in owners]
+        if sandbox not in sandboxes or rs != [("ReplicaSet", sandbox, True)]:
+            return f"{meta['name']} of {sandbox!r} is owned by {rs}"
+        if ANNOTATION_CLAIMED in notes and (
+            ANNOTATION_BOUND not in notes or notes[ANNOTATION_CLAIMED] != sandbox
+        ):
+            return f"{meta['name']} claimed by {notes[ANNOTATION_CLAIMED]!r}, held by {sandbox}"
+        held.setdefault(sandbox, []).append(meta["name"])
+    if any(len(held.get(s, [])) != 1 for s in sandboxes):
+        return f"not one pod per sandbox: {held}"
+    if pool != size:
+        return f"{pool} pool pods, not {size}"
+    return ""
+
+
+async def until_settled(
+    api: k8s.ApiClient, namespace: str, sandboxes: list[str], size: int
+) -> None:
+    why = ""
+    for _ in range(600):
+        if not (why := await unsettled(api, namespace, sandboxes, size)):
+            return
+        await asyncio.sleep(0.2)
+    pytest.fail(f"pods not settled within 120 s: {why}")
+
+
+async def served_by_own_pod(rt: KubernetesRuntime, names: list[str]) -> list[Endpoint]:
+    """Each sandbox ready on a pod of its own whose daemon holds its token and env."""
+    eps = await asyncio.gather(*(rt.wait_ready(n, timeout=90) for n in names))
+    assert len({e.pod_uid for e in eps}) == len(names)
+    for i, (name, ep) in enumerate(zip(names, eps, strict=True)):
+        code, values = await envs(ep, f"tok-{name}")
+        assert code == 200, (name, code)
+        assert (await envs(ep, f"tok-{names[i - 1]}"))[0] == 401  # nobody else's
+        # /envs lists what /init set: a warm pod's binding; a cold pod has its env from the
+        # pod spec (and the sandbox id from the API's /init, which this test does not send).
+        assert values.get("E2B_SANDBOX_ID", name) == name
+        assert values.get("WHO", name) == name
+    return eps
+
+
+async def test_two_scaler_replicas_never_hand_one_pod_to_two_sandboxes(
+    tmp_path: Path,
+    k8s_cluster: ClusterAccess,
+    k8s_kubelet: TestKubelet,
+    k8s_namespace: str,
+    admin_api: k8s.ApiClient,
+) -> None:
+    """Two runtimes (two scaler replicas) keep one pool of two and serve creates and resumes at
+    once: every sandbox gets a pod of its own, bound to it alone, and the pool is full again."""
+    templates, ns = write_template(tmp_path), k8s_namespace
+    replicas = [await pooled_runtime(k8s_cluster, ns, templates, 2, 30) for _ in range(2)]
+    try:
+        await until_warm(replicas[0], 2)
+        # The guard the claim relies on: two merge patches at one resourceVersion, one winner.
+        core = k8s.CoreV1Api(admin_api)
+        listed = await core.list_namespaced_pod(ns, label_selector=LABEL_POOL)
+        probe = admin_api.sanitize_for_serialization(listed.items[0])  # type: ignore[no-untyped-call]
+        await core.patch_namespaced_pod(
+            probe["metadata"]["name"], ns, claim_patch(probe, {}, claimer="first")
+        )
+        with pytest.raises(ApiException) as lost:
+            await core.patch_namespaced_pod(
+                probe["metadata"]["name"], ns, claim_patch(probe, {}, claimer="second")
+            )
+        assert lost.value.status == 409
+        await core.delete_namespaced_pod(probe["metadata"]["name"], ns, grace_period_seconds=0)
+
+        resumed = ["sbx-r1", "sbx-r2"]
+        for i, name in enumerate(resumed):
+            await replicas[i].create(sandbox_spec(name))
+            await replicas[i].wait_ready(name, timeout=90)
+            await replicas[i].scale(name, 0)
+            await replicas[i].wait_stopped(name, timeout=90)
+        await until_warm(replicas[0], 2)
+        created = [f"sbx-c{i}" for i in range(4)]
+        await asyncio.gather(
+            *(replicas[i % 2].create(sandbox_spec(n)) for i, n in enumerate(created)),
+            *(replicas[i % 2].scale(n, 1) for i, n in enumerate(resumed)),
+        )
+        eps = await served_by_own_pod(replicas[1], [*created, *resumed])
+        assert any(e.warm for e in eps), "no claim took a warm pod"
+        assert not all(e.warm for e in eps), "more warm pods than the pool held"
+        await until_settled(admin_api, ns, [*created, *resumed], 2)
+    finally:
+        for rt in replicas:
+            await rt.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+async def test_kill9_of_the_scaler_during_claims_leaves_no_orphan_pods(
+    tmp_path: Path,
+    k8s_cluster: ClusterAccess,
+    k8s_kubelet: TestKubelet,
+    k8s_namespace: str,
+    admin_api: k8s.ApiClient,
+) -> None:
+    """The process keeping the pool (tests/k8s/pool_owner.py) is killed -9 right after a claim's
+    first step, with creates and resumes in flight. A restarted one, given the same commands
+    again (as the bus redelivers them), leaves every pod in the pool, adopted by the one
+    sandbox it is bound to, or deleted; and the pool full."""
+    templates, ns, size = write_template(tmp_path), k8s_namespace, 2
+    created, resumed = [f"sbx-k{i}" for i in range(3)], ["sbx-kr1", "sbx-kr2"]
+    argv = [
+        sys.executable,
+        str(Path(__file__).with_name("pool_owner.py")),
+        *("--kubeconfig", str(k8s_cluster.kubeconfig), "--namespace", ns),
+        *("--templates-dir", str(templates), "--pool", f"{TEMPLATE}={size}"),
+        *(a for n in created for a in ("--create", n)),
+        *(a for n in resumed for a in ("--resume", n)),
+        *("--slow-bind", "2"),
+    ]
+    owner = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    rt = None
+    try:
+        assert owner.stdout is not None
+        ready = False
+        for line in owner.stdout:  # kill -9 right after the burst's first claim step
+            ready = ready or line.startswith("POOL READY")
+            if ready and "k8s_pool_claim_taken" in line:
+                break
+        else:
+            pytest.fail(f"the owner exited with {owner.wait(10)} before claiming")
+        owner.kill()
+        owner.wait(10)
+        listed = await k8s.CoreV1Api(admin_api).list_namespaced_pod(ns)
+        mid_claim = {
+            p.metadata.name
+            for p in listed.items
+            if ANNOTATION_CLAIMED in (notes := p.metadata.annotations or {})
+            and ANNOTATION_BOUND not in notes
+        }
+        assert mid_claim, "the kill did not land between a claim and its binding"
+
+        rt = await pooled_runtime(k8s_cluster, ns, templates, size, 5)
+        await asyncio.gather(
+            *(rt.create(sandbox_spec(n)) for n in created), *(rt.scale(n, 1) for n in resumed)
+        )
+        await served_by_own_pod(rt, [*created, *resumed])
+        await until_settled(admin_api, ns, [*created, *resumed], size)
+        await until_warm(rt, size)
+        left = {
+            p.metadata.name for p in (await k8s.CoreV1Api(admin_api).list_namespaced_pod(ns)).items
+        }
+        assert not mid_claim & left  # never served: its daemon still held the pool's token
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(10)
+        if rt is not None:
+            await rt.close()

@@ -167,7 +167,12 @@ class KubernetesRuntime:
         template = self._templates.get(spec.template)
         size = claim_size(template)  # before the data volume becomes the claim
         body = replica_set_body(spec, template)
-        if spec.replicas == 1 and spec.access_token and self._serves(spec.template, template):
+        if (
+            spec.replicas == 1
+            and spec.access_token
+            and self._serves(spec.template, template)
+            and await self._read(spec.name) is None  # a retried create: it has its pod
+        ):
             # Before the ReplicaSet exists: it adopts the warm pod as its one replica at once.
             pod_meta = body["spec"]["template"].get("metadata") or {}
             await self._claim_warm(
@@ -419,14 +424,15 @@ class KubernetesRuntime:
                 with api_errors(f"create pool pod in {self._ns}"):
                     await self._core.create_namespaced_pod(self._ns, k8s.V1Pod.model_validate(body))
                 log.info("k8s_pool_filling", template=template, pod=body["metadata"]["name"])
+            # Two scalers filled one slot: the extras go (both pick the same ones).
             for extra in sorted(live, key=lambda p: p["metadata"]["name"])[size:]:
-                await self._delete_pod(extra)  # two scalers filled one slot: the extra goes
+                await self._delete_pod(extra, as_seen=True)
         # A claimed pod never bound, or never adopted, after the claim timeout: its claimer died.
         claimed, _ = await self._pods(selector({LABEL_MANAGED_BY: MANAGED_BY}))
         now = time.time()
         for pod in claimed:
             annotations = pod["metadata"].get("annotations") or {}
-            if ANNOTATION_CLAIMED not in annotations:
+            if ANNOTATION_CLAIMED not in annotations or is_terminating(pod):
                 continue
             adopted = bool(pod["metadata"].get("ownerReferences"))
             if adopted and ANNOTATION_BOUND in annotations:
@@ -434,14 +440,21 @@ class KubernetesRuntime:
             since = float(annotations.get(ANNOTATION_CLAIMED_AT, "0") or 0)
             if now - since > claim_timeout:
                 log.warning("k8s_pool_claim_abandoned", pod=pod["metadata"]["name"])
-                await self._delete_pod(pod)
+                await self._delete_pod(pod, as_seen=True)
 
-    async def _delete_pod(self, pod: Pod) -> None:
+    async def _delete_pod(self, pod: Pod, *, as_seen: bool = False) -> None:
+        """Delete ``pod`` (this one, by uid). ``as_seen``: only at the version it was judged at;
+        a pod claimed, bound or adopted since (another scaler's claim, its ReplicaSet) stays."""
+        meta = pod["metadata"]
+        preconditions = {"uid": meta["uid"]}
+        if as_seen:
+            preconditions["resourceVersion"] = meta["resourceVersion"]
+        options = k8s.V1DeleteOptions.model_validate({"preconditions": preconditions})
         try:
-            with api_errors(f"delete pod {self._ns}/{pod['metadata']['name']}"):
-                await self._core.delete_namespaced_pod(pod["metadata"]["name"], self._ns)
-        except NotFound:
-            pass
+            with api_errors(f"delete pod {self._ns}/{meta['name']}"):
+                await self._core.delete_namespaced_pod(meta["name"], self._ns, body=options)
+        except (NotFound, Conflict):
+            pass  # gone, or changed meanwhile: the next look decides again
 
     async def _warm_resume(self, name: str) -> dict[str, Any] | None:
         """What a claim for stopped workload ``name`` needs, or None when it takes no warm pod."""
@@ -499,6 +512,7 @@ class KubernetesRuntime:
                 if isinstance(e, RuntimeFailure) and not _lost_race(e):
                     raise
                 continue  # another claim took it
+            log.info("k8s_pool_claim_taken", name=claimer, pod=pod_name)
             secret = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_SECRET, "")
             try:
                 await self._bind(pod["status"]["podIP"], secret, token, env)
