@@ -44,6 +44,7 @@ from shared.models.messages import (
     ProcessOutcome,
     ResumeSandbox,
     SandboxCreated,
+    SandboxFailed,
     SandboxKilled,
     SandboxPaused,
     SandboxResumed,
@@ -249,7 +250,10 @@ class Scaler:
             await self._runtime.scale(sid, 1)
             spans.mark("scale")
             await progress()
-            endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
+            try:
+                endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
+            except ReadyFailed as e:  # the template's ready command never succeeded
+                return await self._fail_back_to_paused(record, cmd_msg_id, str(e))
             spans.mark("ready")
             await progress()
             # Annotations as read before the scale: only this resume writes them meanwhile.
@@ -289,6 +293,33 @@ class Scaler:
         log.info("resume_timing", **spans.as_ms())
         for o in outcomes:
             metrics.REPLAYED.labels("ok" if o.error is None else "error").inc()
+        return "done"
+
+    async def _fail_back_to_paused(
+        self, record: SandboxRecord, cmd_msg_id: str, reason: str
+    ) -> Outcome:
+        """A resumed pod that never became ready: no retry heals it, and the sandbox's snapshot
+        is untouched (nothing was replayed), so the pod stops again and the sandbox stays
+        paused with the reason; ``sandbox.evt.failed`` (op ``resume``) answers the waiter."""
+        sid = record.sandbox_id
+        if not t.can_fail_back_to_paused(record):
+            await self._runtime.scale(sid, 0)
+            raise PermanentFailure(reason)
+        await self._runtime.scale(sid, 0)
+        await self._runtime.wait_stopped(sid, timeout=self._stop_timeout)
+        record = await self._store.update(sid, t.resume_failed(cmd_msg_id, reason))
+        await emit(
+            self._publisher,
+            SandboxFailed(
+                sandbox_id=sid,
+                generation=record.generation,
+                at=t.now(),
+                op="resume",
+                reason=reason,
+            ),
+        )
+        metrics.observe("resume", "failed", None)
+        log.warning("resume_failed_back_to_paused", reason=reason)
         return "done"
 
     async def _publish_resumed(self, record: SandboxRecord) -> None:

@@ -39,6 +39,7 @@ Step = Literal[
     "killed",
     "failed",
     "pause_refused",
+    "resume_failed",
 ]
 
 
@@ -66,6 +67,9 @@ TABLE: dict[Step, Rule] = {
     "failed": _rule({S.CREATING, S.PAUSING, S.RESUMING, S.KILLING}, S.FAILED),
     # A prePause hook refused the pause before anything was captured: back to running.
     "pause_refused": _rule({S.PAUSING}, S.RUNNING),
+    # The resumed pod never became ready (its template's ready command kept failing): the pod is
+    # stopped again and the sandbox stays paused with its snapshot, the reason on the record.
+    "resume_failed": _rule({S.RESUMING}, S.PAUSED),
 }
 # The step that ends each command successfully.
 DONE: dict[Op, Step] = {
@@ -330,6 +334,40 @@ def failed(
                 "generation": record.generation + 1,
                 "pending": None,
                 "failure": redact_text(f"{op}: {reason}")[:1000],
+            }
+        )
+
+    return mutate
+
+
+def can_fail_back_to_paused(record: SandboxRecord) -> bool:
+    """A resume in flight from a real pause (a snapshot and a pause time): a failure can leave
+    it paused. One resumed from ``failed`` without them has nothing to go back to."""
+    return record.state == in_flight("resume") and (
+        record.snapshot is not None and record.paused_at is not None
+    )
+
+
+def resume_failed(cmd_msg_id: str, reason: str) -> Mutation:
+    """Resuming → paused: the resume gave up with its pod stopped again (generation+1, so the
+    API's waiter sees it end, and a retry gets a fresh message id). The snapshot, pause time and
+    retention stay as they were; ``failure`` says why until the next successful transition."""
+    check = _require("resume", cmd_msg_id)
+
+    def mutate(record: SandboxRecord) -> SandboxRecord:
+        check(record)
+        _check(record, "resume_failed", "fail a resume back to paused")
+        if not can_fail_back_to_paused(record):
+            raise _illegal(record, "fail a resume back to paused without a snapshot")
+        return record.model_copy(
+            update={
+                "state": TABLE["resume_failed"].target,
+                "generation": record.generation + 1,
+                "host": None,
+                "pod_uid": None,
+                "deadline": None,
+                "pending": None,
+                "failure": redact_text(f"resume: {reason}")[:1000],
             }
         )
 

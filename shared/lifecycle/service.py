@@ -361,7 +361,10 @@ class SandboxLifecycle:
     ) -> SandboxRecord:
         if states.is_gone(record.state):
             raise NotFound(f"sandbox {record.sandbox_id} was killed")
-        if record.state == SandboxState.FAILED:
+        if record.state == SandboxState.FAILED or (
+            # A resume that gave up back to paused (its pod never became ready).
+            op == "resume" and record.state == SandboxState.PAUSED and record.failure
+        ):
             raise RuntimeFailure(f"{op} of {record.sandbox_id} failed: {record.failure}")
         if record.state != want:
             raise IllegalTransition(

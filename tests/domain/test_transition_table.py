@@ -87,6 +87,10 @@ ATTEMPTS: dict[t.Step, Attempt] = {
         record(s, pending=owned("pause")),
         t.pause_refused(MSG, REFUSAL),
     ),
+    "resume_failed": lambda s: (
+        record(s, pending=owned("resume"), snapshot=snapshot(), paused_at=NOW),
+        t.resume_failed(MSG, "ready command failed: exit 3"),
+    ),
 }
 
 
@@ -180,3 +184,30 @@ def test_a_refused_pause_runs_on_with_the_reason_and_a_fresh_timeout() -> None:
         after.model_copy(update={"state": SandboxState.RESUMING, "pending": owned("resume")})
     )
     assert resumed.refused_pause is None
+
+
+def test_a_failed_resume_stays_paused_with_its_snapshot_and_the_reason() -> None:
+    retain = NOW + timedelta(days=1)
+    before = record(
+        SandboxState.RESUMING,
+        pending=owned("resume"),
+        snapshot=snapshot(),
+        paused_at=NOW,
+        retain_until=retain,
+    )
+    after = t.resume_failed(MSG, "ready command failed: exit 3: not yet")(before)
+    assert after.state == SandboxState.PAUSED and after.generation == GEN + 1
+    assert after.snapshot == before.snapshot and after.paused_at == NOW
+    assert after.retain_until == retain and after.pending is None
+    assert after.failure == "resume: ready command failed: exit 3: not yet"
+    with pytest.raises(IllegalTransition):  # owned by another command
+        t.resume_failed("cmd-2", "x")(before)
+    # Resumed from ``failed`` without a snapshot: nothing to go back to.
+    bare = record(SandboxState.RESUMING, pending=owned("resume"))
+    assert not t.can_fail_back_to_paused(bare)
+    with pytest.raises(IllegalTransition):
+        t.resume_failed(MSG, "x")(bare)
+    resumed = t.running(op="resume", cmd_msg_id=MSG, host="h", pod_uid="u")(
+        after.model_copy(update={"state": SandboxState.RESUMING, "pending": owned("resume")})
+    )
+    assert resumed.failure is None

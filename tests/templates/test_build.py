@@ -222,8 +222,63 @@ def test_ready_command_that_never_succeeds_fails_the_create(tstack: Stack) -> No
         assert len(mine) == 1
         native = c.get(f"/api/v1/sandbox/{mine[0]['sandboxID']}").json()
     assert native["state"] == "failed"
-    pods = tstack.data_dir / "pods"
-    deadline = time.monotonic() + 30
+    assert _no_pods_within(tstack, 30), "the never-ready pod was left running"
+
+
+def _no_pods_within(stack: Stack, seconds: float) -> bool:
+    pods = stack.data_dir / "pods"
+    deadline = time.monotonic() + seconds
     while any(pods.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(pods.iterdir()), "the never-ready pod was left running"
+    return not any(pods.iterdir())
+
+
+def test_ready_command_that_never_succeeds_fails_the_resume_back_to_paused(
+    tstack: Stack,
+) -> None:
+    """A resumed pod whose ready command keeps failing: the SDK's connect gets an error naming
+    the ready command's exit code and output (not a hang, not a retry), the sandbox stays paused
+    with its snapshot, its pod is stopped, and a later resume brings it back.
+
+    The ready command counts its own attempts once the sandbox wrote ``unready``; it succeeds
+    only after more attempts than fit into one ready timeout (one every half second at most), so
+    the first resume fails and the second one, continuing the count, succeeds."""
+    ready_timeout = float(tstack.env["TORPOR_SCALER_READY_TIMEOUT"])
+    needed = int(2 * ready_timeout) + 10
+    count = "/home/user/unready"
+    ready = (
+        f"[ ! -e {count} ] || {{ n=$(( $(cat {count}) + 1 )); echo $n > {count}; "
+        f"[ $n -gt {needed} ] || {{ echo not yet; exit 3; }}; }}"
+    )
+    name = f"unresumable-{uuid.uuid4().hex[:8]}"
+    template = Template().from_debian_image().set_start_cmd("sleep infinity", ready)
+    Template.build(template, name, **_api(tstack))
+    sbx = Sandbox.create(name, **tstack.sdk_opts("alice"))
+    sid = sbx.sandbox_id
+    try:
+        sbx.files.write("/home/user/kept.txt", "written before the pause")
+        sbx.files.write(count, "0")
+        sbx.pause()
+        with tstack.client("alice") as c:
+            snapshot = c.get(f"/api/v1/sandbox/{sid}").json()["snapshot"]
+        assert snapshot is not None
+
+        with pytest.raises(SandboxException) as failed:
+            Sandbox.connect(sid, **tstack.sdk_opts("alice"))
+        reason = str(failed.value)
+        assert "ready command failed: exit 3: not yet" in reason, reason
+        assert "still in progress" not in reason
+        with tstack.client("alice") as c:
+            native = c.get(f"/api/v1/sandbox/{sid}").json()
+            e2b = c.get(f"/v2/sandboxes/{sid}").json()
+        assert native["state"] == "paused", native
+        assert native["snapshot"] == snapshot
+        assert "ready command failed: exit 3" in native["failure"]
+        assert e2b["state"] == "paused"
+        assert _no_pods_within(tstack, 30), "its pod was left running"
+
+        again = Sandbox.connect(sid, **tstack.sdk_opts("alice"))
+        assert again.commands.run("cat /home/user/kept.txt").stdout == "written before the pause"
+        assert any("sleep infinity" in " ".join([p.cmd, *p.args]) for p in again.commands.list())
+    finally:
+        Sandbox.kill(sid, **tstack.sdk_opts("alice"))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from services.envd.startup import LAST_OUTPUT_CHARS, describe_attempt
-from shared.runtime.local.workloads import not_ready_reason
+from shared.runtime.readiness import not_ready_reason
 
 pytestmark = pytest.mark.unit
 

@@ -28,6 +28,7 @@ from shared.errors import (
     Conflict,
     NotFound,
     PodNotReady,
+    ReadyFailed,
     RuntimeFailure,
     Unsupported,
 )
@@ -53,6 +54,7 @@ from shared.runtime.kubernetes.objects import (
     claim_is_ours,
     claim_name,
     claim_size,
+    current_pod,
     is_ready,
     is_terminating,
     network_policy_body,
@@ -79,6 +81,7 @@ from shared.runtime.kubernetes.pools import (
     sandbox_env,
 )
 from shared.runtime.kubernetes.templates import PodTemplates
+from shared.runtime.readiness import not_ready_reason
 
 log = structlog.get_logger()
 MERGE_PATCH = "application/merge-patch+json"
@@ -304,8 +307,30 @@ class KubernetesRuntime:
             async with asyncio.timeout(timeout):
                 return await self._wait_pods(name, lambda pods: _ready_bound(pods, rs_uid))
         except TimeoutError:
-            msg = f"no ready pod for {self._ns}/{name} within {timeout:g}s"
-            raise PodNotReady(msg) from None
+            pass
+        waiting = await self._ready_command_failure(name, rs_uid)
+        if waiting is not None:
+            # Up, but its ready command kept failing: waiting longer will not heal it.
+            msg = f"pod of {self._ns}/{name} not ready within {timeout:g}s: {waiting}"
+            raise ReadyFailed(msg)
+        msg = f"no ready pod for {self._ns}/{name} within {timeout:g}s"
+        raise PodNotReady(msg)
+
+    async def _ready_command_failure(self, name: str, rs_uid: str | None) -> str | None:
+        """Why the workload's live pod is not ready when its daemon says it still waits for
+        the template's ready command (one probe of its /health), else None (down, no pod)."""
+        pods, _ = await self._pods(sandbox_selector(name))
+        pod = current_pod(pods, rs_uid)
+        ip = (pod or {}).get("status", {}).get("podIP")
+        if not ip:
+            return None
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=10.0, trust_env=False)
+        try:
+            response = await self._http.get(f"http://{ip}:{ENVD_PORT}/health", timeout=2.0)
+        except httpx.HTTPError:
+            return None
+        return not_ready_reason(response.status_code, response.content)
 
     async def wait_stopped(self, name: str, *, timeout: float) -> None:
         try:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import sys
 import time
@@ -78,6 +77,7 @@ from shared.runtime.local.pools import is_pool_name
 from shared.runtime.local.reconciler import Reconciler
 from shared.runtime.local.records import WorkloadRecord, WorkloadStore
 from shared.runtime.local.userns import IdRangePool
+from shared.runtime.readiness import not_ready_reason
 from shared.runtime.templates import Template, load_template, template_dirs
 
 log = structlog.get_logger()
@@ -633,17 +633,3 @@ def _check_annotations(annotations: Mapping[str, str]) -> None:
     if size > MAX_ANNOTATIONS_BYTES:
         msg = f"annotations total {size} bytes, over the {MAX_ANNOTATIONS_BYTES}-byte limit"
         raise RuntimeFailure(msg)
-
-
-def not_ready_reason(status: int, body: bytes) -> str | None:
-    """The daemon's "ready command not yet" reason from a /health answer, else None."""
-    if status != 503:
-        return None
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or data.get("code") != "not_ready":
-        return None
-    message = data.get("message")
-    return message[:500] if isinstance(message, str) else "ready command failed"
