@@ -22,8 +22,11 @@ class SandboxState(StrEnum):
 
     @property
     def e2b(self) -> Literal["running", "paused"]:
-        """E2B only knows running and paused: map transitional states to the nearer one."""
-        if self in (SandboxState.PAUSED, SandboxState.PAUSING):
+        """E2B only knows running and paused (its OpenAPI ``SandboxState``; the SDK's enum
+        raises on any other value): map transitional states to the nearer one. ``failed`` is
+        not running; like paused it is still the user's, listed and killable, and a connect
+        resumes it (``RESUMABLE``), which is what E2B's "paused" promises."""
+        if self in (SandboxState.PAUSED, SandboxState.PAUSING, SandboxState.FAILED):
             return "paused"
         return "running"
 

@@ -156,6 +156,10 @@ def test_predicates_agree_with_the_table(state: SandboxState) -> None:
     )
     if states.is_up(state):
         assert not t.can_resume(state)
+    # E2B's two states: "paused" is what a connect resumes (a failed sandbox included: never
+    # "running", which would promise a pod that answers).
+    assert (state.e2b == "paused") == states.is_resumable(state)
+    assert state.e2b in ("running", "paused")
 
 
 def test_the_deadline_rule() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2b import Sandbox, Template
+from e2b import Sandbox, SandboxQuery, SandboxState, Template
 from e2b.exceptions import BuildException, SandboxException
 
 from tests.support.stack import Stack
@@ -221,7 +221,16 @@ def test_ready_command_that_never_succeeds_fails_the_create(tstack: Stack) -> No
         mine = [s for s in c.get("/v2/sandboxes").json() if s["templateID"] == info.template_id]
         assert len(mine) == 1
         native = c.get(f"/api/v1/sandbox/{mine[0]['sandboxID']}").json()
+        e2b = c.get(f"/v2/sandboxes/{mine[0]['sandboxID']}").json()
     assert native["state"] == "failed"
+    # E2B knows only running and paused: failed reads as paused (a connect resumes it).
+    assert e2b["state"] == mine[0]["state"] == "paused"
+    sid = mine[0]["sandboxID"]
+    opts = tstack.sdk_opts("alice")
+    paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED]), **opts).next_items()
+    running = Sandbox.list(query=SandboxQuery(state=[SandboxState.RUNNING]), **opts).next_items()
+    assert sid in {s.sandbox_id for s in paused}
+    assert sid not in {s.sandbox_id for s in running}
     assert _no_pods_within(tstack, 30), "the never-ready pod was left running"
 
 
