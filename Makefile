@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SETUP_STAMP := $(VENV)/.torpor-setup
 
-.PHONY: up test unit setup lint typecheck imports k8s-bins rootfs images pytest
+.PHONY: up test unit setup lint typecheck imports k8s-bins registry-bin rootfs images pytest
 
 setup: $(SETUP_STAMP)
 
@@ -20,6 +20,14 @@ k8s-bins:
 	@if ! scripts/build-k8s.sh >/dev/null; then \
 	  if [ "$$CI" = "true" ]; then echo "make: scripts/build-k8s.sh failed" >&2; exit 1; fi; \
 	  echo "make: scripts/build-k8s.sh failed; Kubernetes tests will skip" >&2; \
+	fi
+
+# The OCI registry of the Kubernetes test rig (go-containerregistry's crane; cached outside the
+# repo; a small Go build).
+registry-bin:
+	@if ! scripts/build-registry.sh >/dev/null; then \
+	  if [ "$$CI" = "true" ]; then echo "make: scripts/build-registry.sh failed" >&2; exit 1; fi; \
+	  echo "make: scripts/build-registry.sh failed; registry tests will skip" >&2; \
 	fi
 
 # The local runtime's sandbox root filesystem (Debian via debootstrap, cached outside the repo;
@@ -45,7 +53,7 @@ imports: setup
 	$(BIN)/lint-imports
 
 # pytest exit code 5 ("no tests collected") is a failure, not a pass.
-pytest: setup k8s-bins rootfs images
+pytest: setup k8s-bins registry-bin rootfs images
 	$(BIN)/pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

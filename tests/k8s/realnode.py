@@ -85,6 +85,9 @@ class RealNodeAccess:
     pod_logs: Path  # the kubelet's podLogsDir: <namespace>_<pod>_<uid>/<container>/<n>.log
     images: dict[str, str]  # short name -> the reference pods use (e.g. sandbox-base)
     started_in: float
+    registry: str  # host:port of the rig's OCI registry (plain HTTP; containerd pulls from it);
+    # "" when crane is not built (off CI only)
+    image_archives: dict[str, Path] = field(default_factory=dict)  # short name -> OCI archive
 
 
 def missing_prerequisites() -> list[str]:
@@ -207,6 +210,7 @@ class RealNode:
     bin_dir: Path
     workdir: Path
     images: dict[str, tuple[str, Path]]
+    registry_bin: Path | None = None  # None: no registry (off CI, crane not built)
     rig_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     plane: ControlPlane | None = None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -214,7 +218,9 @@ class RealNode:
     service_cidr: ipaddress.IPv4Network | None = None
     cgroups: list[Path] = field(default_factory=list)
     started_in: float = 0.0
+    registry: str = ""
     _proxy_lock: Any = None
+    _registry: Any = None
 
     @property
     def node_name(self) -> str:
@@ -250,6 +256,8 @@ class RealNode:
                 audited_namespaces=AUDITED_NAMESPACES,
             ).start(timeout=timeout)
             self._start_scheduler()
+            if self.registry_bin is not None:
+                self._start_registry()
             self._start_containerd(began + timeout)
             self._import_images()
             self._start_kubelet(began + timeout)
@@ -276,6 +284,8 @@ class RealNode:
             pod_logs=self.workdir / "pod-logs",
             images={short: ref for short, (ref, _) in self.images.items()},
             started_in=self.started_in,
+            registry=self.registry,
+            image_archives={short: archive for short, (_, archive) in self.images.items()},
         )
 
     # ------------------------------------------------------------ pieces
@@ -296,6 +306,15 @@ class RealNode:
             ],
             self.workdir / "kube-scheduler.log",
         )
+
+    def _start_registry(self) -> None:
+        """The rig's OCI registry (tests/k8s/registry.py): on 127.0.0.1, so containerd and the
+        host's processes reach it and no pod does."""
+        from tests.k8s.registry import run_registry
+
+        assert self.registry_bin is not None
+        self._registry = run_registry(self.registry_bin, self.workdir / "registry")
+        self.registry = self._registry.__enter__().host
 
     def _ctr(self, *args: str, timeout: float = 300) -> str:
         done = subprocess.run(
@@ -386,6 +405,8 @@ state = "{base / "state"}"
   enable_selinux = false
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{base / "certs.d"}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN}"
     conf_dir = "{cni_conf}"
@@ -400,6 +421,14 @@ state = "{base / "state"}"
 """
         base.mkdir(parents=True, exist_ok=True)
         (base / "config.toml").write_text(config)
+        # the rig's registry speaks plain HTTP: say so for its host (hosts.toml, config_path)
+        hosts = base / "certs.d" / (self.registry or "none")
+        hosts.mkdir(parents=True, exist_ok=True)
+        if self.registry:
+            (hosts / "hosts.toml").write_text(
+                f'server = "http://{self.registry}"\n\n'
+                f'[host."http://{self.registry}"]\n  capabilities = ["pull", "resolve"]\n'
+            )
         self.processes["containerd"] = spawn(
             ["containerd", "--config", str(base / "config.toml")],
             self.workdir / "containerd.log",
@@ -638,6 +667,9 @@ state = "{base / "state"}"
         self._unmount_under(self.workdir)
         if self.plane is not None:
             self.plane.stop()
+        if self._registry is not None:
+            self._registry.__exit__(None, None, None)
+            self._registry = None
         subprocess.run(
             ["ip", "link", "del", self.bridge], capture_output=True, check=False, timeout=10
         )
@@ -746,7 +778,15 @@ def provide_real_node(workdir: Path, *, on_ci: bool) -> Iterator[RealNodeAccess]
     build = on_ci or os.environ.get("TORPOR_BUILD_K8S", "") == "1"
     bin_dir = ensure_node_binaries(build=build)
     images = ensure_images(build=build or (images_folder() / "images.txt").exists())
-    node = RealNode(bin_dir=bin_dir, workdir=workdir, images=images)
+    from tests.k8s.registry import registry_binary
+
+    try:
+        registry_bin: Path | None = registry_binary(build=build)
+    except ClusterUnavailable:
+        if on_ci:
+            raise
+        registry_bin = None  # the tests that need it skip (RealNodeAccess.registry is "")
+    node = RealNode(bin_dir=bin_dir, workdir=workdir, images=images, registry_bin=registry_bin)
     access = node.start()
     try:
         yield access

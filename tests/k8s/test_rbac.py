@@ -159,6 +159,16 @@ async def test_adapter_works_with_exactly_the_shipped_role(
             assert not await can_i(api, ns, verb, "persistentvolumeclaims"), verb
         assert not await can_i(api, ns, "create", "persistentvolumes")
         assert not await can_i(api, "default", "get", "persistentvolumeclaims")
+        # Built templates' pod templates: published, read and deleted with the Role's rights.
+        built = "4c8f3a52-0d2e-4f8b-9a1e-6b7c5d3e2f10"
+        pod = sandbox_templates().get("sandbox-base")
+        await runtime.put_pod_template(built, pod, build_id=built)
+        await runtime.put_pod_template(built, pod, build_id=built)  # a retried build replaces it
+        read = await runtime.pod_template(built)  # as stored (the server adds its defaults)
+        assert read["spec"]["containers"][0]["image"] == pod["spec"]["containers"][0]["image"]
+        await runtime.delete_pod_template(built)
+        for verb in ("list", "watch", "update", "patch", "deletecollection"):
+            assert not await can_i(api, ns, verb, "podtemplates"), verb
 
         # Outside the Role: 403 from the API server.
         core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)

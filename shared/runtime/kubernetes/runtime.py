@@ -43,6 +43,7 @@ from shared.ports.workloads import (
     Workload,
     WorkloadSpec,
 )
+from shared.runtime.kubernetes.built_templates import BuiltTemplates
 from shared.runtime.kubernetes.errors import api_errors
 from shared.runtime.kubernetes.objects import (
     ACCESS_TOKEN_ENV,
@@ -118,6 +119,8 @@ class KubernetesRuntime:
         self._control_plane_ns = control_plane_namespace
         self._ns = namespace
         self._templates = templates or PodTemplates()
+        # Templates users build: PodTemplate objects of the builder (services/builder).
+        self._built = BuiltTemplates(self._core, namespace)
         self._watch_window = watch_window  # seconds one watch request stays open
         # The StorageClass of the sandboxes' data claims; None: the cluster's default.
         self._storage_class = storage_class
@@ -166,8 +169,23 @@ class KubernetesRuntime:
 
     # ------------------------------------------------------------------ Runtime
 
+    async def pod_template(self, name: str) -> dict[str, Any]:
+        """The named template: the operator's (files or ConfigMap) first, else one a user built
+        (a PodTemplate object of the builder's in this namespace)."""
+        try:
+            return self._templates.get(name)
+        except NotFound:
+            return await self._built.get(name)
+
+    async def put_pod_template(self, name: str, template: dict[str, Any], *, build_id: str) -> None:
+        """The builder's: publish a built template's (or a build pod's) pod template."""
+        await self._built.put(name, template, build_id=build_id)
+
+    async def delete_pod_template(self, name: str) -> None:
+        await self._built.delete(name)
+
     async def create(self, spec: WorkloadSpec) -> Workload:
-        template = self._templates.get(spec.template)
+        template = await self.pod_template(spec.template)
         size = claim_size(template)  # before the data volume becomes the claim
         body = replica_set_body(spec, template)
         if (
@@ -596,7 +614,7 @@ class KubernetesRuntime:
             if template is None:
                 return False
             try:
-                current = self._templates.get(template)
+                current = await self.pod_template(template)
             except NotFound:
                 # Losing the sandbox would be worse than running it on its old template.
                 log.warning("k8s_template_gone_at_resume", name=name, template=template)

@@ -33,7 +33,7 @@ class PodTemplates:
 
     def get(self, name: str) -> dict[str, Any]:
         """The ``template`` part (``metadata`` + ``spec``) of the named PodTemplate."""
-        if not _NAME_RE.match(name):
+        if not is_template_name(name):
             msg = f"invalid template name {name!r}"
             raise NotFound(msg)
         cached = self._cache.get(name)
@@ -50,6 +50,15 @@ class PodTemplates:
                 msg = f"template {name!r} not found (searched {searched})"
                 raise NotFound(msg)
         return copy.deepcopy(cached[2])
+
+
+def is_template_name(name: str) -> bool:
+    return bool(_NAME_RE.match(name))
+
+
+def pod_template_of(document: dict[str, Any], where: str) -> dict[str, Any]:
+    """The ``template`` part of a PodTemplate document (checked as the files' are)."""
+    return _pod_template(document, where)
 
 
 def _mtime(path: Path) -> int:
