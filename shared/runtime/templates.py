@@ -8,6 +8,7 @@ them through unchanged.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,6 +91,12 @@ class Template(_Frozen):
     start_cwd: str | None = None  # where the start command runs (the build's last WORKDIR)
     image: str | None = None  # kubernetes only: the sandbox image
     kubernetes: dict[str, Any] = Field(default_factory=dict)  # adapter-specific extras
+
+
+def template_version(template: Template) -> str:
+    """What a pod started from ``template`` runs (image, env, limits, command, layers, ...), as
+    a short digest: a warm pod of another version is never handed to a sandbox."""
+    return hashlib.sha256(template.model_dump_json().encode()).hexdigest()[:16]
 
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}

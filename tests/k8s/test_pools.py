@@ -33,7 +33,9 @@ from shared.runtime.kubernetes.pools import (
     ANNOTATION_CLAIMED,
     ANNOTATION_SECRET,
     LABEL_POOL,
+    LABEL_POOL_VERSION,
     claim_patch,
+    template_version,
 )
 from tests.k8s.kubelet import TestKubelet
 from tests.k8s.rig import ClusterAccess
@@ -328,3 +330,78 @@ async def test_kill9_of_the_scaler_during_claims_leaves_no_orphan_pods(
             owner.wait(10)
         if rt is not None:
             await rt.close()
+
+
+def set_mark(folder: Path, mark: str) -> str:
+    """Rewrite ``TEMPLATE`` with env ``MARK=<mark>`` on its daemon; its new version."""
+    path = folder / f"{TEMPLATE}.yaml"
+    document = yaml.safe_load(path.read_text())
+    daemon = document["template"]["spec"]["containers"][0]
+    daemon["env"] = [e for e in daemon.get("env") or [] if e["name"] != "MARK"]
+    daemon["env"].append({"name": "MARK", "value": mark})
+    path.write_text(yaml.safe_dump(document))
+    return template_version(PodTemplates(folder).get(TEMPLATE))
+
+
+def mark_of(pod: dict[str, Any]) -> str | None:
+    env = pod["spec"]["containers"][0].get("env") or []
+    return next((e["value"] for e in env if e["name"] == "MARK"), None)
+
+
+async def test_pool_pods_of_an_older_template_are_never_claimed_and_refill_with_the_new(
+    tmp_path: Path,
+    k8s_cluster: ClusterAccess,
+    k8s_kubelet: TestKubelet,
+    k8s_namespace: str,
+    admin_api: k8s.ApiClient,
+) -> None:
+    """The template changes while a warm pod of it waits: a create right after the change gets
+    no pod of the old version, the pool drains and refills with the new one, which the next
+    create and a resume claim."""
+    templates, ns = write_template(tmp_path), k8s_namespace
+    set_mark(templates, "v1")
+    rt = await pooled_runtime(k8s_cluster, ns, templates, 1, 30)
+    try:
+        await until_warm(rt)
+        core = k8s.CoreV1Api(admin_api)
+        (old,) = (await core.list_namespaced_pod(ns, label_selector=LABEL_POOL)).items
+        v2 = set_mark(templates, "v2")
+        await rt.create(sandbox_spec("sbx-t1"))
+        first = await rt.wait_ready("sbx-t1", timeout=90)
+        assert first.pod_uid != old.metadata.uid
+        (pod,) = await pods_of(admin_api, ns, "sbx-t1")
+        assert mark_of(pod) == "v2"
+
+        await until_warm(rt)
+        (fresh,) = (await core.list_namespaced_pod(ns, label_selector=LABEL_POOL)).items
+        assert fresh.metadata.labels[LABEL_POOL_VERSION] == v2
+        assert old.metadata.uid not in {
+            p.metadata.uid for p in (await core.list_namespaced_pod(ns)).items
+        }
+        await rt.create(sandbox_spec("sbx-t2"))
+        second = await rt.wait_ready("sbx-t2", timeout=90)
+        assert second.warm and second.pod_uid == fresh.metadata.uid
+        (pod,) = await pods_of(admin_api, ns, "sbx-t2")
+        assert mark_of(pod) == "v2"
+
+        # A paused sandbox resumes on the template as it is then: a pool pod of that version.
+        await rt.scale("sbx-t1", 0)
+        await rt.wait_stopped("sbx-t1", timeout=90)
+        await until_warm(rt)
+        v3 = set_mark(templates, "v3")
+        await until_warm(rt)
+        (newest,) = (await core.list_namespaced_pod(ns, label_selector=LABEL_POOL)).items
+        assert newest.metadata.labels[LABEL_POOL_VERSION] == v3
+        await rt.scale("sbx-t1", 1)
+        again = await rt.wait_ready("sbx-t1", timeout=90)
+        assert again.warm and again.pod_uid == newest.metadata.uid
+        for _ in range(300):  # the cold pod the scale started first goes (not ready)
+            pods = await pods_of(admin_api, ns, "sbx-t1")
+            if len(pods) == 1:
+                break
+            await asyncio.sleep(0.2)
+        (pod,) = pods
+        assert pod["metadata"]["uid"] == again.pod_uid and mark_of(pod) == "v3"
+        assert (await envs(again, "tok-sbx-t1"))[0] == 200
+    finally:
+        await rt.close()

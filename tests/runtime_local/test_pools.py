@@ -360,3 +360,89 @@ async def test_kill9_of_the_owner_during_claims_leaves_no_orphan_pods(
         left = procfs.scan_pods(data_dir)
         await release_pods(data_dir)
         assert left == [], "pods left behind"
+
+
+async def test_pool_pods_of_an_older_template_are_never_claimed_and_refill_with_the_new(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """The template changes while a warm pod of it waits: a create right after the change gets
+    no pod of the old version, the pool drains and refills with the new one, which the next
+    create and a resume (onto its kept layer) claim."""
+    import shutil
+
+    import yaml
+
+    from shared.runtime.templates import PACKAGED_TEMPLATES_DIR, load_template, template_version
+
+    if shutil.which("bwrap") is None:
+        skip_or_fail("bubblewrap (bwrap) is not installed")
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    source = (TEMPLATES or PACKAGED_TEMPLATES_DIR) / f"{TEMPLATE}.yaml"
+
+    def set_mark(mark: str) -> str:
+        document = yaml.safe_load(source.read_text())
+        document.setdefault("env", {})["MARK"] = mark
+        (folder / f"{TEMPLATE}.yaml").write_text(yaml.safe_dump(document))
+        return template_version(load_template(TEMPLATE, [folder]))
+
+    async def pool_pod() -> tuple[str, str | None] | None:
+        current = await rt._store.get(slot_name(TEMPLATE, 0))
+        if current is None or current[0].pod is None or not current[0].pod.ready:
+            return None
+        return current[0].pod.uid, current[0].pod.template_version
+
+    async def pool_pod_is(version: str) -> bool:
+        return (await pool_pod() or ("", None))[1] == version
+
+    async def mark_of(ep: Endpoint, name: str) -> bytes:
+        environ = await Daemon(ep, token_of(name)).read("/proc/self/environ")  # the daemon's
+        assert environ is not None
+        return next(v for v in environ.split(b"\0") if v.startswith(b"MARK="))
+
+    data_dir = tmp_path / "local-runtime"
+    v1 = set_mark("v1")
+    kwargs = {
+        **runtime_kwargs(nats_url, data_dir, f"wl_{uuid.uuid4().hex[:12]}"),
+        "templates_dir": folder,
+        "pools": {TEMPLATE: 1},
+    }
+    rt = await LocalRuntime(**kwargs).start()
+    try:
+        await until(lambda: pool_pod_is(v1), "a warm pod of v1")
+        old = await pool_pod()
+        assert old is not None
+        v2 = set_mark("v2")
+        first, second = new_name(), new_name()
+        await rt.create(WorkloadSpec(name=first, owner="alice", access_token=token_of(first)))
+        ep = await rt.wait_ready(first, timeout=READY)
+        assert ep.pod_uid != old[0]
+        assert await mark_of(ep, first) == b"MARK=v2"
+
+        await until(lambda: pool_pod_is(v2), "a warm pod of v2")
+        fresh = await pool_pod()
+        assert fresh is not None
+        assert old[0] not in {p.uid for p in procfs.scan_pods(data_dir)}  # drained
+        await rt.create(WorkloadSpec(name=second, owner="alice", access_token=token_of(second)))
+        ep = await rt.wait_ready(second, timeout=READY)
+        assert ep.warm and ep.pod_uid == fresh[0]
+        assert await mark_of(ep, second) == b"MARK=v2"
+
+        # A paused sandbox resumes (onto its kept layer) on the template as it is then.
+        await Daemon(ep, token_of(second)).write("/home/user/kept.txt", b"kept")
+        await rt.scale(second, 0)
+        await rt.wait_stopped(second, timeout=READY)
+        v3 = set_mark("v3")
+        await until(lambda: pool_pod_is(v3), "a warm pod of v3")
+        newest = await pool_pod()
+        assert newest is not None
+        await rt.scale(second, 1)
+        ep = await rt.wait_ready(second, timeout=READY)
+        assert ep.warm and ep.pod_uid == newest[0]
+        assert await mark_of(ep, second) == b"MARK=v3"
+        assert await Daemon(ep, token_of(second)).read("/home/user/kept.txt") == b"kept"
+        for name in (first, second):
+            await rt.delete(name)
+    finally:
+        await rt.close()
+        await release_pods(data_dir)

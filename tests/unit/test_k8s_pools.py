@@ -13,10 +13,12 @@ from shared.runtime.kubernetes.pools import (
     ANNOTATION_CLAIMED,
     ANNOTATION_SECRET,
     LABEL_POOL,
+    LABEL_POOL_VERSION,
     claim_patch,
     claimable,
     pool_pod_body,
     poolable,
+    template_version,
 )
 
 pytestmark = pytest.mark.unit
@@ -67,12 +69,54 @@ def test_a_claim_is_guarded_by_the_version_seen() -> None:
         "podIP": "10.0.0.2",
         "conditions": [{"type": "Ready", "status": "True"}],
     }
-    assert claimable(pod)
+    version = template_version(TEMPLATE)
+    assert claimable(pod, "sandbox-fresh", version)
     patch = claim_patch(pod, {LABEL_SANDBOX_ID: "sbx-1"}, claimer="sbx-1")["metadata"]
     assert patch["resourceVersion"] == "42" and patch["labels"][LABEL_POOL] is None
     assert patch["annotations"][ANNOTATION_CLAIMED] == "sbx-1"
     pod["metadata"]["annotations"][ANNOTATION_CLAIMED] = "sbx-1"
-    assert not claimable(pod)  # taken: never a second time
+    assert not claimable(pod, "sandbox-fresh", version)  # taken: never a second time
     pod["metadata"]["annotations"].pop(ANNOTATION_CLAIMED)
     pod["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "uid": "u"}]
-    assert not claimable(pod)
+    assert not claimable(pod, "sandbox-fresh", version)
+
+
+def ready(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["metadata"]["resourceVersion"] = "1"
+    pod["status"] = {
+        "phase": "Running",
+        "podIP": "10.0.0.2",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    return pod
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda c: c.update(image="other"),
+        lambda c: c["env"].append({"name": "LANG", "value": "C"}),
+        lambda c: c.update(resources={"limits": {"memory": "1Gi"}}),
+        lambda c: c.update(command=["/bin/other"]),
+    ],
+    ids=["image", "env", "limits", "command"],
+)
+def test_a_pool_pod_of_an_older_template_is_never_claimed(change: Any) -> None:
+    pod = ready(pool_pod_body("sandbox-fresh", TEMPLATE, 0, "s"))
+    old = template_version(TEMPLATE)
+    assert pod["metadata"]["labels"][LABEL_POOL_VERSION] == old
+    newer = copy.deepcopy(TEMPLATE)
+    change(newer["spec"]["containers"][0])
+    new = template_version(newer)
+    assert new != old
+    assert claimable(pod, "sandbox-fresh", old) and not claimable(pod, "sandbox-fresh", new)
+
+
+def test_a_pool_pod_of_another_template_is_never_claimed() -> None:
+    """Same version digest, crafted labels: the template's name must match as well."""
+    version = template_version(TEMPLATE)
+    pod = ready(pool_pod_body("sandbox-fresh", TEMPLATE, 0, "s"))
+    for other in ("sandbox-other", "sandbox-fresh\0", "--ro-bind", ""):
+        assert not claimable(pod, other, version)
+    pod["metadata"]["labels"][LABEL_POOL_VERSION] = "--ro-bind"
+    assert not claimable(pod, "sandbox-fresh", version)

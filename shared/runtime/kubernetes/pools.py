@@ -8,7 +8,9 @@ sandbox's pod-template labels come (so its NetworkPolicy selects it at once), an
 ReplicaSet, which selects by ``torpor.dev/sandbox-id``, adopts it as its one replica. Before
 that, the daemon gets the sandbox's env vars and token over ``/init`` with the one-time token
 (``torpor.dev/bound`` records it). A claimed pod that was never bound (its claimer died) is
-deleted, never served; one never adopted is deleted after a while.
+deleted, never served; one never adopted is deleted after a while. A pool pod is labelled with
+the version (digest) of the pod template it was made from: one of another version is never
+claimed, and the refill deletes it and makes one of the template as it is now.
 
 What does not work: a pool pod cannot have a sandbox's PersistentVolumeClaim mounted in advance
 (a running pod gets no new volume), so pools serve only templates with ``persist: none``; for
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +38,7 @@ from shared.runtime.kubernetes.objects import (
 )
 
 LABEL_POOL = "torpor.dev/pool"
+LABEL_POOL_VERSION = "torpor.dev/pool-version"  # the template version the pod was made from
 ANNOTATION_SECRET = "torpor.dev/pool-secret"  # noqa: S105 - an annotation name
 ANNOTATION_CLAIMED = "torpor.dev/claimed"
 ANNOTATION_BOUND = "torpor.dev/bound"
@@ -49,6 +53,19 @@ def slot_name(template: str, slot: int) -> str:
     return f"pool-{pool_key(template)}-{slot}"
 
 
+def template_version(pod_template: Mapping[str, Any]) -> str:
+    """The pod template as a short digest (image, env, limits, command, volumes, ...): a pool
+    pod made from another version of its template is never claimed."""
+    text = json.dumps(pod_template, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def pool_selector(template: str, version: str | None = None) -> dict[str, str]:
+    """The labels of ``template``'s pool pods (of one ``version`` of it, when given)."""
+    labels = {LABEL_POOL: pool_key(template), LABEL_TEMPLATE: template}
+    return labels if version is None else {**labels, LABEL_POOL_VERSION: version}
+
+
 def pool_pod_body(
     template: str, pod_template: dict[str, Any], slot: int, secret: str
 ) -> dict[str, Any]:
@@ -58,8 +75,7 @@ def pool_pod_body(
     labels = {
         **(meta.get("labels") or {}),
         LABEL_MANAGED_BY: MANAGED_BY,
-        LABEL_POOL: pool_key(template),
-        LABEL_TEMPLATE: template,
+        **pool_selector(template, template_version(pod_template)),
     }
     containers = pod["spec"]["containers"]
     daemon = next((c for c in containers if c.get("name") == DAEMON_CONTAINER), containers[0])
@@ -94,10 +110,12 @@ def poolable(pod_template: Mapping[str, Any]) -> bool:
     return True
 
 
-def claimable(pod: Pod) -> bool:
+def claimable(pod: Pod, template: str, version: str) -> bool:
+    """Whether ``pod`` is a ready, untaken pool pod of ``version`` of ``template``."""
     meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
     return (
-        LABEL_POOL in (meta.get("labels") or {})
+        all(labels.get(k) == v for k, v in pool_selector(template, version).items())
         and not meta.get("ownerReferences")
         and ANNOTATION_CLAIMED not in (meta.get("annotations") or {})
         and not is_terminating(pod)
@@ -119,8 +137,6 @@ def claim_patch(pod: Pod, labels: dict[str, str], claimer: str) -> dict[str, Any
 
 def sandbox_env(rs_template: dict[str, Any], names_json: str | None) -> dict[str, str]:
     """The sandbox's own env (user envs, token) from its ReplicaSet's pod template."""
-    import json
-
     names = set(json.loads(names_json)) if names_json else set()
     containers = (rs_template.get("spec") or {}).get("containers") or []
     daemon = next(
@@ -141,11 +157,14 @@ __all__ = [
     "ANNOTATION_SANDBOX_ENV",
     "ANNOTATION_SECRET",
     "LABEL_POOL",
+    "LABEL_POOL_VERSION",
     "claim_patch",
     "claimable",
     "pool_key",
     "pool_pod_body",
+    "pool_selector",
     "poolable",
     "sandbox_env",
     "slot_name",
+    "template_version",
 ]

@@ -73,13 +73,14 @@ from shared.runtime.kubernetes.pools import (
     ANNOTATION_CLAIMED,
     ANNOTATION_CLAIMED_AT,
     ANNOTATION_SECRET,
-    LABEL_POOL,
+    LABEL_POOL_VERSION,
     claim_patch,
     claimable,
-    pool_key,
     pool_pod_body,
+    pool_selector,
     poolable,
     sandbox_env,
+    template_version,
 )
 from shared.runtime.kubernetes.templates import PodTemplates
 from shared.runtime.readiness import not_ready_reason
@@ -186,6 +187,7 @@ class KubernetesRuntime:
 
     async def create(self, spec: WorkloadSpec) -> Workload:
         template = await self.pod_template(spec.template)
+        version = template_version(template)
         size = claim_size(template)  # before the data volume becomes the claim
         body = replica_set_body(spec, template)
         if (
@@ -198,6 +200,7 @@ class KubernetesRuntime:
             pod_meta = body["spec"]["template"].get("metadata") or {}
             await self._claim_warm(
                 spec.template,
+                version=version,
                 labels=dict(pod_meta.get("labels") or {}),
                 token=spec.access_token,
                 env={**spec.envs, "E2B_SANDBOX_ID": spec.name},
@@ -436,9 +439,22 @@ class KubernetesRuntime:
         return template_name in self._pools and poolable(pod_template)
 
     async def warm_pods(self, template: str) -> int:
-        """Pool pods of ``template`` ready to be claimed now."""
-        pods, _ = await self._pods(selector({LABEL_POOL: pool_key(template)}))
-        return sum(1 for p in pods if claimable(p))
+        """Pool pods of ``template`` (as it is now) ready to be claimed now."""
+        pooled = await self._pooled(template)
+        if pooled is None:
+            return 0
+        version = pooled[0]
+        pods, _ = await self._pods(selector(pool_selector(template, version)))
+        return sum(1 for p in pods if claimable(p, template, version))
+
+    async def _pooled(self, template: str) -> tuple[str, dict[str, Any]] | None:
+        """The version pool pods of ``template`` must have now, and its pod template; None: it
+        is not pooled (gone, unreadable, or not poolable any more)."""
+        try:
+            pod_template = await self.pod_template(template)
+        except (NotFound, ConfigError):
+            return None
+        return (template_version(pod_template), pod_template) if poolable(pod_template) else None
 
     async def _keep_pools(self, interval: float, claim_timeout: float) -> None:
         while True:
@@ -452,14 +468,20 @@ class KubernetesRuntime:
 
     async def _refill(self, claim_timeout: float) -> None:
         for template, size in self._pools.items():
-            try:
-                pod_template = self._templates.get(template)
-            except NotFound:
+            pooled = await self._pooled(template)
+            version = pooled[0] if pooled is not None else None
+            pods, _ = await self._pods(selector(pool_selector(template)))
+            live = []
+            for pod in (p for p in pods if not is_terminating(p)):
+                if (pod["metadata"].get("labels") or {}).get(LABEL_POOL_VERSION) == version:
+                    live.append(pod)
+                    continue
+                # Made from an older template (or one no longer pooled): it drains, unclaimed.
+                log.info("k8s_pool_stale", template=template, pod=pod["metadata"]["name"])
+                await self._delete_pod(pod, as_seen=True)
+            if pooled is None:
                 continue
-            if not poolable(pod_template):
-                continue
-            pods, _ = await self._pods(selector({LABEL_POOL: pool_key(template)}))
-            live = [p for p in pods if not is_terminating(p)]
+            pod_template = pooled[1]
             waiting = [p for p in live if not is_ready(p)]
             if len(live) < size and not waiting:  # one pod starting at a time
                 body = pool_pod_body(template, pod_template, len(live), secrets.token_hex(24))
@@ -514,14 +536,18 @@ class KubernetesRuntime:
         pod_template = spec.get("template") or {}
         if spec.get("replicas") or template is None or template not in self._pools:
             return None
-        if not poolable(pod_template):
+        # The resume re-renders the pod template from the template as it is now: that version.
+        pooled = await self._pooled(template)
+        if pooled is None or not poolable(pod_template):
             return None
+        version = pooled[0]
         env = sandbox_env(pod_template, (meta.get("annotations") or {}).get(ANNOTATION_SANDBOX_ENV))
         token = env.pop(ACCESS_TOKEN_ENV, None)
         if not token or await self.warm_pods(template) == 0:
             return None
         return {
             "template": template,
+            "version": version,
             "labels": dict((pod_template.get("metadata") or {}).get("labels") or {}),
             "token": token,
             "env": {**env, "E2B_SANDBOX_ID": name},
@@ -532,6 +558,7 @@ class KubernetesRuntime:
         self,
         template: str,
         *,
+        version: str,
         labels: Mapping[str, str],
         token: str,
         env: Mapping[str, str],
@@ -540,9 +567,10 @@ class KubernetesRuntime:
         """Take a ready pool pod of ``template`` (a merge patch at the version it was seen at:
         one winner), bind its daemon to the sandbox (env, token), then give it the sandbox's
         pod labels, so its ReplicaSet adopts it and its NetworkPolicy selects it. False: none
-        ready, or binding failed (that pod is deleted, never served): the sandbox starts cold."""
-        pods, _ = await self._pods(selector({LABEL_POOL: pool_key(template)}))
-        for pod in (p for p in pods if claimable(p)):
+        ready, or binding failed (that pod is deleted, never served): the sandbox starts cold.
+        Only a pod made from ``version`` of the template (the labels, re-checked on the pod)."""
+        pods, _ = await self._pods(selector(pool_selector(template, version)))
+        for pod in (p for p in pods if claimable(p, template, version)):
             pod_name = pod["metadata"]["name"]
             patch = claim_patch(pod, {}, claimer=claimer)
             patch["metadata"]["annotations"][ANNOTATION_CLAIMED_AT] = str(time.time())

@@ -36,7 +36,7 @@ from shared.runtime.local import (
 )
 from shared.runtime.local.layers import Layers, Persist
 from shared.runtime.local.records import PodRecord, WorkloadRecord
-from shared.runtime.templates import Template, load_template
+from shared.runtime.templates import Template, load_template, template_version
 
 log = structlog.get_logger()
 
@@ -181,6 +181,7 @@ class PodLauncher:
             started_at=time.time(),
             pod_dir=str(pod_dir),
             start_ticks=procfs.start_ticks(process.pid),
+            template_version=template_version(template),
         )
         return pod, process
 

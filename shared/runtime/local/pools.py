@@ -24,6 +24,10 @@ replaces the one-time token). Only then is the pod ``bound`` and ``wait_ready`` 
 failure of the host-side steps gives the pod up and the workload starts cold.
 
 A claim that never reached step 2 (its claimer died) is found by its age and the pod discarded.
+
+A pool pod remembers the version of its template it was started from (``PodRecord.
+template_version``): one of another version (image, env, limits, command, layers changed) is
+never claimed, and the refill discards it and starts the slot again from the template as it is.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from pathlib import Path
 import httpx
 import structlog
 
-from shared.errors import Conflict, NotFound, RuntimeFailure
+from shared.errors import ConfigError, Conflict, NotFound, RuntimeFailure
 from shared.models.network import OPEN
 from shared.ports.workloads import ENVD_PORT, LABEL_MANAGED_BY, MANAGED_BY
 from shared.runtime.local import etc, inject, procfs
@@ -49,7 +53,7 @@ from shared.runtime.local.network import PodNetwork
 from shared.runtime.local.network.names import pod_net_id
 from shared.runtime.local.records import Claim, Pool, WorkloadRecord, WorkloadStore
 from shared.runtime.local.userns import IdRangePool
-from shared.runtime.templates import Template, load_template
+from shared.runtime.templates import Template, load_template, template_version
 
 log = structlog.get_logger()
 
@@ -108,14 +112,21 @@ class Pools:
         starting = 0
         wanted: list[tuple[str, str]] = []
         for template, size in self._sizes.items():
+            version = await self._version(template)
             for slot in range(size):
                 name = slot_name(template, slot)
                 current = await self._store.get(name)
                 if current is None:
-                    wanted.append((template, name))
+                    if version is not None:
+                        wanted.append((template, name))
                     continue
                 record = current[0]
                 if record.pool is None or record.pool.claimed_by or record.deleting:
+                    continue
+                if record.pod is not None and record.pod.template_version != version:
+                    # Started from an older template (or one gone): it drains, its slot refills.
+                    log.info("runtime_local_pool_stale", workload=name, template=template)
+                    await self.discard(name)
                     continue
                 if record.pod is None or not record.pod.ready:
                     starting += 1
@@ -127,6 +138,15 @@ class Pools:
             await self._create(template, name)
             starting += 1
         await self._trim()
+
+    async def _version(self, template: str) -> str | None:
+        """The template's version now; None when it cannot be loaded (its pool drains)."""
+        try:
+            loaded = await asyncio.to_thread(load_template, template, self._template_dirs)
+        except (NotFound, ConfigError) as e:
+            log.warning("runtime_local_pool_template_unusable", template=template, error=str(e))
+            return None
+        return template_version(loaded)
 
     async def _create(self, template: str, name: str) -> None:
         address = await self._addresses.reserve(name)
@@ -221,15 +241,20 @@ class Pools:
             return False
         template = await asyncio.to_thread(load_template, record.template, self._template_dirs)
         fresh = template.persist == "none" or not self._launcher.layers.folder(record.name).exists()
+        version = template_version(template)
         for slot in range(self._sizes[record.template]):
-            outcome = await self._take(record, slot_name(record.template, slot), fresh=fresh)
+            name = slot_name(record.template, slot)
+            outcome = await self._take(record, name, fresh=fresh, version=version)
             if outcome is not None:
                 return outcome
         return False
 
-    async def _take(self, record: WorkloadRecord, name: str, *, fresh: bool) -> bool | None:
+    async def _take(
+        self, record: WorkloadRecord, name: str, *, fresh: bool, version: str
+    ) -> bool | None:
         """Claim pool pod ``name`` for ``record``: True when the workload has a pod now, False
-        when it no longer wants one, None when this pool pod was not to be had."""
+        when it no longer wants one, None when this pool pod was not to be had (taken, not
+        ready, or started from another version of the template than ``version``)."""
         current = await self._store.get(name)
         if current is None:
             return None
@@ -242,6 +267,7 @@ class Pools:
             or pool_record.template != record.template
             or pod is None
             or not pod.ready
+            or pod.template_version != version
             or pool_record.access_token is None
             or pool_record.id_base is None
             or not procfs.is_pod_alive(pod.pid, pod.uid, pod.start_ticks)

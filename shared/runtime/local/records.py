@@ -69,6 +69,7 @@ class PodRecord(_Frozen):
     start_ticks: int | None = None  # the outer bwrap's start time: with pid, its identity
     address: str | None = None  # its address in the pod network (None: older records)
     claim: Claim | None = None  # a warm pod from a pool (None: started for this workload)
+    template_version: str | None = None  # what it was started from (templates.template_version)
 
 
 class WorkloadRecord(_Frozen):
