@@ -1,26 +1,34 @@
 """From inside a sandbox (code run through the unmodified e2b SDK against a real stack), the
 network reaches nothing of the host or of other sandboxes: not NATS, the API, the proxy, host
 services on 0.0.0.0 or 127.0.0.1, the pod's gateway, nor another sandbox's daemon or user
-ports; and while a sandbox is paused, nobody can receive on its address."""
+ports, also while another instance's pod network comes and goes and while the sandbox's own
+instance has no rules at all; and while a sandbox is paused, nobody can receive on its address."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
+import secrets
 import socket
 import subprocess
 import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
 import pytest
 from e2b import Sandbox
 
-from tests.security.network_support import require_root_network
+from shared.models.network import OPEN
+from shared.runtime.local.network import PodNetwork, links
+from shared.runtime.local.network.names import InstanceNames
+from tests.security.network_support import PROBE as NS_PROBE
+from tests.security.network_support import OutsideHost, in_netns, require_root_network, sh
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -191,5 +199,80 @@ def test_nobody_receives_on_a_paused_sandboxs_address(stack: Stack) -> None:
         assert pod_address(resumed) == bob_ip  # reserved for bob while paused
         assert resumed.commands.run("echo back").stdout.strip() == "back"
     finally:
+        alice.kill()
+        bob.kill()
+
+
+@contextlib.contextmanager
+def table_deleted(data_dir: Path) -> Iterator[None]:
+    """The instance's nft table is gone for the block (as while its network is released or
+    rebuilt and a pod still runs); put back as it was afterwards."""
+    table = InstanceNames.for_data_dir(data_dir).table
+    saved = sh("nft", "list", "table", "inet", table)
+    sh("nft", "delete", "table", "inet", table)
+    try:
+        yield
+    finally:
+        sh("nft", "-f", "-", stdin=f"add table inet {table}\ndelete table inet {table}\n{saved}")
+
+
+def test_a_sandbox_reaches_nothing_while_pod_networks_churn(
+    stack: Stack, outside_host: OutsideHost, tmp_path: Path
+) -> None:
+    """The conditions of a CI failure ("alice reached {'10.224.48.1:34935': 'ok'}", the gateway
+    of another instance's pod range), provoked: another instance's gateway is a host address;
+    then that instance releases its network, so the address leads where something answers (here
+    the outside host; on CI the default route), and a process of it still running makes a pod
+    link; then alice's own instance has no table at all. Nothing of it is reachable, while the
+    outside host is (the probes work)."""
+    require_root_network()
+    other = PodNetwork(tmp_path / "other")
+    asyncio.run(other.open())
+    other_gw, pod, late = str(other.gateway), other.address(2), secrets.token_hex(4)[:7]
+    alice = Sandbox.create(template="sandbox-base", timeout=300, **stack.sdk_opts("alice"))
+    bob = Sandbox.create(template="sandbox-base", timeout=300, **stack.sdk_opts("bob"))
+    outside = f"{outside_host.address}:{outside_host.port}"
+    try:
+        bob.commands.run(f'python3 -c "{USER_SERVER}"', background=True, timeout=0)
+        bob_ip = pod_address(bob)
+        with host_listener("0.0.0.0") as (port, seen):
+            asyncio.run(other.setup(secrets.token_hex(4)[:7], pod, OPEN))
+            assert other_gw in host_addresses()
+            first = probe(alice, [f"{other_gw}:{port}", f"{pod}:{port}", outside])
+
+            asyncio.run(other.release())
+            assert other_gw not in host_addresses()
+            for address in (other_gw, pod):
+                sh("ip", "-n", outside_host.netns, "addr", "add", f"{address}/32", "dev", "eth0")
+                sh("ip", "route", "add", f"{address}/32", "via", outside_host.address)
+            at = outside_host.port
+            second = probe(alice, [f"{other_gw}:{at}", f"{pod}:{at}", outside])
+            # A pool refill of the released instance: a link and namespace, rules never made.
+            net = other.names
+            asyncio.run(
+                links.create(
+                    "ip", netns=net.netns(late), link=net.link(late), address=other.address(3),
+                    gateway=other.gateway,
+                )
+            )  # fmt: skip
+            from_late = {
+                target: in_netns(other.netns_path(late), NS_PROBE, *target.split(":"))
+                for target in [f"{other_gw}:{port}", outside, f"{bob_ip}:8080"]
+            }
+
+            host = [f"{h}:{port}" for h in [gateway(alice), *host_addresses()]]
+            with table_deleted(stack.data_dir):
+                third = probe(alice, [*host, f"{bob_ip}:8080", f"{bob_ip}:49983", outside])
+        reached = {}
+        for phase, results in {"first": first, "second": second, "third": third}.items():
+            assert results.pop(outside) == "ok", results  # the probe works
+            reached |= {f"{phase} {t}": r for t, r in results.items() if r == "ok"}
+        reached |= {f"late pod {t}": r for t, r in from_late.items() if r.startswith("ok")}
+        assert reached == {}, f"reached {reached}"
+        assert seen == []
+    finally:
+        for address in (other_gw, pod):
+            sh("ip", "route", "del", f"{address}/32", check=False)
+        asyncio.run(other.release())
         alice.kill()
         bob.kill()

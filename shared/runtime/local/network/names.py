@@ -14,6 +14,9 @@ from pathlib import Path
 
 MAX_SLOTS = 0xFFFF  # addresses per range (a /16 at most)
 _POD = re.compile(r"[0-9a-f]{7}")
+LINK_PREFIX = "tp"  # + the instance's 6 hex digits + the pod's 7: the host side of a pod link
+# Every pod link of every instance, and nothing else starting with "tp", as nft globs.
+ALL_LINK_GLOBS = tuple(f"{LINK_PREFIX}{digit}*" for digit in "0123456789abcdef")
 
 
 def pod_net_id(pod_uid: str) -> str:
@@ -43,7 +46,7 @@ class InstanceNames:
 
     @property
     def link_prefix(self) -> str:
-        return f"tp{self.instance}"
+        return f"{LINK_PREFIX}{self.instance}"
 
     @property
     def link_glob(self) -> str:

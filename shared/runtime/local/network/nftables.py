@@ -12,6 +12,10 @@ One table (family ``inet``) per instance, ``torpor_<id>``; its comment records t
   rejects, everything else is accepted. It sees every packet, so a new policy also cuts open
   connections. Pods have no IPv6 address; IPv6 from a pod is rejected.
 - ``postrouting``: pod traffic leaving the host is masqueraded (NAT).
+
+Underneath, the host-wide guard (:mod:`.guard`) rejects the same on its own for every instance's
+links, so no pod reaches the host or another pod while this table is replaced, deleted or not
+yet made; :func:`table_script` also refreshes the guard and marks the instance live there.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import re
 from collections.abc import Mapping
 
 from shared.models.network import NetworkPolicy
+from shared.runtime.local.network import guard
 from shared.runtime.local.network.names import InstanceNames
 
-REJECT = "reject with icmpx admin-prohibited"
+REJECT = guard.REJECT
 _COMMENT = re.compile(r'comment "torpor (\S+) ')
 
 
@@ -94,8 +99,10 @@ def table_script(
     *,
     replace: bool,
 ) -> str:
-    """The whole table with the given pods' rules. ``replace``: atomically swap out an existing
-    table (the add-then-delete makes the delete valid when there is none)."""
+    """The guard (made or refreshed, this instance live there) and the whole table with the
+    given pods' rules.
+    ``replace``: atomically swap out an existing table (the add-then-delete makes the delete valid
+    when there is none)."""
     table, links = names.table, names.link_glob
     safe_label = label.replace('"', "").replace("\\", "")[:100]
     head = f"add table inet {table}\ndelete table inet {table}\n" if replace else ""
@@ -135,7 +142,8 @@ def table_script(
         egress_rules(names, net_id, address, policy)
         for net_id, (address, policy) in sorted(pods.items())
     )
-    return head + base + per_pod
+    live = guard.script(subnet) + guard.unmark_released(links)
+    return live + head + base + per_pod
 
 
 def subnet_of(listing: str) -> ipaddress.IPv4Network | None:

@@ -22,7 +22,7 @@ import structlog
 
 from shared.errors import ConfigError, RuntimeFailure
 from shared.models.network import NetworkPolicy
-from shared.runtime.local.network import links, nftables, subnet
+from shared.runtime.local.network import guard, links, nftables, subnet
 from shared.runtime.local.network.commands import run
 from shared.runtime.local.network.names import MAX_SLOTS, InstanceNames
 
@@ -94,6 +94,8 @@ class PodNetwork:
                         setting=str(self._setting),
                         reason="pods of the last run may still use it; stop them to change it",
                     )
+                live = guard.script(found) + guard.unmark_released(self.names.link_glob)
+                await run([self._nft, "-f", "-"], stdin=live)
                 await run([self._ip, "route", "replace", "unreachable", str(found)])
             else:
                 self._subnet = await self._claim()
@@ -189,15 +191,16 @@ class PodNetwork:
             raise
 
     async def apply_policy(self, net_id: str, address: str, policy: NetworkPolicy) -> None:
-        """Replace the pod's egress rules (one atomic nft transaction)."""
+        """Replace the pod's egress rules (one atomic nft transaction, which also restores the
+        guard should anything have deleted it)."""
         script = nftables.egress_rules(self.names, net_id, address, policy)
-        await run([self._nft, "-f", "-"], stdin=script)
+        await run([self._nft, "-f", "-"], stdin=guard.script(self.subnet) + script)
 
     async def teardown(self, net_id: str, address: str) -> None:
         names = self.names
         await run(
             [self._nft, "-f", "-"],
-            stdin=nftables.remove_pod(names, net_id, address),
+            stdin=guard.script(self.subnet) + nftables.remove_pod(names, net_id, address),
             check=False,  # the table is gone already: nothing to remove
         )
         await links.remove(self._ip, netns=names.netns(net_id), link=names.link(net_id))
@@ -224,15 +227,23 @@ class PodNetwork:
         (what ``close()`` and ``torpor up`` run after the last pod stopped)."""
         if shutil.which(self._ip) is None or shutil.which(self._nft) is None:
             return
-        await self._remove_links({})
         listing = await self._list_table()
-        if listing is None:
-            return
-        claimed = nftables.subnet_of(listing)
+        claimed = nftables.subnet_of(listing) if listing is not None else None
+        table = self.names.table
+        # One transaction: from the moment the table is gone, the instance's links pass nothing
+        # (also links a process of the instance still running makes afterwards); the guard
+        # stays for the other instances and keeps the range among its pod ranges.
+        released = (
+            guard.script(claimed or subnet.POOL)
+            + guard.mark_released(self.names.link_glob)
+            + f"add table inet {table}\ndelete table inet {table}\n"
+        )
+        await run([self._nft, "-f", "-"], stdin=released, check=False)
+        await self._remove_links({})
         if claimed is not None:
             await run([self._ip, "route", "del", "unreachable", str(claimed)], check=False)
-        await run([self._nft, "delete", "table", "inet", self.names.table], check=False)
-        log.info("runtime_local_network_released", range=str(claimed), table=self.names.table)
+        if listing is not None:
+            log.info("runtime_local_network_released", range=str(claimed), table=table)
 
 
 async def release_instance(data_dir: Path) -> None:
