@@ -50,7 +50,6 @@ from shared.models.messages import (
     SandboxResumed,
     SandboxSnapshotted,
     SetSandboxNetwork,
-    StartPath,
 )
 from shared.ports.bus import Publisher, SandboxStore, emit
 from shared.ports.envd import Envd
@@ -133,23 +132,24 @@ class Scaler:
             record = await self._store.update(
                 sid,
                 t.running(
-                    op="create", cmd_msg_id=cmd_msg_id, host=endpoint.host, pod_uid=endpoint.pod_uid
+                    op="create",
+                    cmd_msg_id=cmd_msg_id,
+                    host=endpoint.host,
+                    pod_uid=endpoint.pod_uid,
+                    path=path_of(endpoint),
                 ),
             )
         except IllegalTransition:
             await self._clean_up_if_killed(sid)
             raise
-        await self._publish_created(record, outcomes, path=path_of(endpoint))
+        await self._publish_created(record, outcomes)
         metrics.observe("create", "done", time.monotonic() - started)
         return "done"
 
     async def _publish_created(
-        self,
-        record: SandboxRecord,
-        outcomes: list[ProcessOutcome] | None = None,
-        *,
-        path: StartPath = "cold",
+        self, record: SandboxRecord, outcomes: list[ProcessOutcome] | None = None
     ) -> None:
+        """From the record: a redelivery republishes the path the pod came by."""
         sid = record.sandbox_id
         await emit(
             self._publisher,
@@ -158,7 +158,7 @@ class Scaler:
                 generation=record.generation,
                 at=t.now(),
                 origin_snapshot_id=record.origin_snapshot_id,
-                path=path,
+                path=record.path or "cold",
                 processes=outcomes or [],
             ),
         )
@@ -278,6 +278,7 @@ class Scaler:
                     cmd_msg_id=cmd_msg_id,
                     host=endpoint.host,
                     pod_uid=endpoint.pod_uid,
+                    path=report.path,
                     timeout=cmd.timeout,
                     report=report,
                 ),

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.domain.states import SandboxState
 from shared.models.lifecycle import NO_HOOKS, HookOutcome, Hooks
-from shared.models.messages import ResumeReport
+from shared.models.messages import ResumeReport, StartPath
 from shared.models.network import OPEN, NetworkPolicy
 
 SCHEMA_VERSION = 1
@@ -57,6 +57,8 @@ class SandboxRecord(BaseModel):
     network: NetworkPolicy = OPEN
     host: str | None = None  # the current pod's daemon address (pod IP); None unless running
     pod_uid: str | None = None
+    # How the current pod came (a warm pool's, or started for it): what a re-sent ``created`` says.
+    path: StartPath | None = None
     created_at: datetime
     started_at: datetime  # last time it became running (create or resume)
     deadline: datetime | None = None  # None while paused / killed

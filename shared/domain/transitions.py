@@ -20,7 +20,7 @@ from shared.domain.states import SandboxState
 from shared.domain.timing import deadline_after, retained_until
 from shared.errors import IllegalTransition
 from shared.models.lifecycle import HookOutcome
-from shared.models.messages import ResumeReport
+from shared.models.messages import ResumeReport, StartPath
 from shared.redaction import redact_text
 
 S = SandboxState
@@ -208,6 +208,7 @@ def running(
     cmd_msg_id: str,
     host: str,
     pod_uid: str,
+    path: StartPath = "cold",
     timeout: int | None = None,
     report: ResumeReport | None = None,
 ) -> Mutation:
@@ -226,6 +227,7 @@ def running(
                 "generation": record.generation + 1,
                 "host": host,
                 "pod_uid": pod_uid,
+                "path": path,
                 "timeout": effective,
                 "started_at": at,
                 "deadline": deadline_after(at, effective),

@@ -100,6 +100,43 @@ async def test_events_say_whether_the_pod_came_from_the_warm_pool(system: InMemo
     assert [e.path for e in system.publisher.of_type(SandboxResumed)] == ["cold", "warm"]
 
 
+async def test_a_redelivered_command_republishes_the_path_the_pod_came_by(
+    system: InMemorySystem,
+) -> None:
+    """A scaler that crashed after the record turned running but before the event went out: the
+    redelivered command finds the work done and sends the event again, from the record."""
+    from services.scaler.scaling import Scaler
+    from shared.models.messages import CreateSandbox, ResumeSandbox, msg_id
+    from tests.fakes.publisher import RecordingPublisher
+
+    system.runtime.warm_pods = 1
+    created = await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-w"))
+    assert created.path == "warm"
+    await system.lifecycle.pause("sbx-w", owner="alice", wait=5)
+    system.runtime.warm_pods = 1
+    resumed = await system.lifecycle.resume("sbx-w", owner="alice", wait=5)
+    assert resumed.record.path == "warm"
+    await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-c"))
+    system.runtime.warm_pods = 1
+    await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-cw"))
+
+    publisher = RecordingPublisher()
+    scaler = Scaler(
+        store=system.store, runtime=system.runtime, envd=system.envd, publisher=publisher
+    )
+    paused_at = resumed.record.generation - 1
+    again = ResumeSandbox(sandbox_id="sbx-w", generation=paused_at)
+    assert await scaler.resume(again, msg_id("resume", "sbx-w", paused_at)) == "skipped"
+    for sid in ("sbx-cw", "sbx-c"):
+        create = CreateSandbox(sandbox_id=sid, owner="alice")
+        assert await scaler.create(create, msg_id("create", sid, 0)) == "skipped"
+    assert [e.path for e in publisher.of_type(SandboxResumed)] == ["warm"]
+    assert {e.sandbox_id: e.path for e in publisher.of_type(SandboxCreated)} == {
+        "sbx-cw": "warm",
+        "sbx-c": "cold",
+    }
+
+
 async def test_unknown_and_foreign_sandboxes_are_not_found(system: InMemorySystem) -> None:
     with pytest.raises(NotFound):
         await system.lifecycle.pause("nope", owner="alice")
