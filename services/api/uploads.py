@@ -94,3 +94,15 @@ def store_blob(root: Path, owner: str, files_hash: str, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(partial, path)
+
+
+def touch_blob(root: Path, owner: str, files_hash: str) -> bool:
+    """Whether the archive is uploaded; if so its time is now: the builder's garbage collection
+    removes archives unused for a while (TORPOR_BUILDER_GC_UPLOAD_MAX_AGE), and the SDK, told
+    it is present, will not upload it again before its build."""
+    path = blob_path(root, owner, files_hash)
+    try:
+        os.utime(path)
+    except OSError:
+        return False
+    return path.is_file()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from faststream.nats import NatsRouter
 
@@ -13,16 +16,41 @@ from services.builder.building import (
     BuildRuntime,
     Limits,
 )
+from services.builder.collecting import Collector, Policy
 from services.builder.handlers import build_router
 from services.builder.settings import BuilderSettings
 from shared.bus.broker import key_value
+from shared.bus.snapshot_store import KvSnapshotStore
 from shared.bus.template_store import KvTemplateStore
-from shared.bus.topology import BUILDER_BUILDS, KV_TEMPLATES
+from shared.bus.topology import BUILDER_BUILDS, KV_SNAPSHOTS, KV_TEMPLATES
 from shared.envd.client import ConnectEnvdClient
 from shared.errors import ConfigError
 from shared.lifecycle.hosting import Context, Parts, WorkerHost
 from shared.runtime.local import rootfs as rootfs_location
+from shared.runtime.local.workloads import LocalRuntime
 from shared.settings import RuntimeSettings, load
+
+
+class BuilderHost(WorkerHost):
+    """The worker host plus the builder's periodic garbage collection (local runtime)."""
+
+    def __init__(self, *, collector: Callable[[Parts], Collector] | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._collector = collector
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> Parts:
+        parts = await super().start()
+        if self._collector is not None:
+            self._task = asyncio.create_task(self._collector(parts).run(), name="template-gc")
+        return parts
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await super().stop()
 
 
 def builder_host(ctx: Context, settings: BuilderSettings) -> WorkerHost:
@@ -50,4 +78,27 @@ def builder_host(ctx: Context, settings: BuilderSettings) -> WorkerHost:
         )
         return build_router(builder, retry=BUILDER_BUILDS.retry, max_workers=settings.max_workers)
 
-    return WorkerHost(service="builder", bus=ctx.bus, build=build)
+    def collector(parts: Parts) -> Collector:
+        assert isinstance(runtime, LocalRuntime)
+        return Collector(
+            data_dir=runtime_settings.data_dir.resolve(),
+            builds=KvTemplateStore(lambda: key_value(parts.broker, KV_TEMPLATES)),
+            workloads=runtime,
+            sandboxes=parts.store,
+            snapshots=KvSnapshotStore(lambda: key_value(parts.broker, KV_SNAPSHOTS)),
+            policy=Policy(
+                interval=settings.gc_interval,
+                grace=settings.gc_grace,
+                cache_max_age=settings.gc_cache_max_age,
+                cache_max_bytes=settings.gc_cache_max_bytes,
+                upload_max_age=settings.gc_upload_max_age,
+            ),
+        )
+
+    # Kubernetes: the images in the registry are the registry's to collect.
+    return BuilderHost(
+        service="builder",
+        bus=ctx.bus,
+        build=build,
+        collector=collector if isinstance(runtime, LocalRuntime) else None,
+    )

@@ -27,7 +27,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -186,6 +186,22 @@ class Builder:
         self._limits = limits or Limits()
 
     async def build(self, build_id: str) -> None:
+        async with self._holding_layers():
+            await self._build(build_id)
+
+    @contextlib.asynccontextmanager
+    async def _holding_layers(self) -> AsyncIterator[None]:
+        """The whole build holds the layers (shared): the garbage collection waits for it."""
+        if self._unsupported is not None:
+            yield
+            return
+        with contextlib.ExitStack() as held:
+            # A thread: the lock waits while a collection sweeps; the event loop must not.
+            hold = template_layers.in_use_by_a_build(self._data_dir)
+            await asyncio.to_thread(held.enter_context, hold)
+            yield
+
+    async def _build(self, build_id: str) -> None:
         record = await self._store.get_build(build_id)
         if record is None or record.status is not BuildStatus.BUILDING or record.spec is None:
             return  # finished, deleted, or never started: nothing to do
@@ -290,6 +306,7 @@ class Builder:
             if step.type == "WORKDIR":
                 state.workdir = str(PurePosixPath(state.workdir) / step.args[0])
             if not forcing and await asyncio.to_thread(template_layers.exists, self._data_dir, key):
+                await asyncio.to_thread(template_layers.touch, self._data_dir, key)
                 cached.append(number)
                 layers.append(key)
                 await out.line(f"CACHED {label}", step=number)

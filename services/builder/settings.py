@@ -26,3 +26,15 @@ class BuilderSettings(SettingsBase):
     """CPU limit of a build pod."""
     disk: str = "4Gi"
     """Disk of a build pod (the files one RUN step may write)."""
+    gc_interval: float = Field(default=300.0, gt=0)
+    """Seconds between garbage collections of template layers, template files and uploads
+    (local runtime; docs/templates.md)."""
+    gc_grace: float = Field(default=600.0, ge=0)
+    """Seconds a deleted build's files stay unused before they are removed (a create that read
+    the build just before its delete is under way by then)."""
+    gc_cache_max_age: float = Field(default=7 * 86400.0, ge=0)
+    """Seconds a per-step cache layer no kept template lists may stay unused."""
+    gc_cache_max_bytes: int = Field(default=20 * 2**30, ge=0)
+    """Bytes of such cache layers kept at most (the least recently used go first)."""
+    gc_upload_max_age: float = Field(default=86400.0, ge=0)
+    """Seconds an uploaded build context no waiting or running build needs may stay unused."""

@@ -268,11 +268,14 @@ def users() -> list[User]:
     )
     builder = service(
         "builder",
-        "template builds: build records (CAS, logs), build pods (the local runtime's workloads)",
+        "template builds: build records (CAS, logs), build pods (the local runtime's workloads); "
+        "sandbox and snapshot records (read: which templates the garbage collection keeps)",
         bind_durable(t.BUILDER_BUILDS),
         local_runtime(),
         kv_read(t.KV_TEMPLATES),
         kv_write(t.KV_TEMPLATES),
+        kv_read(t.KV_SANDBOXES),
+        kv_read(t.KV_SNAPSHOTS),
         dead_letters(),
     )
     return [

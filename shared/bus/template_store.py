@@ -130,11 +130,15 @@ class KvTemplateStore:
         await self._delete(f"b.{build_id}")
 
     async def list_builds(self, template_id: str) -> list[BuildRecord]:
+        return [b for b in await self.list_all_builds() if b.template_id == template_id]
+
+    async def list_all_builds(self) -> list[BuildRecord]:
+        """Every build of every template (the builder's garbage collection keeps their files)."""
         kv = await self._bucket()
         out = []
         for key in await key_names(kv):
             found = await self.get_build(key[2:]) if key.startswith("b.") else None
-            if found is not None and found.template_id == template_id:
+            if found is not None:
                 out.append(found)
         return sorted(out, key=lambda b: b.created_at)
 

@@ -128,7 +128,7 @@ JOBS: dict[str, Job] = {
     ),
     "builder": Job(
         binds=(t.BUILDER_BUILDS,),
-        kv_reads=(t.KV_TEMPLATES,),
+        kv_reads=(t.KV_TEMPLATES, t.KV_SANDBOXES, t.KV_SNAPSHOTS),
         kv_writes=(t.KV_TEMPLATES,),
         dead_letters=True,
     ),
@@ -162,8 +162,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "sandbox.cmd.pause.x",
         f"$JS.API.CONSUMER.MSG.NEXT.{t.STREAM_EVT}.scheduler-lifecycle",
     ),
-    # records of sandboxes and users are not the builder's; nor are other commands
-    "builder": (f"$KV.{t.KV_SANDBOXES}.x", "sandbox.cmd.create.x"),
+    # records of sandboxes and snapshots are not the builder's to write; nor are commands
+    "builder": (f"$KV.{t.KV_SANDBOXES}.x", f"$KV.{t.KV_SNAPSHOTS}.x", "sandbox.cmd.create.x"),
 }
 
 

@@ -4,6 +4,7 @@ Template(...).build(), then Sandbox.create(name) and name:tag."""
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import time
 import uuid
@@ -13,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from e2b import Sandbox, SandboxQuery, SandboxState, Template
 from e2b.exceptions import BuildException, SandboxException
 
@@ -291,3 +293,59 @@ def test_ready_command_that_never_succeeds_fails_the_resume_back_to_paused(
         assert any("sleep infinity" in " ".join([p.cmd, *p.args]) for p in again.commands.list())
     finally:
         Sandbox.kill(sid, **tstack.sdk_opts("alice"))
+
+
+def _metric(stack: Stack, name: str, kind: str) -> float | None:
+    text = httpx.get(f"{stack.url('builder')}/metrics", timeout=10).text
+    found = re.search(rf'^{name}{{kind="{kind}"}} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
+def _sweeps(stack: Stack) -> float:
+    text = httpx.get(f"{stack.url('builder')}/metrics", timeout=10).text
+    found = re.search(r"^torpor_builder_gc_sweeps_total (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_deleted_templates_sandboxes_run_on_and_its_layers_go_after_them(
+    tstack: Stack,
+) -> None:
+    """Delete a template while one sandbox of it runs and another is paused: both work on
+    (the paused one resumes); once both are gone the builder's garbage collection removes the
+    template's own layer and file, and reports the disk in use."""
+    marker = uuid.uuid4().hex
+    name = f"gc-{marker[:8]}"
+    template = Template().from_debian_image().run_cmd(f"echo {marker} > /home/user/gc.txt")
+    info = Template.build(template, name, **_api(tstack))
+    template_file = tstack.data_dir / "built-templates" / f"{info.build_id}.yaml"
+    own = yaml.safe_load(template_file.read_text())["layers"][-1]  # the RUN step: only its
+    own_layer = tstack.data_dir / "template-layers" / own
+    assert own_layer.is_dir()
+    opts = tstack.sdk_opts("alice")
+    running = Sandbox.create(name, **opts)
+    paused = Sandbox.create(name, **opts)
+    ids = [running.sandbox_id, paused.sandbox_id]
+    try:
+        paused.pause()
+        with tstack.client("alice") as c:
+            assert c.delete(f"/templates/{info.template_id}").status_code == 204
+        swept = _sweeps(tstack)
+        deadline = time.monotonic() + 60
+        while _sweeps(tstack) < swept + 3 and time.monotonic() < deadline:  # past the grace
+            time.sleep(0.5)
+        assert _sweeps(tstack) >= swept + 3, "the garbage collection does not sweep"
+        assert own_layer.is_dir() and template_file.is_file()
+        assert running.commands.run("cat /home/user/gc.txt").stdout.strip() == marker
+        resumed = Sandbox.connect(paused.sandbox_id, **opts)
+        assert resumed.commands.run("cat /home/user/gc.txt").stdout.strip() == marker
+    finally:
+        for sid in ids:
+            Sandbox.kill(sid, **opts)
+    deadline = time.monotonic() + 60
+    while (own_layer.exists() or template_file.exists()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not own_layer.exists(), "the deleted template's layer was not collected"
+    assert not template_file.exists()
+    assert (_metric(tstack, "torpor_builder_gc_removed_total", "layers") or 0) >= 1
+    for kind in ("layers", "cache", "uploads"):  # the disk in use, as of the last sweep
+        assert _metric(tstack, "torpor_builder_disk_bytes", kind) is not None

@@ -38,7 +38,7 @@ from services.api.template_schemas import (
     TemplateUpdateIn,
     TemplateWithBuildsOut,
 )
-from services.api.uploads import TOKEN_SECONDS, Grant, UploadSigner, store_blob
+from services.api.uploads import TOKEN_SECONDS, Grant, UploadSigner, store_blob, touch_blob
 from shared.bus.subjects import CMD_TEMPLATE_BUILD, of
 from shared.errors import Conflict
 from shared.models.template_messages import BuildTemplate
@@ -224,7 +224,7 @@ async def file_upload_link(
     template = await _own(w, caller, template_id)
     if not is_files_hash(files_hash):
         raise ApiError(400, "hash: must be 64 lowercase hex digits (sha256)")
-    present = await asyncio.to_thread(blob_path(b.blobs, template.owner, files_hash).is_file)
+    present = await asyncio.to_thread(touch_blob, b.blobs, template.owner, files_hash)
     token = UploadSigner(b.signer_key).sign(
         Grant(
             owner=template.owner,

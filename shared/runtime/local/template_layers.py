@@ -18,6 +18,7 @@ new layer, owned by the step's user.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import os
 import re
@@ -25,7 +26,7 @@ import shutil
 import stat
 import tarfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
 from shared.errors import RuntimeFailure
@@ -34,6 +35,7 @@ from shared.models.template_records import TEMPLATE_LAYERS_DIR
 _KEY_RE = re.compile(r"^[a-f0-9]{64}$")
 USER_IDS = {"root": 0, "user": 1000}
 MAX_ARCHIVE_MEMBERS = 100_000
+LOCK_FILE = ".builds.lock"
 
 
 def root(data_dir: Path) -> Path:
@@ -72,6 +74,73 @@ def commit(data_dir: Path, folder: Path, key: str) -> None:
 
 def discard(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def is_key(name: str) -> bool:
+    return _KEY_RE.match(name) is not None
+
+
+def touch(data_dir: Path, key: str) -> None:
+    """A build reused the layer: its time is now (unreferenced layers are a cache whose
+    entries unused for longest go first)."""
+    with contextlib.suppress(OSError):
+        os.utime(tree(data_dir, key).parent)
+
+
+def remove(data_dir: Path, name: str) -> None:
+    """Remove a layer (or a leftover folder) of the layers folder: renamed away first, so a
+    half-removed layer is never seen under its key."""
+    folder = root(data_dir) / name
+    trash = root(data_dir) / f".trash-{uuid.uuid4().hex}"
+    try:
+        os.rename(folder, trash)
+    except FileNotFoundError:
+        return
+    if trash.is_symlink() or not trash.is_dir():  # never followed: only the link goes
+        trash.unlink(missing_ok=True)
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def size(folder: Path) -> int:
+    """Bytes of the files under ``folder`` (not following links)."""
+    total = 0
+    for parent, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(parent, name)).st_size
+    return total
+
+
+@contextlib.contextmanager
+def in_use_by_a_build(data_dir: Path) -> Iterator[None]:
+    """Held (shared) for a whole build: the garbage collection sweeps only when no build runs,
+    so it never takes a layer a build is about to reuse, or the staging folder of one."""
+    with _lock(data_dir, fcntl.LOCK_SH) as held:
+        assert held
+        yield
+
+
+@contextlib.contextmanager
+def sweeping(data_dir: Path) -> Iterator[bool]:
+    """The exclusive hold of the garbage collection: False (nothing held) while a build runs."""
+    with _lock(data_dir, fcntl.LOCK_EX | fcntl.LOCK_NB) as held:
+        yield held
+
+
+@contextlib.contextmanager
+def _lock(data_dir: Path, how: int) -> Iterator[bool]:
+    root(data_dir).mkdir(parents=True, exist_ok=True, mode=0o755)
+    fd = os.open(root(data_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, how)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _member_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:

@@ -452,6 +452,16 @@ class LocalRuntime:
             out.append(self._view(record, revision))
         return out
 
+    async def templates_in_use(self) -> set[str]:
+        """The template of every workload record (paused, warm in a pool or being deleted
+        included): their pods mount its layers, so the builder's garbage collection keeps them."""
+        out: set[str] = set()
+        for name in await self._store.names():
+            current = await self._store.get(name)
+            if current is not None:
+                out.add(current[0].template)
+        return out
+
     async def warm_pods(self, template: str) -> int:
         """Pods of ``template``'s pool ready to be claimed now (tests, benchmarks, status)."""
         count = 0
