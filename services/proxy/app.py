@@ -27,7 +27,6 @@ from prometheus_client import (
     generate_latest,
 )
 from starlette.types import Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from services.proxy import access
 from services.proxy.access import Authenticator, RefusedError
@@ -41,6 +40,7 @@ from services.proxy.forwarding import (
 )
 from services.proxy.routing import BadTargetError, Target, target_of
 from services.proxy.settings import ProxySettings
+from services.proxy.slots import ExchangeSlots
 from services.proxy.upstream import UpstreamPool
 from services.proxy.waking import NotRunningError, Resumer, Waker
 from shared.domain import states
@@ -115,7 +115,7 @@ class ProxyApp:
         self.settings = settings
         self.limits = limits if limits is not None else HttpLimits()
         self.in_flight = InFlight(self.limits.max_requests_per_client)
-        self._slots: dict[tuple[str, int], asyncio.Semaphore] = {}
+        self._slots: dict[tuple[str, int], ExchangeSlots] = {}
         self.registry = registry or CollectorRegistry()
         self._connect = connect
         self._wiring: ProxyWiring | None = None
@@ -136,7 +136,13 @@ class ProxyApp:
         self._proxied = self._requests.labels("proxied")
         self.fast_exchanges = Counter(
             "torpor_proxy_fast_path",
-            "Proxied HTTP exchanges served by the fast path (services.proxy.fastpath)",
+            "Proxied HTTP exchanges served without the ASGI app (services.proxy.relay, "
+            "services.proxy.fastpath)",
+            registry=self.registry,
+        )
+        self.handovers = Counter(
+            "torpor_proxy_handovers",
+            "Client connections the relay handed to the ASGI server (services.proxy.relay)",
             registry=self.registry,
         )
         if wiring is not None:
@@ -156,12 +162,13 @@ class ProxyApp:
     def wiring(self) -> ProxyWiring | None:
         return self._wiring
 
-    def http_protocol(self, limits: HttpLimits) -> type[HttpToolsProtocol]:
-        """The connection protocol to serve this app with: the guarded protocol plus the fast
-        path for ordinary proxied requests (``services.proxy.fastpath``)."""
-        from services.proxy.fastpath import fast_protocol
+    def http_protocol(self, limits: HttpLimits) -> type[asyncio.Protocol]:
+        """The connection protocol to serve this app with: ordinary proxied exchanges relayed
+        from callbacks (``services.proxy.relay``), everything else handed to the guarded
+        protocol plus the fast path (``services.proxy.fastpath``)."""
+        from services.proxy.relay import relay_protocol
 
-        return fast_protocol(self, limits)
+        return relay_protocol(self, limits)
 
     def count_refusal(self, status: int) -> None:
         self._requests.labels(f"refused_{status}").inc()
@@ -379,12 +386,12 @@ class ProxyApp:
             total=self.settings.body_timeout,
         )
 
-    def slot(self, host: str, port: int) -> asyncio.Semaphore:
+    def slot(self, host: str, port: int) -> ExchangeSlots:
         """Bound concurrent exchanges per upstream (host, port); see ``max_connections``."""
         key = (host, port)
         slot = self._slots.get(key)
         if slot is None:
-            slot = self._slots[key] = asyncio.Semaphore(self.settings.max_connections)
+            slot = self._slots[key] = ExchangeSlots(self.settings.max_connections)
         return slot
 
     async def _authorise(

@@ -14,7 +14,7 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import httptools
 
@@ -28,11 +28,21 @@ _LOW_WATER = 1 << 18
 MAX_RESPONSE_HEAD = 64 * 1024
 MAX_RESPONSE_HEADERS = 256
 
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+
 T = TypeVar("T")
 
 
 class UpstreamError(Exception):
     """The connection broke; ``sent_nothing`` when the server cannot have seen the request."""
+
+
+class Listener(Protocol):
+    def upstream_progress(self, conn: UpstreamConnection) -> None:
+        """Called after each read from the sandbox and when the connection is lost; the
+        listener looks at ``head``, ``finished``, ``error`` and takes the body with
+        ``take_chunk`` (the relay's way to avoid futures and tasks on the hot path)."""
+        ...
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -41,9 +51,13 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
         self.reused = False
+        self.listener: Listener | None = None
+        # The final response head once it has arrived (status, headers).
+        self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._headers: list[tuple[bytes, bytes]] = []
         self._header_size = 0
+        self._framed = False  # Content-Length or Transfer-Encoding seen in the head
         self._head: asyncio.Future[tuple[int, list[tuple[bytes, bytes]]]] | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -69,7 +83,12 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_response_bytes = True
-        if self._head is not None and not self._head.done():
+        self._feed(data)
+        if self.listener is not None:
+            self.listener.upstream_progress(self)
+
+    def _feed(self, data: bytes) -> None:
+        if self.head is None:
             self._head_bytes += len(data)
             if self._head_bytes > MAX_RESPONSE_HEAD + _HIGH_WATER:  # head + what came with it
                 self._fail(UpstreamError("response head from the sandbox is too large"))
@@ -86,13 +105,15 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        if self._until_close and self._head is not None and self._head.done():
+        if self._until_close and self.head is not None:
             self._complete = True  # a body delimited by the connection closing has ended
             self._readable.set()
         if not self._complete:
             self._fail(UpstreamError(f"the sandbox closed the connection: {exc!r}"))
         if self._writable is not None and not self._writable.done():
             self._writable.set_exception(UpstreamError("connection lost while sending"))
+        if self.listener is not None:
+            self.listener.upstream_progress(self)
 
     def pause_writing(self) -> None:
         if self._writable is None or self._writable.done():
@@ -109,22 +130,21 @@ class UpstreamConnection(asyncio.Protocol):
         self._header_size += len(name) + len(value)
         if self._header_size > MAX_RESPONSE_HEAD or len(self._headers) > MAX_RESPONSE_HEADERS:
             raise UpstreamError("response head from the sandbox is too large")
+        if len(name) in (14, 17) and name.lower() in _FRAMING:
+            self._framed = True
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
         if 100 <= status < 200:  # interim (100 Continue): the real head follows
             self._headers = []
             self._header_size = 0
+            self._framed = False
             return
         self._keep_alive = self._parser.should_keep_alive()
-        names = {name.lower() for name, _ in self._headers}
-        self._until_close = (
-            status not in (204, 304)
-            and b"content-length" not in names
-            and b"transfer-encoding" not in names
-        )
+        self._until_close = status not in (204, 304) and not self._framed
+        self.head = (status, self._headers)
         if self._head is not None and not self._head.done():
-            self._head.set_result((status, self._headers))
+            self._head.set_result(self.head)
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
@@ -135,7 +155,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
-        if self._head is not None and not self._head.done():
+        if self.head is None:
             return  # the end of an interim response
         self._complete = True
         self._readable.set()
@@ -161,11 +181,16 @@ class UpstreamConnection(asyncio.Protocol):
             and not self.transport.is_closing()
         )
 
-    def start_request(self) -> None:
+    def start_request(self, listener: Listener | None = None) -> None:
+        """Before a request is written; the response goes to ``listener`` (its callbacks) or,
+        without one, to ``response_head``/``next_body`` (awaited)."""
         self._headers = []
         self._header_size = 0
         self._head_bytes = 0
-        self._head = asyncio.get_running_loop().create_future()
+        self._framed = False
+        self.head = None
+        self.listener = listener
+        self._head = None if listener else asyncio.get_running_loop().create_future()
         self._chunks.clear()
         self._buffered = 0
         self._readable.clear()
@@ -194,6 +219,22 @@ class UpstreamConnection(asyncio.Protocol):
     def finished(self) -> bool:
         """The whole response has arrived (and is buffered)."""
         return self._complete
+
+    @property
+    def error(self) -> Exception | None:
+        """Why the connection broke (``None`` while it works)."""
+        return self._error
+
+    def take_chunk(self) -> bytes | None:
+        """The next buffered piece of the body, without waiting (``None``: nothing buffered)."""
+        if not self._chunks:
+            return None
+        chunk = self._chunks.popleft()
+        self._buffered -= len(chunk)
+        if self._reading_paused and self._buffered < _LOW_WATER and self.transport:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return chunk
 
     def buffered_body(self) -> bytes:
         body = b"".join(self._chunks)
@@ -253,6 +294,7 @@ class UpstreamPool:
         return conn
 
     def release(self, conn: UpstreamConnection) -> None:
+        conn.listener = None
         if not conn.reusable:
             conn.abort()
             return

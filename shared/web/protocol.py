@@ -56,6 +56,16 @@ class _PerClient:
             self.counts.pop(address, None)
 
 
+def per_client_counts(server_state: ServerState) -> _PerClient:
+    """The open connections per client address of one server (every protocol class serving it
+    counts in the same place)."""
+    per_client: _PerClient | None = getattr(server_state, "torpor_per_client", None)
+    if per_client is None:
+        per_client = _PerClient()
+        server_state.torpor_per_client = per_client  # type: ignore[attr-defined]
+    return per_client
+
+
 def guarded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
     """The protocol class to hand uvicorn as ``http=`` (limits bound in)."""
 
@@ -68,11 +78,7 @@ def guarded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
             _loop: asyncio.AbstractEventLoop | None = None,
         ) -> None:
             super().__init__(config, server_state, app_state, _loop)
-            per_client = getattr(server_state, "torpor_per_client", None)
-            if per_client is None:
-                per_client = _PerClient()
-                server_state.torpor_per_client = per_client  # type: ignore[attr-defined]
-            self._per_client: _PerClient = per_client
+            self._per_client = per_client_counts(server_state)
             self._counted: str | None = None
             self._in_head = True  # a new connection is waiting for its first request head
             self._head_bytes = 0  # of the current head, in chunks before the one being parsed

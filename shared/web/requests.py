@@ -55,6 +55,14 @@ class InFlight:
         self._counts[address] = count + 1
         return address
 
+    def try_acquire(self, address: str) -> bool:
+        """``acquire`` for callers without a scope: False (and nothing counted) at the limit."""
+        count = self._counts.get(address, 0)
+        if count >= self.limit:
+            return False
+        self._counts[address] = count + 1
+        return True
+
     def release(self, address: str) -> None:
         left = self._counts[address] - 1
         if left:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol, runtime_checkable
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shared.web.limits import HttpLimits
 from shared.web.protocol import guarded_protocol
@@ -16,7 +16,7 @@ class ServesItsOwnProtocol(Protocol):
     """An app that brings its connection protocol (built on the guarded one), e.g. the proxy's
     fast path."""
 
-    def http_protocol(self, limits: HttpLimits) -> type[HttpToolsProtocol]: ...
+    def http_protocol(self, limits: HttpLimits) -> type[asyncio.Protocol]: ...
 
 
 def server_config(
