@@ -2,7 +2,8 @@
 sandbox (auto-resume).
 
     .venv/bin/python bench/proxy_bench.py [--requests 2000] [--concurrency 32] [--no-resume]
-        [--client httpx|lean] [--baseline <checkout of another commit>] [--out NAME.json]
+        [--rounds 3] [--client httpx|lean] [--baseline <checkout of another commit>]
+        [--out NAME.json]
 
 Part 1 runs the real in-sandbox daemon (``python -m services.envd``) on its own loopback
 address and the proxy (``ProxyApp``, the production ASGI app under uvicorn) in a separate
@@ -28,6 +29,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -168,8 +170,51 @@ def measure(
     return asyncio.run(drive(url, headers, method=method, body=body, n=n, concurrency=c))
 
 
+def _ratios(side: list[dict[str, float]], direct: list[dict[str, float]]) -> list[float]:
+    return [s["rps"] / d["rps"] for s, d in zip(side, direct, strict=True)]
+
+
+def _median(results: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in results)
+
+
+def _print_header() -> None:
+    print(
+        f"{'case':<14} {'conc':>4} {'direct p50':>10} {'p99':>8} {'rps':>7} | "
+        f"{'proxy p50':>9} {'p99':>8} {'rps':>7} | {'ratio':>5} {'(min-max)':>11} | "
+        "CPU us/req: envd, proxy | load",
+        flush=True,
+    )
+
+
+def _print_row(r: dict[str, Any]) -> None:
+    print(
+        f"{r['case']:<14} {r['concurrency']:>4} "
+        f"{r['direct_p50_ms']:>8.2f}ms {r['direct_p99_ms']:>6.2f}ms "
+        f"{r['direct_rps']:>7.0f} | {r['proxy_p50_ms']:>7.2f}ms {r['proxy_p99_ms']:>6.2f}ms "
+        f"{r['proxy_rps']:>7.0f} | {r['throughput_ratio']:>5.2f} "
+        f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | "
+        f"{r['envd_cpu_us_per_req_direct']:>5.0f} {r['proxy_cpu_us_per_req']:>6.0f} "
+        f"| {r['load_1m']:.1f}",
+        flush=True,
+    )
+    if "baseline_rps" in r:
+        print(
+            f"{'  baseline':<19} {r['baseline_p50_ms']:>7.2f}ms {r['baseline_p99_ms']:>6.2f}ms "
+            f"{r['baseline_rps']:>7.0f} | ratio {r['baseline_ratio']:>5.2f} "
+            f"({r['baseline_ratio_min']:.2f}-{r['baseline_ratio_max']:.2f}) | "
+            f"CPU us/req {r['baseline_cpu_us_per_req']:.0f}",
+            flush=True,
+        )
+
+
 def overhead(
-    n: int, concurrency: int, *, client: str = "httpx", baseline: Path | None = None
+    n: int,
+    concurrency: int,
+    *,
+    client: str = "httpx",
+    baseline: Path | None = None,
+    rounds: int = 3,
 ) -> list[dict[str, object]]:
     from shared.bus.server import free_port
 
@@ -224,62 +269,72 @@ def overhead(
             ("GET /health", "GET", "/health", None, {}),
             ("Connect List", "POST", "/process.Process/List", b"{}", rpc),
         ]
+        sides = {"direct": (direct, {**auth}, 0), "proxy": (proxied, route, 1)}
+        if baseline is not None:
+            sides["baseline"] = (based, route, 2)
+        per_request = 1e6 / (n + 50)  # the warm-up requests count too
         for name, method, path, body, extra in cases:
             for conc in (1, concurrency):
-                envd_cpu = cpu_seconds(procs[0].pid)
-                d = measure(
-                    client, direct + path, {**auth, **extra}, method=method, body=body, n=n, c=conc
-                )
-                envd_direct = cpu_seconds(procs[0].pid) - envd_cpu
-                envd_cpu, proxy_cpu = cpu_seconds(procs[0].pid), cpu_seconds(procs[1].pid)
-                p = measure(
-                    client,
-                    proxied + path,
-                    {**route, **extra},
-                    method=method,
-                    body=body,
-                    n=n,
-                    c=conc,
-                )
-                proxy_used = cpu_seconds(procs[1].pid) - proxy_cpu
-                envd_proxied = cpu_seconds(procs[0].pid) - envd_cpu
-                per_request = 1e6 / (n + 50)  # the warm-up requests count too
-                rows.append(
-                    {
-                        "case": name,
-                        "concurrency": conc,
-                        "direct_p50_ms": d["p50_ms"],
-                        "direct_p99_ms": d["p99_ms"],
-                        "direct_rps": d["rps"],
-                        "proxy_p50_ms": p["p50_ms"],
-                        "proxy_p99_ms": p["p99_ms"],
-                        "proxy_rps": p["rps"],
-                        "throughput_ratio": p["rps"] / d["rps"],
-                        "envd_cpu_us_per_req_direct": envd_direct * per_request,
-                        "envd_cpu_us_per_req_proxied": envd_proxied * per_request,
-                        "proxy_cpu_us_per_req": proxy_used * per_request,
-                        "load_1m": os.getloadavg()[0],
-                    }
-                )
+                got: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+                cpu: dict[str, float] = dict.fromkeys(sides, 0.0)
+                envd_cpu: dict[str, float] = dict.fromkeys(sides, 0.0)
+                loads: list[float] = []
+                for rnd in range(rounds):
+                    # the sides take turns going first: a load swing hits each alike
+                    order = list(sides) if rnd % 2 == 0 else list(reversed(sides))
+                    for side in order:
+                        url, headers, index = sides[side]
+                        before = cpu_seconds(procs[index].pid), cpu_seconds(procs[0].pid)
+                        got[side].append(
+                            measure(
+                                client,
+                                url + path,
+                                {**headers, **extra},
+                                method=method,
+                                body=body,
+                                n=n,
+                                c=conc,
+                            )
+                        )
+                        cpu[side] += cpu_seconds(procs[index].pid) - before[0]
+                        envd_cpu[side] += cpu_seconds(procs[0].pid) - before[1]
+                    loads.append(os.getloadavg()[0])
+                ratios = _ratios(got["proxy"], got["direct"])
+                row: dict[str, object] = {
+                    "case": name,
+                    "concurrency": conc,
+                    "rounds": rounds,
+                    "direct_p50_ms": _median(got["direct"], "p50_ms"),
+                    "direct_p99_ms": _median(got["direct"], "p99_ms"),
+                    "direct_rps": _median(got["direct"], "rps"),
+                    "proxy_p50_ms": _median(got["proxy"], "p50_ms"),
+                    "proxy_p99_ms": _median(got["proxy"], "p99_ms"),
+                    "proxy_rps": _median(got["proxy"], "rps"),
+                    # per round, each the two sides measured back to back; the median is the
+                    # figure, min-max the spread
+                    "throughput_ratio": statistics.median(ratios),
+                    "ratio_per_round": [round(r, 3) for r in ratios],
+                    "ratio_min": min(ratios),
+                    "ratio_max": max(ratios),
+                    "envd_cpu_us_per_req_direct": envd_cpu["direct"] * per_request / rounds,
+                    "envd_cpu_us_per_req_proxied": envd_cpu["proxy"] * per_request / rounds,
+                    "proxy_cpu_us_per_req": cpu["proxy"] * per_request / rounds,
+                    "load_1m": statistics.median(loads),
+                    "load_1m_per_round": loads,
+                }
                 if baseline is not None:
-                    base_cpu = cpu_seconds(procs[2].pid)
-                    b = measure(
-                        client,
-                        based + path,
-                        {**route, **extra},
-                        method=method,
-                        body=body,
-                        n=n,
-                        c=conc,
+                    base_ratios = _ratios(got["baseline"], got["direct"])
+                    row.update(
+                        baseline_p50_ms=_median(got["baseline"], "p50_ms"),
+                        baseline_p99_ms=_median(got["baseline"], "p99_ms"),
+                        baseline_rps=_median(got["baseline"], "rps"),
+                        baseline_ratio=statistics.median(base_ratios),
+                        baseline_ratio_min=min(base_ratios),
+                        baseline_ratio_max=max(base_ratios),
+                        baseline_cpu_us_per_req=cpu["baseline"] * per_request / rounds,
                     )
-                    rows[-1].update(
-                        baseline_p50_ms=b["p50_ms"],
-                        baseline_p99_ms=b["p99_ms"],
-                        baseline_rps=b["rps"],
-                        baseline_ratio=b["rps"] / d["rps"],
-                        baseline_cpu_us_per_req=(cpu_seconds(procs[2].pid) - base_cpu)
-                        * per_request,
-                    )
+                rows.append(row)
+                _print_row(row)
     finally:
         for proc in procs:
             proc.terminate()
@@ -355,6 +410,13 @@ def main() -> int:
         type=Path,
         help="a checkout of another commit: its proxy is measured in the same loop, same daemon",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="measurements per cell, the sides alternating which goes first; the ratio is the "
+        "median of the rounds' ratios and min-max its spread",
+    )
     parser.add_argument("--out", default="proxy_bench.json", help="file name in bench/results/")
     parser.add_argument(
         "--serve-proxy", nargs=2, metavar=("PORT", "POD_HOST"), help=argparse.SUPPRESS
@@ -364,26 +426,19 @@ def main() -> int:
         serve_proxy(int(args.serve_proxy[0]), args.serve_proxy[1])
         return 0
 
-    rows = overhead(args.requests, args.concurrency, client=args.client, baseline=args.baseline)
     print(
-        f"{'case':<14} {'conc':>4} {'direct p50':>10} {'p99':>8} {'rps':>7} | "
-        f"{'proxy p50':>9} {'p99':>8} {'rps':>7} | {'ratio':>5} | CPU us/req: envd, proxy"
+        f"proxy vs direct: {args.requests} requests per cell, {args.rounds} rounds, "
+        f"client {args.client}, load {os.getloadavg()[0]:.1f}",
+        flush=True,
     )
-    for r in rows:
-        print(
-            f"{r['case']:<14} {r['concurrency']:>4} "
-            f"{r['direct_p50_ms']:>8.2f}ms {r['direct_p99_ms']:>6.2f}ms "
-            f"{r['direct_rps']:>7.0f} | {r['proxy_p50_ms']:>7.2f}ms {r['proxy_p99_ms']:>6.2f}ms "
-            f"{r['proxy_rps']:>7.0f} | {r['throughput_ratio']:>5.2f} | "
-            f"{r['envd_cpu_us_per_req_direct']:>5.0f} {r['proxy_cpu_us_per_req']:>6.0f} "
-            f"| load {r['load_1m']:.1f}"
-        )
-        if "baseline_rps" in r:
-            print(
-                f"{'  baseline':<19} {r['baseline_p50_ms']:>7.2f}ms {r['baseline_p99_ms']:>6.2f}ms "
-                f"{r['baseline_rps']:>7.0f} | ratio {r['baseline_ratio']:>5.2f} | "
-                f"CPU us/req {r['baseline_cpu_us_per_req']:.0f}"
-            )
+    _print_header()
+    rows = overhead(
+        args.requests,
+        args.concurrency,
+        client=args.client,
+        baseline=args.baseline,
+        rounds=args.rounds,
+    )
     resume: dict[str, object] | None = None
     if not args.no_resume:
         try:
@@ -395,7 +450,7 @@ def main() -> int:
         except Exception as e:
             resume = {"error": repr(e)[:500]}
             print(f"first-request latency not measured: {resume['error']}")
-    out = REPO / "bench" / "results" / args.out
+    out = REPO / "bench" / "results" / Path(args.out).name
     out.write_text(
         json.dumps(
             {
@@ -403,6 +458,7 @@ def main() -> int:
                 "host": platform.node(),
                 "cpus": os.cpu_count(),
                 "requests": args.requests,
+                "rounds": args.rounds,
                 "client": args.client,
                 "baseline": str(args.baseline) if args.baseline else None,
                 "overhead": rows,
