@@ -125,6 +125,12 @@ class UpstreamConnection(asyncio.Protocol):
 
     # ---- httptools callbacks -----------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._complete:
+            # A second response to one request (or bytes nobody asked for): relaying it would
+            # let the sandbox answer the client's next request, perhaps to another sandbox.
+            raise UpstreamError("the sandbox sent more than one response")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
         self._header_size += len(name) + len(value)

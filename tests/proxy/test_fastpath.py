@@ -217,6 +217,10 @@ HOSTILE = {
     b"/endless-head": b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * (2 * 1024 * 1024),
     b"/short": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this",
     b"/garbage": b"\x00\x01\x02 not http at all\r\n\r\n",
+    # two answers to one request: the second must never reach the client (it would answer the
+    # client's next request on that connection, perhaps one for another sandbox)
+    b"/two": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nspoof",
 }
 
 
@@ -293,6 +297,26 @@ def test_a_hostile_answer_is_502_and_does_not_poison_the_connection(
             sock.sendall(head("GET", "/", host, list(to(sbx, port).items())))
             after = read_answer(sock)
             assert (after.status, after.body) == (200, b"fine")
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["relay", "asgi-path"])
+def test_a_second_answer_to_one_request_is_dropped(
+    hostile: tuple[Rig, SandboxRecord, int], fast: bool
+) -> None:
+    rig, sbx, port = hostile
+    headers = list(to(sbx, port).items()) + ([] if fast else [("X-API-KEY", "alice-key")])
+    host = authority(rig.proxy)
+    with connect(rig.proxy) as sock:
+        sock.sendall(head("GET", "/two", host, headers))
+        answer = read_answer(sock)
+        assert (answer.status, answer.body) == (200, b"ok")
+        sock.sendall(head("GET", "/", host, headers))
+        data = b""
+        while b"fine" not in data and (chunk := sock.recv(65536)):
+            data += chunk
+    assert b"spoof" not in data
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert data.endswith(b"\r\n\r\nfine")
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "asgi-path"])
