@@ -36,20 +36,25 @@ from common import (
     connect,
     create_sandbox,
     kill,
-    loadavg,
     pause,
-    ratio,
     stats_row,
-    summary,
     table,
     torpor_stack,
     write_result,
 )
-from resume_vs_podstart import COMMANDS, raw_kubernetes, raw_local
+from resume_vs_podstart import (
+    COMMANDS,
+    KUBERNETES_RIG,
+    interleaved,
+    kubernetes_rig,
+    raw_kubernetes,
+    raw_local,
+)
 
 from shared.envd.client import ConnectEnvdClient
 from shared.models.snapshots import ProcessConfig
 from shared.ports.workloads import Endpoint, WorkloadSpec
+from shared.runtime.kubernetes import PodTemplates
 from shared.runtime.local import LocalRuntime
 from tests.support.pods import release_pods, warm_pods
 
@@ -69,13 +74,7 @@ async def measure(
 ) -> dict[str, Any]:
     """``pool_rt``: a runtime with its own pool of one for the runtime-alone claim (local only);
     ``system_warm``: how many of the stack's pool pods are ready (default: the local runtime's
-    records)."""
-    creates: list[float] = []
-    resumes: list[float] = []
-    claims: list[float] = []
-    starts: list[float] = []
-    servings: list[float] = []
-    loads: list[float] = []
+    records). The loop and the cold reference are bench/resume_vs_podstart.py's."""
     not_warm = bad_replays = 0
     envd = ConnectEnvdClient()
     try:
@@ -91,7 +90,9 @@ async def measure(
         system_warm = system_warm or local_warm
 
         async with stack.aclient(USER) as http, stack.store() as store:
-            for n in range(-1, cycles):  # cycle -1: untimed warm-up of every path
+
+            async def body(n: int) -> dict[str, float] | None:
+                nonlocal not_warm, bad_replays
                 await until_warm(system_warm)
                 t0 = time.perf_counter()
                 sid = (await create_sandbox(http))["sandboxID"]
@@ -120,8 +121,7 @@ async def measure(
                 )
                 replayed = sorted(p.config.args[-1] for p in live if p.config.args)
                 await kill(http, sid)
-
-                claimed, claimed_warm = 0.0, True
+                timed = {"create_warm": created, "resume_warm": resumed}
                 if pool_rt is not None:
                     await until_warm(runtime_warm)
                     name = f"claim-{uuid.uuid4().hex[:8]}"
@@ -129,63 +129,40 @@ async def measure(
                     await pool_rt.create(
                         WorkloadSpec(name=name, owner="bench", access_token=uuid.uuid4().hex)
                     )
-                    claimed_warm = (await pool_rt.wait_ready(name, timeout=120)).warm
-                    claimed = time.perf_counter() - t0
+                    warm = warm and (await pool_rt.wait_ready(name, timeout=120)).warm
+                    timed["claim_runtime"] = time.perf_counter() - t0
                     await pool_rt.delete(name)
-
-                started, served, _stopped = await raw()
                 if n < 0:
-                    continue
-                if not warm or not claimed_warm:
+                    return None  # the untimed warm-up of every path
+                if not warm:
                     not_warm += 1
-                    continue
+                    return None
                 if code != 201 or replayed != sorted(COMMANDS):
                     bad_replays += 1
-                creates.append(created)
-                resumes.append(resumed)
-                if pool_rt is not None:
-                    claims.append(claimed)
-                starts.append(started)
-                servings.append(served)
-                loads.append(loadavg()[0])
-                print(
-                    f"  {n + 1}/{cycles}: create {created * 1000:.0f} ms, resume "
-                    f"{resumed * 1000:.0f} ms, claim {claimed * 1000:.0f} ms, cold pod "
-                    f"{started * 1000:.0f} ms, load {loads[-1]}",
-                    flush=True,
-                )
+                return timed
+
+            series = await interleaved(cycles, body, raw, warmups=1)
     finally:
         await envd.close()
-    create, resume = summary(creates), summary(resumes)
-    claim = summary(claims) if claims else {"n": 0, "p50_ms": 0.0}
-    start, serving = summary(starts), summary(servings)
+    claims = pool_rt is not None
     return {
-        "cycles": len(creates),
+        "cycles": len(series.samples.get("create_warm", [])),
         "skipped_not_warm": not_warm,
         "bad_replays": bad_replays,
         "processes_per_sandbox": len(COMMANDS),
-        "create_warm": create,
-        "resume_warm": resume,
-        "claim_runtime": claim,
-        "pod_start": start,
-        "pod_serving": serving,
-        "ratio_create_to_pod_start_p50": ratio(create["p50_ms"], start["p50_ms"]),
-        "ratio_resume_to_pod_start_p50": ratio(resume["p50_ms"], start["p50_ms"]),
-        "ratio_claim_to_pod_start_p50": ratio(claim["p50_ms"], start["p50_ms"]) if claims else None,
-        "ratio_create_to_pod_serving_p50": ratio(create["p50_ms"], serving["p50_ms"]),
-        "ratio_resume_to_pod_serving_p50": ratio(resume["p50_ms"], serving["p50_ms"]),
-        "load_1m_during": {
-            "min": min(loads),
-            "max": max(loads),
-            "mean": round(sum(loads) / len(loads), 2),
+        **{
+            k: series.summary(k)
+            for k in ("create_warm", "resume_warm", "claim_runtime", "pod_start", "pod_serving")
         },
-        "samples_s": {
-            "create_warm": [round(x, 4) for x in creates],
-            "resume_warm": [round(x, 4) for x in resumes],
-            "claim_runtime": [round(x, 4) for x in claims],
-            "pod_start": [round(x, 4) for x in starts],
-            "pod_serving": [round(x, 4) for x in servings],
-        },
+        "ratio_create_to_pod_start_p50": series.ratio_p("create_warm", "pod_start"),
+        "ratio_resume_to_pod_start_p50": series.ratio_p("resume_warm", "pod_start"),
+        "ratio_claim_to_pod_start_p50": (
+            series.ratio_p("claim_runtime", "pod_start") if claims else None
+        ),
+        "ratio_create_to_pod_serving_p50": series.ratio_p("create_warm", "pod_serving"),
+        "ratio_resume_to_pod_serving_p50": series.ratio_p("resume_warm", "pod_serving"),
+        "load_1m_during": series.load(),
+        "samples_s": {k: v for k, v in series.samples_s().items() if k != "pod_stop"},
     }
 
 
@@ -218,11 +195,8 @@ async def run_kubernetes(cycles: int) -> dict[str, Any]:
     ``sandbox-base`` is overridden with that annotation; the cold reference is the packaged one."""
     import yaml
 
-    from shared.runtime.kubernetes import DEFAULT_TEMPLATES
+    from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime
     from shared.runtime.kubernetes.objects import ANNOTATION_PERSIST
-    from tests.k8s.kubelet import TestKubelet
-    from tests.k8s.plugin import admin_client, create_namespace
-    from tests.k8s.rig import ControlPlane, ensure_binaries
 
     work = Path(tempfile.mkdtemp(prefix="torpor-bench-pools-k8s-"))
     templates = work / "templates"
@@ -232,51 +206,35 @@ async def run_kubernetes(cycles: int) -> dict[str, Any]:
         "none"
     )
     (templates / f"{TEMPLATE}.yaml").write_text(yaml.safe_dump(doc))
-    plane = await asyncio.to_thread(
-        ControlPlane(bin_dir=ensure_binaries(build=False), workdir=work / "plane").start
-    )
-    kubelet = await asyncio.to_thread(
-        TestKubelet(kubeconfig=plane.kubeconfig, workdir=work / "kubelet").start
-    )
     try:
-        admin = await admin_client(plane.kubeconfig)
-        try:
-            for ns in ("torpor-sandboxes", "bench-raw"):
-                await create_namespace(admin, ns)
-        finally:
-            await admin.close()  # type: ignore[no-untyped-call]
-        env = {
-            "TORPOR_KUBECONFIG": str(plane.kubeconfig),
-            "TORPOR_NAMESPACE": "torpor-sandboxes",
-            "TORPOR_READY_TIMEOUT": "120",
-            "TORPOR_TEMPLATES_DIR": str(templates),
-            "TORPOR_POOLS": f"{TEMPLATE}=1",
-        }
-        async with (
-            torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
-            raw_kubernetes(plane.kubeconfig, "bench-raw") as raw,
-        ):
-            from shared.runtime.kubernetes import KubernetesRuntime
+        async with kubernetes_rig(work) as kubeconfig:
+            env = {
+                "TORPOR_KUBECONFIG": str(kubeconfig),
+                "TORPOR_NAMESPACE": "torpor-sandboxes",
+                "TORPOR_READY_TIMEOUT": "120",
+                "TORPOR_TEMPLATES_DIR": str(templates),
+                "TORPOR_POOLS": f"{TEMPLATE}=1",
+            }
+            async with (
+                torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
+                raw_kubernetes(kubeconfig, "bench-raw") as raw,
+            ):
+                observer = await KubernetesRuntime.from_kubeconfig(
+                    kubeconfig,
+                    namespace="torpor-sandboxes",
+                    templates=PodTemplates(templates, DEFAULT_TEMPLATES),
+                )
+                try:
 
-            observer = await KubernetesRuntime.from_kubeconfig(
-                plane.kubeconfig, namespace="torpor-sandboxes"
-            )
-            try:
+                    async def warm() -> int:
+                        return await observer.warm_pods(TEMPLATE)
 
-                async def warm() -> int:
-                    return await observer.warm_pods(TEMPLATE)
-
-                result = await measure(stack, raw, None, cycles, warm)
-            finally:
-                await observer.close()
-        result["control_plane"] = (
-            "etcd + kube-apiserver + kube-controller-manager (tests/k8s/rig.py), "
-            "test kubelet (bubblewrap pods); template sandbox-base with persist: none"
-        )
+                    result = await measure(stack, raw, None, cycles, warm)
+                finally:
+                    await observer.close()
+        result["control_plane"] = f"{KUBERNETES_RIG}; template sandbox-base with persist: none"
         return result
     finally:
-        await asyncio.to_thread(kubelet.stop)
-        await asyncio.to_thread(plane.stop)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -137,6 +137,92 @@ async def _raw_cycles(runtime: Any) -> AsyncIterator[RawCycle]:
         await runtime.delete(name)
 
 
+# ---------------------------------------------------------------- the interleaved loop
+
+
+class Series:
+    """The samples of one run by name (seconds), and the machine's 1-minute load per cycle."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = {}
+        self.loads: list[float] = []
+        self.skipped = 0
+
+    def summary(self, name: str) -> dict[str, float]:
+        return summary(self.samples.get(name, []))
+
+    def ratio_p(self, a: str, b: str, p: int = 50) -> float:
+        return ratio(self.summary(a)[f"p{p}_ms"], self.summary(b)[f"p{p}_ms"])
+
+    def load(self) -> dict[str, float]:
+        loads = self.loads or [0.0]
+        return {"min": min(loads), "max": max(loads), "mean": round(sum(loads) / len(loads), 2)}
+
+    def samples_s(self) -> dict[str, list[float]]:
+        return {k: [round(x, 4) for x in v] for k, v in self.samples.items()}
+
+
+# One timed cycle of the system: its samples by name (seconds), or None to leave it out.
+Body = Callable[[int], Coroutine[Any, Any, dict[str, float] | None]]
+
+
+async def interleaved(
+    cycles: int, body: Body, raw: RawCycle, *, gap: float = 0.0, warmups: int = 0
+) -> Series:
+    """Each cycle: the system's ``body``, then (after ``gap``) a cold pod start of the runtime
+    alone (``pod_start``, ``pod_serving``, ``pod_stop``), so both see the same machine load.
+    Cycles numbered below 0 (``warmups`` of them) run but are not kept."""
+    series = Series()
+    for n in range(-warmups, cycles):
+        timed = await body(n)
+        await asyncio.sleep(gap)
+        started, served, stopped = await raw()
+        if n < 0:
+            continue
+        if timed is None:
+            series.skipped += 1
+            continue
+        timed = {**timed, "pod_start": started, "pod_serving": served, "pod_stop": stopped}
+        for key, value in timed.items():
+            series.samples.setdefault(key, []).append(value)
+        series.loads.append(loadavg()[0])
+        shown = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in timed.items())
+        print(f"  {n + 1}/{cycles}: {shown}, load {series.loads[-1]}", flush=True)
+    return series
+
+
+@contextlib.asynccontextmanager
+async def kubernetes_rig(work: Path) -> AsyncIterator[Path]:
+    """The Kubernetes test rig (tests/k8s/rig.py: etcd, kube-apiserver, controller-manager; the
+    test kubelet running bubblewrap pods) with namespaces ``torpor-sandboxes`` and
+    ``bench-raw``; yields its kubeconfig."""
+    from tests.k8s.kubelet import TestKubelet
+    from tests.k8s.plugin import admin_client, create_namespace
+    from tests.k8s.rig import ControlPlane, ensure_binaries
+
+    plane = await asyncio.to_thread(
+        ControlPlane(bin_dir=ensure_binaries(build=False), workdir=work / "plane").start
+    )
+    kubelet = await asyncio.to_thread(
+        TestKubelet(kubeconfig=plane.kubeconfig, workdir=work / "kubelet").start
+    )
+    try:
+        admin = await admin_client(plane.kubeconfig)
+        try:
+            for ns in ("torpor-sandboxes", "bench-raw"):
+                await create_namespace(admin, ns)
+        finally:
+            await admin.close()  # type: ignore[no-untyped-call]
+        yield Path(plane.kubeconfig)
+    finally:
+        await asyncio.to_thread(kubelet.stop)
+        await asyncio.to_thread(plane.stop)
+
+
+KUBERNETES_RIG = "etcd + kube-apiserver + kube-controller-manager (tests/k8s/rig.py), test kubelet "
+KUBERNETES_RIG += "(bubblewrap pods)"
+
+
 # ---------------------------------------------------------------- the whole system
 
 
@@ -171,12 +257,6 @@ async def measure(
     stack: Stack, raw: RawCycle, cycles: int, sandboxes: int, gap: float = 0.0
 ) -> dict[str, Any]:
     envd = ConnectEnvdClient()
-    pauses: list[float] = []
-    resumes: list[float] = []
-    starts: list[float] = []
-    stops: list[float] = []
-    servings: list[float] = []
-    loads: list[float] = []
     stamps: list[float] = []  # wall clock at each resume call, to find a slow cycle in the logs
     bad_replays = 0
     try:
@@ -186,58 +266,40 @@ async def measure(
             for sid in ids:  # and one untimed cycle per sandbox
                 await pause(http, sid)
                 await connect(http, sid)
-            for n in range(cycles):
+
+            async def body(n: int) -> dict[str, float]:
+                nonlocal bad_replays
                 sid = ids[n % len(ids)]
                 t0 = time.perf_counter()
                 await pause(http, sid)
-                pauses.append(time.perf_counter() - t0)
+                paused = time.perf_counter() - t0
                 await asyncio.sleep(gap)  # a paused sandbox idles before it is resumed
                 stamps.append(round(time.time(), 3))
                 t0 = time.perf_counter()
                 code = await connect(http, sid)
-                resumes.append(time.perf_counter() - t0)
+                resumed = time.perf_counter() - t0
                 if code != 201 or not await replayed_once(store, envd, sid):
                     bad_replays += 1
-                await asyncio.sleep(gap)
-                started, served, stopped = await raw()
-                starts.append(started)
-                servings.append(served)
-                stops.append(stopped)
-                loads.append(loadavg()[0])
-                if (n + 1) % 10 == 0:
-                    print(
-                        f"  {n + 1}/{cycles}: resume {resumes[-1] * 1000:.0f} ms, "
-                        f"pod start {started * 1000:.0f} ms, load {loads[-1]}",
-                        flush=True,
-                    )
+                return {"pause": paused, "resume": resumed}
+
+            series = await interleaved(cycles, body, raw, gap=gap)
     finally:
         await envd.close()
-    resume, start, serving = summary(resumes), summary(starts), summary(servings)
     return {
         "cycles": cycles,
         "gap_s": gap,
         "sandboxes": sandboxes,
         "processes_per_sandbox": len(COMMANDS),
-        "pause": summary(pauses),
-        "resume": resume,
-        "pod_start": start,
-        "pod_serving": serving,
-        "pod_stop": summary(stops),
-        "ratio_resume_to_pod_start_p50": ratio(resume["p50_ms"], start["p50_ms"]),
-        "ratio_resume_to_pod_start_p99": ratio(resume["p99_ms"], start["p99_ms"]),
-        "ratio_resume_to_pod_serving_p50": ratio(resume["p50_ms"], serving["p50_ms"]),
-        "ratio_resume_to_pod_serving_p99": ratio(resume["p99_ms"], serving["p99_ms"]),
+        **{k: series.summary(k) for k in ("pause", "resume", "pod_start", "pod_serving")},
+        "pod_stop": series.summary("pod_stop"),
+        "ratio_resume_to_pod_start_p50": series.ratio_p("resume", "pod_start"),
+        "ratio_resume_to_pod_start_p99": series.ratio_p("resume", "pod_start", 99),
+        "ratio_resume_to_pod_serving_p50": series.ratio_p("resume", "pod_serving"),
+        "ratio_resume_to_pod_serving_p99": series.ratio_p("resume", "pod_serving", 99),
         "bad_replays": bad_replays,
-        "load_1m_during": {
-            "min": min(loads),
-            "max": max(loads),
-            "mean": round(sum(loads) / len(loads), 2),
-        },
+        "load_1m_during": series.load(),
         "samples_s": {
-            "pause": [round(x, 4) for x in pauses],
-            "resume": [round(x, 4) for x in resumes],
-            "pod_start": [round(x, 4) for x in starts],
-            "pod_serving": [round(x, 4) for x in servings],
+            **{k: v for k, v in series.samples_s().items() if k != "pod_stop"},
             "resume_started_at_unix": stamps,
         },
     }
@@ -293,42 +355,22 @@ async def run_real_node(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[s
 
 
 async def run_kubernetes(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, Any]:
-    from tests.k8s.kubelet import TestKubelet
-    from tests.k8s.plugin import admin_client, create_namespace
-    from tests.k8s.rig import ControlPlane, ensure_binaries
-
     work = Path(tempfile.mkdtemp(prefix="torpor-bench-k8s-"))
-    plane = await asyncio.to_thread(
-        ControlPlane(bin_dir=ensure_binaries(build=False), workdir=work / "plane").start
-    )
-    kubelet = await asyncio.to_thread(
-        TestKubelet(kubeconfig=plane.kubeconfig, workdir=work / "kubelet").start
-    )
     try:
-        admin = await admin_client(plane.kubeconfig)
-        try:
-            for ns in ("torpor-sandboxes", "bench-raw"):
-                await create_namespace(admin, ns)
-        finally:
-            await admin.close()  # type: ignore[no-untyped-call]
-        env = {
-            "TORPOR_KUBECONFIG": str(plane.kubeconfig),
-            "TORPOR_NAMESPACE": "torpor-sandboxes",
-            "TORPOR_READY_TIMEOUT": "120",
-        }
-        async with (
-            torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
-            raw_kubernetes(plane.kubeconfig, "bench-raw") as raw,
-        ):
-            result = await measure(stack, raw, cycles, sandboxes, gap)
-        result["control_plane"] = (
-            "etcd + kube-apiserver + kube-controller-manager (tests/k8s/rig.py), "
-            "test kubelet (bubblewrap pods)"
-        )
+        async with kubernetes_rig(work) as kubeconfig:
+            env = {
+                "TORPOR_KUBECONFIG": str(kubeconfig),
+                "TORPOR_NAMESPACE": "torpor-sandboxes",
+                "TORPOR_READY_TIMEOUT": "120",
+            }
+            async with (
+                torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
+                raw_kubernetes(kubeconfig, "bench-raw") as raw,
+            ):
+                result = await measure(stack, raw, cycles, sandboxes, gap)
+        result["control_plane"] = KUBERNETES_RIG
         return result
     finally:
-        await asyncio.to_thread(kubelet.stop)
-        await asyncio.to_thread(plane.stop)
         if not os.environ.get("TORPOR_BENCH_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
 
