@@ -71,6 +71,7 @@ def builder_host(ctx: Context, settings: BuilderSettings) -> WorkerHost:
             step_timeout=settings.step_timeout,
             pod_ready_timeout=settings.pod_ready_timeout,
             allow_internet=settings.allow_internet,
+            egress_allow=settings.egress_allow_list,
             limits=Limits(memory=settings.memory, cpu=settings.cpu, disk=settings.disk),
             # Kubernetes: image builds pushed to a registry are not built yet; every build
             # fails with this reason instead of hanging.

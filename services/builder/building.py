@@ -37,7 +37,7 @@ import structlog
 import yaml
 
 from shared.errors import EnvdError, EnvdUnavailable, TorporError
-from shared.models.network import NetworkPolicy
+from shared.models.network import public_only
 from shared.models.snapshots import ProcessConfig
 from shared.models.template_records import (
     BUILT_TEMPLATES_DIR,
@@ -170,6 +170,7 @@ class Builder:
         step_timeout: float = 1800.0,
         pod_ready_timeout: float = 120.0,
         allow_internet: bool = True,
+        egress_allow: tuple[str, ...] = (),
         limits: Limits | None = None,
         unsupported: str | None = None,
     ) -> None:
@@ -182,7 +183,7 @@ class Builder:
         self._rootfs = rootfs
         self._step_timeout = step_timeout
         self._ready_timeout = pod_ready_timeout
-        self._network = NetworkPolicy(allow_internet=allow_internet)
+        self._network = public_only(allow_internet=allow_internet, allow_out=egress_allow)
         self._limits = limits or Limits()
 
     async def build(self, build_id: str) -> None:

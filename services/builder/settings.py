@@ -3,8 +3,9 @@ shared sections (``shared.settings``)."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from shared.models.network import MAX_RULES, normalize_cidr
 from shared.settings import SettingsBase, prefixed
 
 
@@ -18,8 +19,14 @@ class BuilderSettings(SettingsBase):
     pod_ready_timeout: float = Field(default=120.0, gt=0)
     """Seconds for a build pod to become ready."""
     allow_internet: bool = True
-    """Whether build pods may reach the internet (package downloads). `false`: only what the
-    build context brings (tests run offline builds this way)."""
+    """Whether build pods may reach the public internet (package downloads). `false`: only
+    the allow-list (`TORPOR_BUILDER_EGRESS_ALLOW`) and what the build context brings (tests run
+    offline builds this way). Either way never private, shared, link-local (cloud metadata),
+    loopback, documentation, benchmarking or multicast ranges unless allow-listed, nor the host,
+    the control plane or other pods (docs/templates.md)."""
+    egress_allow: str = Field(default="", max_length=16384)
+    """Addresses build pods may reach besides the public internet, `CIDR[,CIDR]` (IPv4; e.g.
+    a private package mirror, `10.0.5.10/32`); with `allow_internet=false` the only ones."""
     memory: str = "2Gi"
     """Memory limit of a build pod."""
     cpu: str = "1"
@@ -38,3 +45,28 @@ class BuilderSettings(SettingsBase):
     """Bytes of such cache layers kept at most (the least recently used go first)."""
     gc_upload_max_age: float = Field(default=86400.0, ge=0)
     """Seconds an uploaded build context no waiting or running build needs may stay unused."""
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _check_egress(cls, value: str) -> str:
+        parse_cidrs(value)
+        return value
+
+    @property
+    def egress_allow_list(self) -> tuple[str, ...]:
+        return parse_cidrs(self.egress_allow)
+
+
+def parse_cidrs(value: str) -> tuple[str, ...]:
+    """``CIDR,CIDR`` into normalized IPv4 networks; ``ValueError`` naming the bad entry."""
+    cidrs = []
+    for entry in filter(None, (e.strip() for e in value.split(","))):
+        cidr = normalize_cidr(entry)
+        if ":" in cidr:
+            msg = f"{entry[:64]!r}: IPv6 is not offered (pods have no IPv6 address)"
+            raise ValueError(msg)
+        cidrs.append(cidr)
+    if len(cidrs) > MAX_RULES:
+        msg = f"at most {MAX_RULES} entries"
+        raise ValueError(msg)
+    return tuple(dict.fromkeys(cidrs))

@@ -67,3 +67,32 @@ class NetworkPolicy(BaseModel):
 
 
 OPEN = NetworkPolicy()
+
+# Not the public internet (IANA's special-purpose registry): "this" network, private, shared
+# (CGNAT; some clouds' metadata), loopback, link-local (cloud metadata, 169.254.169.254), IETF
+# protocol assignments, documentation, benchmarking, multicast, reserved and broadcast.
+NOT_PUBLIC: tuple[str, ...] = (
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.0.2.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "198.51.100.0/24",
+    "203.0.113.0/24",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+    "::/0",  # no IPv6 at all: pods have none, and a v6 allow-list is not offered
+)
+
+
+def public_only(*, allow_internet: bool, allow_out: tuple[str, ...] = ()) -> NetworkPolicy:
+    """The public internet (when allowed) and ``allow_out`` (an operator's package mirrors,
+    private ones included), never the operator's own networks or cloud metadata: what build
+    pods get. The host and other pods are out of reach of every pod anyway (the runtime's
+    isolation, whatever the policy)."""
+    return NetworkPolicy(allow_internet=allow_internet, allow_out=allow_out, deny_out=NOT_PUBLIC)

@@ -1,0 +1,177 @@
+"""A build step's network, from inside the step (a RUN of a template built with the unmodified
+SDK): with internet allowed and an allow-list (``TORPOR_BUILDER_EGRESS_ALLOW``), the step
+reaches the allow-listed outside host and nothing else: not the host (its control-plane ports,
+a listener of the test's own on every host address), not another sandbox, not a private (here:
+shared, CGNAT) address of the same outside host.
+
+The outside host is a network namespace this test makes (198.18.0.0/15, the allow-list); its
+second address is in 100.64.0.0/10, routed to it by the test. No probe leaves the machine."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import re
+import secrets
+import socket
+import subprocess
+import textwrap
+import threading
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+from e2b import Sandbox, Template
+
+from tests.security.network_support import OutsideHost, outside_host, require_root_network, sh
+from tests.support.fixtures import started
+from tests.support.stack import SERVICES, Stack
+
+__all__ = ["outside_host"]
+
+# Runs in the build step: connect to each target ("gw" is the pod's default gateway, i.e. the
+# host), print one line "PROBE {target: ok | error name}".
+PROBE = textwrap.dedent(
+    """
+    import json, socket, struct, sys
+    gw = None
+    for line in open("/proc/net/route").read().splitlines()[1:]:
+        f = line.split()
+        if f[1] == "00000000":
+            gw = socket.inet_ntoa(struct.pack("<L", int(f[2], 16)))
+    out = {}
+    for target in sys.argv[1:]:
+        host, port = target.rsplit(":", 1)
+        s = socket.socket(); s.settimeout(3)
+        try:
+            s.connect((gw if host == "gw" else host, int(port))); out[target] = "ok"
+        except OSError as e:
+            out[target] = type(e).__name__
+        finally:
+            s.close()
+    print("PROBE " + json.dumps(out), flush=True)
+    """
+)
+USER_SERVER = (
+    "import http.server as h; h.HTTPServer(('0.0.0.0', 8080), h.SimpleHTTPRequestHandler)"
+    ".serve_forever()"
+)
+
+
+@pytest.fixture(scope="module")
+def estack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from started(
+        Stack(
+            tmp_path_factory.mktemp("build-egress"),
+            services=(*SERVICES, "builder"),
+            env={
+                "TORPOR_BUILDER_ALLOW_INTERNET": "true",
+                "TORPOR_BUILDER_EGRESS_ALLOW": "198.18.0.0/15",
+                "TORPOR_BUILDER_DISK": "1Gi",
+            },
+        )
+    )
+
+
+def host_addresses() -> list[str]:
+    out = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    return [a for a in re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", out) if not a.startswith("127.")]
+
+
+@contextlib.contextmanager
+def host_listener() -> Iterator[tuple[int, list[Any]]]:
+    """A TCP service of the host on every address; yields its port and the peers it saw."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", 0))
+    server.listen(16)
+    server.settimeout(0.2)
+    seen: list[Any] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, peer = server.accept()
+                seen.append(peer)
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], seen
+    finally:
+        stop.set()
+        thread.join(2)
+        server.close()
+
+
+@contextlib.contextmanager
+def private_address(outside: OutsideHost) -> Iterator[str]:
+    """A second address of the outside host, in the shared (CGNAT) range, routed to it."""
+    for _ in range(20):
+        address = f"100.{64 + secrets.randbelow(64)}.{secrets.randbelow(256)}.{secrets.randbelow(254) + 1}"
+        added = subprocess.run(
+            ["ip", "route", "add", f"{address}/32", "via", outside.address],
+            capture_output=True,
+            check=False,
+        )
+        if added.returncode == 0:
+            break
+    else:
+        pytest.fail("no free address in 100.64.0.0/10 for the outside host")
+    try:
+        sh("ip", "-n", outside.netns, "addr", "add", f"{address}/32", "dev", "eth0")
+        yield address
+    finally:
+        sh("ip", "route", "del", f"{address}/32", check=False)
+
+
+def test_a_build_step_reaches_only_the_allow_list(estack: Stack, outside_host: OutsideHost) -> None:
+    require_root_network()
+    opts = estack.sdk_opts("alice")
+    other = Sandbox.create(template="sandbox-base", timeout=300, **opts)
+    try:
+        other.commands.run(f'python3 -c "{USER_SERVER}"', background=True, timeout=0)
+        other_ip = other.commands.run("hostname -I").stdout.split()[0]
+        control_plane = [
+            urlparse(estack.api_url).port,
+            urlparse(estack.proxy_url).port,
+            urlparse(estack.nats_url).port,
+        ]
+        with private_address(outside_host) as private, host_listener() as (port, seen):
+            allowed = f"{outside_host.address}:{outside_host.port}"
+            targets = [
+                allowed,
+                f"{private}:{outside_host.port}",
+                *(f"gw:{p}" for p in [*control_plane, port]),
+                *(f"{h}:{p}" for h in host_addresses() for p in [*control_plane, port]),
+                f"{other_ip}:8080",
+                f"{other_ip}:49983",
+            ]
+            script = base64.b64encode(PROBE.encode()).decode()
+            step = (
+                f"echo {script} | base64 -d > /tmp/probe.py && "
+                f"python3 /tmp/probe.py {' '.join(targets)}  # {secrets.token_hex(4)}"
+            )
+            logs: list[str] = []
+            Template.build(
+                Template().from_debian_image().run_cmd(step),
+                f"egress-{secrets.token_hex(4)}",
+                on_build_logs=lambda e: logs.append(e.message),
+                api_key=estack.keys["alice"],
+                api_url=estack.api_url,
+            )
+        lines = [m.split("PROBE ", 1)[1] for m in logs if "PROBE " in m]
+        assert len(lines) == 1, logs
+        results: dict[str, str] = json.loads(lines[0])
+        assert results.pop(allowed) == "ok", results  # the allow-list works: the probe too
+        reached = {t: r for t, r in results.items() if r == "ok"}
+        assert reached == {}, f"a build step reached {reached}"
+        assert seen == []
+    finally:
+        other.kill()
