@@ -2,12 +2,16 @@
 
 Usage: .venv/bin/python bench/envd_bench.py [-n 200]
        .venv/bin/python bench/envd_bench.py --start [--starts 30]
-       .venv/bin/python bench/envd_bench.py --throughput [--requests 3000] [--rounds 2]
+       .venv/bin/python bench/envd_bench.py --throughput [--requests 3000] [--rounds 3]
+            [--httpx-requests 2000] [--client-procs 1] [--clients lean,httpx]
 
 ``--throughput`` measures req/s of ``GET /health`` and Connect ``List`` at concurrency 1 and 32,
-with two clients in the same loop: bench/loadgen.py (raw keep-alive sockets, near-free) and an
-httpx AsyncClient (what bench/proxy_bench.py and the SDK use), plus the daemon's own CPU per
-request; writes bench/results/envd_throughput.json.
+with two clients in the same loop: bench/loadgen.py (raw keep-alive sockets, near-free) in
+``--client-procs`` processes of its own, and an httpx AsyncClient in the benchmark's process
+(what bench/proxy_bench.py and the SDK use), plus the daemon's own CPU per request and the
+client's. Each round measures c=1 and c=32 back to back (alternating which goes first); the
+summary gives, per case and client, the median req/s and the c=32 / c=1 ratio with its spread
+over the rounds. Writes bench/results/envd_throughput.json.
 
 ``--start`` times daemon start-up instead: process spawn -> first 204 on ``/health`` (and ->
 first Connect ``List`` reply, which loads the lazily imported Connect services), over ``--starts``
@@ -33,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import structlog
@@ -201,8 +206,15 @@ async def httpx_drive(
         return n / (time.perf_counter() - started)
 
 
-def throughput(requests: int, rounds: int) -> int:
-    from bench.loadgen import drive
+def _own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def throughput(
+    requests: int, httpx_requests: int, rounds: int, procs: int, clients: list[str]
+) -> int:
+    from bench.loadgen import drive_in_processes
 
     port = free_port()
     daemon = subprocess.Popen(
@@ -226,7 +238,7 @@ def throughput(requests: int, rounds: int) -> int:
         ("GET /health", "/health", auth, None),
         ("Connect List", "/process.Process/List", rpc, b"{}"),
     ]
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     try:
         for _ in range(600):
             with contextlib.suppress(httpx.TransportError):
@@ -234,30 +246,40 @@ def throughput(requests: int, rounds: int) -> int:
                     break
             time.sleep(0.05)
         print(
+            f"envd throughput: {rounds} rounds; lean client: {requests} requests per cell in "
+            f"{procs} process(es) of its own; httpx: {httpx_requests} per cell in this process; "
+            f"load {os.getloadavg()[0]:.1f}"
+        )
+        print(
             f"{'case':<14}{'client':>8}{'conc':>6}{'req/s':>9}{'p50 ms':>9}"
-            f"{'envd us/req':>13}  load"
+            f"{'envd us/req':>13}{'client us/req':>15}  load"
         )
         for rnd in range(rounds):
             for name, path, headers, body in cases:
-                for client in ("lean", "httpx"):
-                    for conc in (1, 32):  # interleaved: the same load for both concurrencies
+                for client in clients:
+                    # interleaved, alternating which goes first: the same load for both
+                    for conc in (1, 32) if rnd % 2 == 0 else (32, 1):
                         cpu = cpu_seconds(daemon.pid)
-                        p50 = None
                         if client == "lean":
-                            r = drive(
+                            r = drive_in_processes(
                                 base + path,
                                 method="POST" if body is not None else "GET",
                                 headers=headers,
                                 body=body or b"",
                                 n=requests,
                                 concurrency=conc,
+                                processes=procs,
                             )
-                            rps, p50 = r.rps, r.p50_ms
+                            rps, p50, client_us = r.rps, r.p50_ms, r.client_cpu_us_per_req
                         else:
+                            own = _own_cpu_seconds()
                             rps = asyncio.run(
-                                httpx_drive(base + path, headers, body, requests, conc)
+                                httpx_drive(base + path, headers, body, httpx_requests, conc)
                             )
-                        used = (cpu_seconds(daemon.pid) - cpu) * 1e6 / (requests + 50)
+                            p50 = None
+                            client_us = (_own_cpu_seconds() - own) * 1e6 / httpx_requests
+                        n = requests + 50 if client == "lean" else httpx_requests  # + warm-up
+                        used = (cpu_seconds(daemon.pid) - cpu) * 1e6 / n
                         row = {
                             "round": rnd,
                             "case": name,
@@ -266,24 +288,30 @@ def throughput(requests: int, rounds: int) -> int:
                             "rps": round(rps, 1),
                             "p50_ms": None if p50 is None else round(p50, 3),
                             "envd_cpu_us_per_req": round(used, 1),
+                            "client_cpu_us_per_req": round(client_us, 1),
                             "load_1m": os.getloadavg()[0],
                         }
                         rows.append(row)
                         print(
                             f"{name:<14}{client:>8}{conc:>6}{rps:>9.0f}"
                             f"{'' if p50 is None else f'{p50:.2f}':>9}{used:>13.0f}"
-                            f"  {row['load_1m']:.1f}",
+                            f"{client_us:>15.0f}  {row['load_1m']:.1f}",
                             flush=True,
                         )
     finally:
         daemon.terminate()
         daemon.wait(10)
+    summary_rows = _summarise(rows, cases=[c[0] for c in cases], clients=clients)
     path_out = REPO / "bench" / "results" / "envd_throughput.json"
     path_out.write_text(
         json.dumps(
             {
                 "benchmark": "envd_throughput",
                 "requests": requests,
+                "httpx_requests": httpx_requests,
+                "rounds": rounds,
+                "client_processes": procs,
+                "summary": summary_rows,
                 "rows": rows,
                 "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -296,6 +324,59 @@ def throughput(requests: int, rounds: int) -> int:
     return 0
 
 
+def _summarise(
+    rows: list[dict[str, Any]], *, cases: list[str], clients: list[str]
+) -> list[dict[str, Any]]:
+    """Per case and client: req/s at 1 and 32 (median of the rounds), their ratio per round
+    (each pair measured back to back) with its spread, and the daemon's CPU per request."""
+    out = []
+    print(
+        f"\n{'case':<14}{'client':>8}{'req/s c=1':>11}{'c=32':>8}{'32/1':>7}{'(min-max)':>12}"
+        f"{'envd us/req 1 / 32':>20}{'client us/req 1 / 32':>22}"
+        f"{'envd capacity 1 / 32':>22}  load"
+    )
+    for case in cases:
+        for client in clients:
+            cell = [r for r in rows if r["case"] == case and r["client"] == client]
+            one = [r for r in cell if r["concurrency"] == 1]
+            many = [r for r in cell if r["concurrency"] == 32]
+            ratios = [b["rps"] / a["rps"] for a, b in zip(one, many, strict=True)]
+
+            def med(items: list[dict[str, Any]], key: str) -> float:
+                return float(statistics.median(r[key] for r in items))
+
+            row = {
+                "case": case,
+                "client": client,
+                "rps_c1": med(one, "rps"),
+                "rps_c32": med(many, "rps"),
+                "ratio_c32_c1": statistics.median(ratios),
+                "ratio_min": min(ratios),
+                "ratio_max": max(ratios),
+                "envd_cpu_us_per_req_c1": med(one, "envd_cpu_us_per_req"),
+                "envd_cpu_us_per_req_c32": med(many, "envd_cpu_us_per_req"),
+                "client_cpu_us_per_req_c1": med(one, "client_cpu_us_per_req"),
+                "client_cpu_us_per_req_c32": med(many, "client_cpu_us_per_req"),
+                # req/s one core would serve at that CPU per request: what the daemon can do,
+                # whatever share of the cores the machine's load leaves it
+                "envd_capacity_c1": 1e6 / max(med(one, "envd_cpu_us_per_req"), 1.0),
+                "envd_capacity_c32": 1e6 / max(med(many, "envd_cpu_us_per_req"), 1.0),
+                "load_1m": [min(r["load_1m"] for r in cell), max(r["load_1m"] for r in cell)],
+            }
+            out.append(row)
+            spread = f"({row['ratio_min']:.2f}-{row['ratio_max']:.2f})"
+            print(
+                f"{case:<14}{client:>8}{row['rps_c1']:>11.0f}{row['rps_c32']:>8.0f}"
+                f"{row['ratio_c32_c1']:>7.2f}{spread:>12}"
+                f"{row['envd_cpu_us_per_req_c1']:>11.0f} / {row['envd_cpu_us_per_req_c32']:<6.0f}"
+                f"{row['client_cpu_us_per_req_c1']:>13.0f} / "
+                f"{row['client_cpu_us_per_req_c32']:<6.0f}"
+                f"{row['envd_capacity_c1']:>13.0f} / {row['envd_capacity_c32']:<7.0f}"
+                f"  {row['load_1m'][0]:.1f}-{row['load_1m'][1]:.1f}"
+            )
+    return out
+
+
 def main() -> int:
     import logging
 
@@ -305,13 +386,30 @@ def main() -> int:
     parser.add_argument("--start", action="store_true", help="time daemon start-up instead")
     parser.add_argument("--starts", type=int, default=30)
     parser.add_argument("--throughput", action="store_true", help="req/s at concurrency 1 and 32")
-    parser.add_argument("--requests", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=3000, help="per cell (lean client)")
+    parser.add_argument(
+        "--httpx-requests", type=int, default=2000, help="per cell, httpx client (--throughput)"
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="processes the lean client runs in (its own, apart from the benchmark's)",
+    )
+    parser.add_argument(
+        "--clients", default="lean,httpx", help="comma-separated: lean and/or httpx"
+    )
     args = parser.parse_args()
     if args.start:
         return start_bench(args.starts)
     if args.throughput:
-        return throughput(args.requests, args.rounds)
+        clients = [c for c in args.clients.split(",") if c]
+        if not clients or any(c not in ("lean", "httpx") for c in clients):
+            parser.error("--clients: lean and/or httpx")
+        return throughput(
+            args.requests, args.httpx_requests, args.rounds, args.client_procs, clients
+        )
     port = free_port()
     root = tempfile.mkdtemp(prefix="envd-bench-")
     t0 = time.perf_counter()

@@ -9,10 +9,17 @@ response must be 2xx, or the run fails. Loopback only; bounded by the request co
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httptools
@@ -74,7 +81,15 @@ class _Conn(asyncio.Protocol):
         return await self._done
 
 
-async def _run(host: str, port: int, raw: bytes, n: int, concurrency: int, warmup: int) -> Result:
+async def _run(
+    host: str,
+    port: int,
+    raw: bytes,
+    n: int,
+    concurrency: int,
+    warmup: int,
+    ready: Callable[[], Awaitable[None]] | None = None,
+) -> Result:
     loop = asyncio.get_running_loop()
     conns = [(await loop.create_connection(_Conn, host, port))[1] for _ in range(concurrency)]
     try:
@@ -82,6 +97,8 @@ async def _run(host: str, port: int, raw: bytes, n: int, concurrency: int, warmu
             status = await conns[i % concurrency].request(raw)
             if not 200 <= status < 300:
                 raise RuntimeError(f"{host}:{port}: HTTP {status} during warm-up")
+        if ready is not None:
+            await ready()
         latencies: list[float] = []
         todo = iter(range(n))
 
@@ -125,3 +142,108 @@ def drive(
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(_run(host, port, raw, n, concurrency, warmup))
+
+
+@dataclass(frozen=True)
+class ProcessesResult:
+    rps: float
+    p50_ms: float  # the median of the processes' p50s
+    client_cpu_us_per_req: float  # all client processes, warm-up included
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drive_in_processes(
+    url: str,
+    *,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+    n: int,
+    concurrency: int,
+    processes: int = 1,
+    warmup: int = 50,
+) -> ProcessesResult:
+    """``drive`` split over ``processes`` client processes (connections and requests shared
+    out), started together once every process has warmed up its connections."""
+    processes = max(1, min(processes, concurrency))
+    spec = {"url": url, "method": method, "headers": headers or {}, "body": body.hex()}
+    procs = []
+    for i in range(processes):
+        share = {
+            **spec,
+            "n": n // processes + (1 if i < n % processes else 0),
+            "concurrency": concurrency // processes + (1 if i < concurrency % processes else 0),
+            "warmup": warmup,
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, "--serve", json.dumps(share)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        for proc in procs:  # each says "ready" after its warm-up
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("a load generator process failed before starting")
+        cpu = [_cpu_seconds(p.pid) for p in procs]
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        started = time.perf_counter()
+        results = []
+        used = 0.0
+        for proc, before in zip(procs, cpu, strict=True):
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            used += _cpu_seconds(proc.pid) - before
+            if not line:
+                raise RuntimeError("a load generator process failed")
+            results.append(json.loads(line))
+        elapsed = time.perf_counter() - started
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    return ProcessesResult(
+        rps=n / elapsed,
+        p50_ms=statistics.median(r["p50_ms"] for r in results),
+        client_cpu_us_per_req=used * 1e6 / n,
+    )
+
+
+def _serve(spec: dict[str, object]) -> None:
+    """One process of ``drive_in_processes``: warm up, say ready, wait for go, run, report."""
+    headers = spec["headers"]
+    assert isinstance(headers, dict)
+    host, port, raw = build_request(
+        str(spec["url"]),
+        method=str(spec["method"]),
+        headers=headers,
+        body=bytes.fromhex(str(spec["body"])),
+    )
+
+    async def ready() -> None:
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+    import uvloop
+
+    n, concurrency, warmup = (int(str(spec[k])) for k in ("n", "concurrency", "warmup"))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        result = runner.run(_run(host, port, raw, n, concurrency, warmup, ready))
+    print(json.dumps(result.as_dict()), flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--serve", required=True, help=argparse.SUPPRESS)
+    _serve(json.loads(parser.parse_args().serve))
