@@ -29,7 +29,6 @@ from services.api.routes import (
     usage,
     webhooks,
 )
-from services.api.schemas import ErrorBody
 from services.api.sessions import Sessions
 from services.api.settings import ApiSettings
 from services.api.template_builds import TemplateBuilds, TemplateStore
@@ -207,7 +206,7 @@ def create_app(
         "/health",
         tags=["ops"],
         summary="Liveness and readiness",
-        responses={503: {"model": ErrorBody}},
+        responses=errors.error_responses(503),
     )
     async def health(request: Request) -> dict[str, str]:
         if getattr(request.app.state, "wiring", None) is None:

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.api.schemas import ErrorBody
 from shared.domain import states
 from shared.domain.record import SandboxRecord
 from shared.errors import (
@@ -39,6 +40,7 @@ from shared.errors import (
 log = structlog.get_logger()
 
 NATIVE_PREFIX = "/api/"
+Responses = dict[int | str, dict[str, object]]
 
 
 class ApiError(Exception):
@@ -56,6 +58,12 @@ def refuse_resume_if_up(record: SandboxRecord, name: str) -> None:
     connect instead extends its timeout."""
     if states.is_up(record.state):
         raise ApiError(409, f"sandbox {name} is already running")
+
+
+def error_responses(*statuses: int) -> Responses:
+    """A route's documented errors (OpenAPI ``responses``): every one answers ``ErrorBody``,
+    the one shape ``error_response`` writes."""
+    return {status: {"model": ErrorBody} for status in statuses}
 
 
 def error_response(

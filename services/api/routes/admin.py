@@ -10,17 +10,14 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict
 
 from services.api.deps import CallerDep, UserAdmin, WiringDep
-from services.api.errors import ApiError
-from services.api.schemas import ErrorBody
+from services.api.errors import ApiError, error_responses
 from shared.auth.models import check_user_name
 from shared.quota.models import Quota, QuotaOverride
 
 router = APIRouter(prefix="/api/v1/users", tags=["admin"])
 
 UserName = Annotated[str, Path(min_length=1, max_length=63, description="A user name")]
-_ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 413, 422, 429, 503)
-}
+_ERRORS = error_responses(400, 401, 403, 404, 413, 422, 429, 503)
 
 
 class UserQuota(BaseModel):

@@ -13,13 +13,12 @@ from urllib.parse import parse_qsl, unquote
 from fastapi import APIRouter, Header, Query, Response, status
 
 from services.api.deps import CallerDep, WiringDep, require_template
-from services.api.errors import ApiError, refuse_resume_if_up
+from services.api.errors import ApiError, error_responses, refuse_resume_if_up
 from services.api.quotas import admit_create, admit_resume
 from services.api.routes.snapshots import snapshot_request
 from services.api.routes.templates import build_for_create
 from services.api.schemas import (
     ConnectSandbox,
-    ErrorBody,
     ListedSandboxOut,
     NetworkUpdate,
     NewSandbox,
@@ -42,9 +41,7 @@ from shared.ports.lifecycle import CreateRequest
 
 router = APIRouter(tags=["e2b"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 429, 500, 503, 504)
-}
+_ERRORS = error_responses(400, 401, 404, 409, 429, 500, 503, 504)
 
 
 def _id_or_404(sandbox_id: str) -> str:

@@ -14,17 +14,14 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from services.api.deps import CallerDep, EventReader, Wiring, WiringDep
-from services.api.errors import ApiError
-from services.api.schemas import ErrorBody
+from services.api.errors import ApiError, error_responses
 from shared.ids import SANDBOX_ID_PATTERN
 from shared.lifecycle.event_query import Page
 from shared.models.public_events import PublicEvent
 
 router = APIRouter(prefix="/events/sandboxes", tags=["e2b events"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 501, 503)
-}
+_ERRORS = error_responses(400, 401, 404, 501, 503)
 
 Offset = Annotated[int, Query(ge=0, le=100_000, description="Events to skip")]
 Limit = Annotated[int, Query(ge=1, le=100, description="Events to return")]

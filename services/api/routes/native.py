@@ -9,10 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from services.api.deps import CallerDep, WiringDep, require_template
-from services.api.errors import ApiError, refuse_resume_if_up
+from services.api.errors import ApiError, error_responses, refuse_resume_if_up
 from services.api.names import named, resolve
 from services.api.quotas import admit_create, admit_resume
-from services.api.schemas import ErrorBody, NativeCreate, NativeList, NativeSandbox
+from services.api.schemas import NativeCreate, NativeList, NativeSandbox
 from services.api.views import native_out
 from shared.domain import states
 from shared.errors import Conflict
@@ -30,9 +30,7 @@ Name = Annotated[
         description="The sandbox name (yours; names are per user), or its sandbox id",
     ),
 ]
-_ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 422, 503, 504)
-}
+_ERRORS = error_responses(400, 401, 404, 409, 422, 503, 504)
 
 
 @router.post("", status_code=201, response_model=NativeSandbox, responses=_ERRORS)

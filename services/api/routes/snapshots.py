@@ -12,10 +12,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from services.api.deps import CallerDep, Snapshots, Wiring, WiringDep
-from services.api.errors import ApiError, status_for
+from services.api.errors import ApiError, error_responses, status_for
 from services.api.quotas import admit_create
 from services.api.schemas import (
-    ErrorBody,
     ForkErrorOut,
     ForkRequest,
     ForkResultOut,
@@ -33,9 +32,7 @@ from shared.redaction import redact_text
 
 router = APIRouter(tags=["e2b snapshots"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 429, 500, 501, 503, 504)
-}
+_ERRORS = error_responses(400, 401, 404, 409, 429, 500, 501, 503, 504)
 FORK_DEFAULT_TIMEOUT = 15  # E2B's API default for forks (SandboxForkRequest)
 
 

@@ -15,8 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from services.api.deps import Caller, CallerDep, Wiring, WiringDep
-from services.api.errors import ApiError
-from services.api.schemas import ErrorBody
+from services.api.errors import ApiError, error_responses
 from services.api.settings import ENVD_VERSION
 from services.api.template_builds import TemplateBuilds, find, visible
 from services.api.template_schemas import (
@@ -64,9 +63,7 @@ from shared.models.template_records import (
 
 router = APIRouter(tags=["e2b templates"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 429, 501, 503)
-}
+_ERRORS = error_responses(400, 401, 403, 404, 409, 413, 429, 501, 503)
 # The images the local runtime builds on: its packaged Debian base stands for these.
 _DEBIAN_IMAGES = re.compile(
     r"^(docker\.io/)?(library/)?(debian|python|node)(:[A-Za-z0-9_.-]{1,64})?$"

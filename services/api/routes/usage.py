@@ -11,8 +11,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.deps import CallerDep, Wiring, WiringDep
-from services.api.errors import ApiError
-from services.api.schemas import ErrorBody
+from services.api.errors import ApiError, error_responses
 from shared.auth.models import check_user_name
 from shared.errors import InvalidInput
 from shared.ids import SANDBOX_ID_PATTERN
@@ -21,9 +20,7 @@ from shared.ports.usage import UsageStore
 
 router = APIRouter(prefix="/api/v1/usage", tags=["usage"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 422, 501, 503)
-}
+_ERRORS = error_responses(400, 401, 403, 404, 422, 501, 503)
 
 
 class SandboxUsageOut(BaseModel):

@@ -14,16 +14,13 @@ from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.deps import CallerDep, WebhookAdmin, Wiring, WiringDep
-from services.api.errors import ApiError
-from services.api.schemas import ErrorBody
+from services.api.errors import ApiError, error_responses
 from shared.lifecycle.webhooks import Changes
 from shared.models.webhooks import DeliveryRecord, Webhook
 
 router = APIRouter(prefix="/events/webhooks", tags=["e2b webhooks"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 501, 503)
-}
+_ERRORS = error_responses(400, 401, 404, 409, 501, 503)
 WebhookId = Annotated[str, Path(max_length=64, description="The webhook's id (wh-…)")]
 
 
