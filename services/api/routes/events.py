@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Path, Query
 
 from services.api.deps import CallerDep, EventReader, Wiring, WiringDep
 from services.api.errors import ApiError, error_responses
@@ -48,13 +48,14 @@ def _utc(value: datetime | None) -> datetime | None:
 
 def _page(
     *,
-    offset: int,
-    limit: int,
-    order_asc: bool,
-    types: list[str] | None,
-    since: datetime | None,
-    until: datetime | None,
+    offset: Offset = 0,
+    limit: Limit = 10,
+    order_asc: OrderAsc = False,
+    types: Types = None,
+    since: Since = None,
+    until: Until = None,
 ) -> Page:
+    """The page both routes read, from E2B's query parameters (a dependency)."""
     since, until = _utc(since), _utc(until)
     if since is not None and until is not None and until < since:
         raise ApiError(400, "until: must not be before since")
@@ -68,6 +69,9 @@ def _page(
     )
 
 
+EventPage = Annotated[Page, Depends(_page)]
+
+
 @router.get(
     "",
     response_model=list[PublicEvent],
@@ -75,20 +79,7 @@ def _page(
     responses=_ERRORS,
     summary="Lifecycle events of all your sandboxes (newest first unless orderAsc)",
 )
-async def list_events(
-    w: WiringDep,
-    caller: CallerDep,
-    *,
-    offset: Offset = 0,
-    limit: Limit = 10,
-    order_asc: OrderAsc = False,
-    types: Types = None,
-    since: Since = None,
-    until: Until = None,
-) -> list[PublicEvent]:
-    page = _page(
-        offset=offset, limit=limit, order_asc=order_asc, types=types, since=since, until=until
-    )
+async def list_events(w: WiringDep, caller: CallerDep, page: EventPage) -> list[PublicEvent]:
     return await _reader(w).of_owner(caller.scope, page=page)
 
 
@@ -103,15 +94,6 @@ async def sandbox_events(
     w: WiringDep,
     caller: CallerDep,
     sandbox_id: Annotated[str, Path(pattern=SANDBOX_ID_PATTERN, max_length=63)],
-    *,
-    offset: Offset = 0,
-    limit: Limit = 10,
-    order_asc: OrderAsc = False,
-    types: Types = None,
-    since: Since = None,
-    until: Until = None,
+    page: EventPage,
 ) -> list[PublicEvent]:
-    page = _page(
-        offset=offset, limit=limit, order_asc=order_asc, types=types, since=since, until=until
-    )
     return await _reader(w).of_sandbox(sandbox_id, owner=caller.scope, page=page)
