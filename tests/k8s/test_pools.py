@@ -38,6 +38,7 @@ from shared.runtime.kubernetes.pools import (
     template_version,
 )
 from tests.k8s.kubelet import TestKubelet
+from tests.k8s.realnode import RealNodeAccess
 from tests.k8s.rig import ClusterAccess
 from tests.k8s.test_runtime_kubernetes import pods_of
 
@@ -405,3 +406,52 @@ async def test_pool_pods_of_an_older_template_are_never_claimed_and_refill_with_
         assert (await envs(again, "tok-sbx-t1"))[0] == 200
     finally:
         await rt.close()
+
+
+@pytest.mark.realnode
+@pytest.mark.timeout(1200)  # the first realnode test pays for the session's node start
+async def test_two_replicas_claim_real_containers_from_one_pool(
+    tmp_path: Path, real_node: RealNodeAccess, real_namespace: str
+) -> None:
+    """On the real node (kubelet + containerd): ``deploy/sandbox-base``'s image with ``persist:
+    none``, a pool of one kept by two runtimes, two creates at once through both: one takes the
+    warm container (adopted by its ReplicaSet, bound to its token alone, the pool's token dead,
+    still user 1000), the other starts cold; the pool refills with a container of its own."""
+    from tests.k8s.plugin import admin_client
+    from tests.k8s.test_realnode import run_in_pod
+
+    templates, ns = write_template(tmp_path), real_namespace
+    replicas = [await pooled_runtime(real_node.cluster, ns, templates, 1, 60) for _ in range(2)]
+    api = await admin_client(real_node.cluster)
+    try:
+        core = k8s.CoreV1Api(api)
+        for _ in range(900):  # both replicas may fill the one slot at first: the extra goes
+            listed = (await core.list_namespaced_pod(ns, label_selector=LABEL_POOL)).items
+            live = [p for p in listed if p.metadata.deletion_timestamp is None]
+            if len(live) == 1 and await replicas[0].warm_pods(TEMPLATE) == 1:
+                break
+            await asyncio.sleep(0.2)
+        (pool_pod,) = live
+        secret = pool_pod.metadata.annotations[ANNOTATION_SECRET]
+        names = ["sbx-rn-a", "sbx-rn-b"]
+        await asyncio.gather(
+            *(rt.create(sandbox_spec(n)) for rt, n in zip(replicas, names, strict=True))
+        )
+        eps = await asyncio.gather(*(replicas[0].wait_ready(n, timeout=300) for n in names))
+        assert sorted(e.warm for e in eps) == [False, True]
+        warm, name = next((e, n) for e, n in zip(eps, names, strict=True) if e.warm)
+        assert warm.pod_uid == pool_pod.metadata.uid
+        for n, e in zip(names, eps, strict=True):
+            assert (await envs(e, f"tok-{n}"))[0] == 200
+            assert (await envs(e, secret))[0] == 401
+        (pod,) = await pods_of(api, ns, name)
+        assert pod["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
+        out, code = await run_in_pod(
+            warm, ["/bin/sh", "-c", "id -u; echo $WHO"], token=f"tok-{name}"
+        )
+        assert code == 0 and out.split() == ["1000", name]  # the image's user; env bound at claim
+        await until_settled(api, ns, names, 1)
+    finally:
+        for rt in replicas:
+            await rt.close()
+        await api.close()  # type: ignore[no-untyped-call]

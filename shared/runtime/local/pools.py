@@ -123,6 +123,8 @@ class Pools:
                 record = current[0]
                 if record.pool is None or record.pool.claimed_by or record.deleting:
                     continue
+                if record.pool.template != template:
+                    continue  # a slot name shared by two templates: that one's pool holds it
                 if record.pod is not None and record.pod.template_version != version:
                     # Started from an older template (or one gone): it drains, its slot refills.
                     log.info("runtime_local_pool_stale", workload=name, template=template)
