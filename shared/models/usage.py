@@ -132,30 +132,33 @@ def apply(
     return new.model_copy(update={"last_seq": seq, "recent": (*usage.recent, event_id)[-_RECENT:]})
 
 
-class UsageTotals(BaseModel):
+class Meters(BaseModel):
+    """What the ledger measures, as the usage API shows it (per sandbox, and summed)."""
+
     model_config = ConfigDict(frozen=True, populate_by_name=True, serialize_by_alias=True)
 
-    sandboxes: int = 0
-    running_seconds: float = Field(default=0.0, alias="runningSeconds")
-    paused_seconds: float = Field(default=0.0, alias="pausedSeconds")
-    cpu_seconds: float = Field(default=0.0, alias="cpuSeconds")
-    memory_mb_seconds: float = Field(default=0.0, alias="memoryMbSeconds")
-    kept_byte_seconds: float = Field(default=0.0, alias="keptByteSeconds")
-    resumes: int = 0
-    replay_failures: int = Field(default=0, alias="replayFailures")
+    running_seconds: float = Field(alias="runningSeconds")
+    paused_seconds: float = Field(alias="pausedSeconds")
+    cpu_seconds: float = Field(alias="cpuSeconds")
+    memory_mb_seconds: float = Field(alias="memoryMbSeconds")
+    kept_byte_seconds: float = Field(alias="keptByteSeconds")
+    resumes: int
+    replay_failures: int = Field(alias="replayFailures")
+
+
+METERS = tuple(Meters.model_fields)
+
+
+def meters_of(usage: SandboxUsage) -> dict[str, float | int]:
+    """A sandbox's meters (its record keeps them under the same names)."""
+    return {name: getattr(usage, name) for name in METERS}
+
+
+class UsageTotals(Meters):
+    sandboxes: int
 
 
 def totals(usages: Iterable[SandboxUsage]) -> UsageTotals:
-    out = UsageTotals()
-    for u in usages:
-        out = UsageTotals(
-            sandboxes=out.sandboxes + 1,
-            running_seconds=out.running_seconds + u.running_seconds,
-            paused_seconds=out.paused_seconds + u.paused_seconds,
-            cpu_seconds=out.cpu_seconds + u.cpu_seconds,
-            memory_mb_seconds=out.memory_mb_seconds + u.memory_mb_seconds,
-            kept_byte_seconds=out.kept_byte_seconds + u.kept_byte_seconds,
-            resumes=out.resumes + u.resumes,
-            replay_failures=out.replay_failures + u.replay_failures,
-        )
-    return out
+    listed = list(usages)
+    summed = {name: sum(getattr(u, name) for u in listed) for name in METERS}
+    return UsageTotals(sandboxes=len(listed), **summed)

@@ -15,7 +15,7 @@ from services.api.errors import ApiError, error_responses
 from shared.auth.models import check_user_name
 from shared.errors import InvalidInput
 from shared.ids import SANDBOX_ID_PATTERN
-from shared.models.usage import SandboxUsage, UsageTotals, totals
+from shared.models.usage import Meters, SandboxUsage, UsageTotals, meters_of, totals
 from shared.ports.usage import UsageStore
 
 router = APIRouter(prefix="/api/v1/usage", tags=["usage"])
@@ -23,9 +23,7 @@ router = APIRouter(prefix="/api/v1/usage", tags=["usage"])
 _ERRORS = error_responses(400, 401, 403, 404, 422, 501, 503)
 
 
-class SandboxUsageOut(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
-
+class SandboxUsageOut(Meters):
     sandbox_id: str = Field(alias="sandboxId")
     owner: str
     template: str
@@ -33,13 +31,6 @@ class SandboxUsageOut(BaseModel):
     cpu_count: float = Field(alias="cpuCount")
     memory_mb: int = Field(alias="memoryMB")
     kept_bytes: int = Field(alias="keptBytes")
-    running_seconds: float = Field(alias="runningSeconds")
-    paused_seconds: float = Field(alias="pausedSeconds")
-    cpu_seconds: float = Field(alias="cpuSeconds")
-    memory_mb_seconds: float = Field(alias="memoryMbSeconds")
-    kept_byte_seconds: float = Field(alias="keptByteSeconds")
-    resumes: int
-    replay_failures: int = Field(alias="replayFailures")
 
 
 class UsageOut(BaseModel):
@@ -60,13 +51,7 @@ def sandbox_out(u: SandboxUsage) -> SandboxUsageOut:
         cpu_count=u.size.cpu,
         memory_mb=u.size.memory_mb,
         kept_bytes=u.size.kept_bytes,
-        running_seconds=u.running_seconds,
-        paused_seconds=u.paused_seconds,
-        cpu_seconds=u.cpu_seconds,
-        memory_mb_seconds=u.memory_mb_seconds,
-        kept_byte_seconds=u.kept_byte_seconds,
-        resumes=u.resumes,
-        replay_failures=u.replay_failures,
+        **meters_of(u),
     )
 
 
