@@ -404,6 +404,18 @@ async def test_pool_pods_of_an_older_template_are_never_claimed_and_refill_with_
         (pod,) = pods
         assert pod["metadata"]["uid"] == again.pod_uid and mark_of(pod) == "v3"
         assert (await envs(again, "tok-sbx-t1"))[0] == 200
+
+        # A template that turns to keeping files is no longer pooled: its pool drains to none.
+        path = templates / f"{TEMPLATE}.yaml"
+        document = yaml.safe_load(path.read_text())
+        document["template"]["metadata"]["annotations"][ANNOTATION_PERSIST] = "layer"
+        path.write_text(yaml.safe_dump(document))
+        for _ in range(600):
+            listed = (await core.list_namespaced_pod(ns, label_selector=LABEL_POOL)).items
+            if not listed:
+                break
+            await asyncio.sleep(0.2)
+        assert not listed and await rt.warm_pods(TEMPLATE) == 0
     finally:
         await rt.close()
 

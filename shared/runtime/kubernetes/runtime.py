@@ -473,7 +473,8 @@ class KubernetesRuntime:
             pods, _ = await self._pods(selector(pool_selector(template)))
             live = []
             for pod in (p for p in pods if not is_terminating(p)):
-                if (pod["metadata"].get("labels") or {}).get(LABEL_POOL_VERSION) == version:
+                labels = pod["metadata"].get("labels") or {}
+                if version is not None and labels.get(LABEL_POOL_VERSION) == version:
                     live.append(pod)
                     continue
                 # Made from an older template (or one no longer pooled): it drains, unclaimed.
