@@ -9,6 +9,7 @@ blindly repeat a create whose first attempt may still complete.
 from __future__ import annotations
 
 from http import HTTPStatus
+from typing import TypeVar
 
 import structlog
 from fastapi import FastAPI, Request
@@ -41,6 +42,7 @@ log = structlog.get_logger()
 
 NATIVE_PREFIX = "/api/"
 Responses = dict[int | str, dict[str, object]]
+T = TypeVar("T")
 
 
 class ApiError(Exception):
@@ -51,6 +53,14 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.headers = headers or {}
+
+
+def available(part: T | None, what: str) -> T:
+    """A part this deployment may lack (snapshots, events, webhooks, usage, template builds):
+    501 naming it (``what`` is the subject and its verb, "webhooks are") when it does."""
+    if part is None:
+        raise ApiError(501, f"{what} not available on this deployment")
+    return part
 
 
 def refuse_resume_if_up(record: SandboxRecord, name: str) -> None:

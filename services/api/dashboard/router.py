@@ -44,7 +44,7 @@ from services.api.dashboard.views import (
     sandbox_view,
 )
 from services.api.deps import Caller, CallerDep, Wiring, WiringDep
-from services.api.errors import ApiError, refuse_resume_if_up
+from services.api.errors import ApiError, available, refuse_resume_if_up
 from services.api.names import named, resolve
 from services.api.quotas import admit_resume
 from services.api.routes.usage import UsageOut, usage_of
@@ -262,10 +262,9 @@ def dashboard_router(
         caller: ReaderDep, w: WiringDep, owner: OwnerFilter = None
     ) -> UsageOut:
         """The usage panel: the signed-in user's (admins: the owner filter's, else their own)."""
-        if w.usage is None:
-            raise ApiError(501, "the usage ledger is not available on this deployment")
+        usage = available(w.usage, "the usage ledger is")
         name = owner if (caller.user.admin and owner) else caller.name
-        return await usage_of(w.usage, name)
+        return await usage_of(usage, name)
 
     @router.get("/dashboard/api/users", response_model=list[UserView], tags=["dashboard"])
     async def users(caller: ReaderDep, w: WiringDep, request: Request) -> list[UserView]:

@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query
 
 from services.api.deps import CallerDep, EventReader, Wiring, WiringDep
-from services.api.errors import ApiError, error_responses
+from services.api.errors import ApiError, available, error_responses
 from shared.ids import SANDBOX_ID_PATTERN
 from shared.lifecycle.event_query import Page
 from shared.models.public_events import PublicEvent
@@ -35,9 +35,7 @@ Until = Annotated[datetime | None, Query(description="Events at or before this t
 
 
 def _reader(w: Wiring) -> EventReader:
-    if w.events is None:
-        raise ApiError(501, "the events API is not available on this deployment")
-    return w.events
+    return available(w.events, "the events API is")
 
 
 def _utc(value: datetime | None) -> datetime | None:

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from services.api.deps import CallerDep, Snapshots, Wiring, WiringDep
-from services.api.errors import ApiError, error_responses, status_for
+from services.api.errors import ApiError, available, error_responses, status_for
 from services.api.quotas import admit_create
 from services.api.schemas import (
     ForkErrorOut,
@@ -37,9 +37,7 @@ FORK_DEFAULT_TIMEOUT = 15  # E2B's API default for forks (SandboxForkRequest)
 
 
 def _service(w: Wiring) -> Snapshots:
-    if w.snapshots is None:
-        raise ApiError(501, "snapshots are not available on this deployment")
-    return w.snapshots
+    return available(w.snapshots, "snapshots are")
 
 
 def _sandbox_id_or_404(sandbox_id: str) -> str:

@@ -15,7 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from services.api.deps import Caller, CallerDep, Wiring, WiringDep
-from services.api.errors import ApiError, error_responses
+from services.api.errors import ApiError, available, error_responses
 from services.api.settings import ENVD_VERSION
 from services.api.template_builds import TemplateBuilds, find, visible
 from services.api.template_schemas import (
@@ -75,9 +75,7 @@ _MODE = re.compile(r"^0?[0-7]{3,4}$")
 
 
 def _builds(w: Wiring) -> TemplateBuilds:
-    if w.builds is None:
-        raise ApiError(501, "template builds are not available on this deployment")
-    return w.builds
+    return available(w.builds, "template builds are")
 
 
 def _shown(value: str) -> str:

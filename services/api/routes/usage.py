@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.deps import CallerDep, Wiring, WiringDep
-from services.api.errors import ApiError, error_responses
+from services.api.errors import ApiError, available, error_responses
 from shared.auth.models import check_user_name
 from shared.errors import InvalidInput
 from shared.ids import SANDBOX_ID_PATTERN
@@ -56,9 +56,7 @@ def sandbox_out(u: SandboxUsage) -> SandboxUsageOut:
 
 
 def _store(w: Wiring) -> UsageStore:
-    if w.usage is None:
-        raise ApiError(501, "the usage ledger is not available on this deployment")
-    return w.usage
+    return available(w.usage, "the usage ledger is")
 
 
 async def usage_of(store: UsageStore, user: str) -> UsageOut:

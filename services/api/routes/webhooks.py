@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.deps import CallerDep, WebhookAdmin, Wiring, WiringDep
-from services.api.errors import ApiError, error_responses
+from services.api.errors import available, error_responses
 from shared.lifecycle.webhooks import Changes
 from shared.models.webhooks import DeliveryRecord, Webhook
 
@@ -78,9 +78,7 @@ def _out(hook: Webhook) -> WebhookOut:
 
 
 def _registry(w: Wiring) -> WebhookAdmin:
-    if w.webhooks is None:
-        raise ApiError(501, "webhooks are not available on this deployment")
-    return w.webhooks
+    return available(w.webhooks, "webhooks are")
 
 
 @router.post(
