@@ -18,6 +18,7 @@ from services.builder.building import (
 )
 from services.builder.collecting import Collector, Policy
 from services.builder.handlers import build_router
+from services.builder.oci_build import ImageBuilder, ImageRuntime
 from services.builder.settings import BuilderSettings
 from shared.bus.broker import key_value
 from shared.bus.snapshot_store import KvSnapshotStore
@@ -61,9 +62,39 @@ def builder_host(ctx: Context, settings: BuilderSettings) -> WorkerHost:
         msg = "the builder needs the Connect daemon client"
         raise ConfigError(msg)
 
+    limits = Limits(memory=settings.memory, cpu=settings.cpu, disk=settings.disk)
+
     def build(parts: Parts) -> NatsRouter:
+        store = KvTemplateStore(lambda: key_value(parts.broker, KV_TEMPLATES))
+        builder: Builder
+        if not local and settings.registry is not None:
+            from shared.oci.registry import Registry
+
+            password = settings.registry_password
+            builder = ImageBuilder(
+                store=store,
+                runtime=cast(ImageRuntime, runtime),
+                commands=envd,
+                registry=Registry(
+                    settings.registry_host(),
+                    insecure=settings.registry_insecure,
+                    username=settings.registry_username,
+                    password=password.get_secret_value() if password else None,
+                ),
+                prefix=settings.registry_prefix(),
+                base_image=settings.base_image,
+                data_dir=runtime_settings.data_dir.resolve(),
+                step_timeout=settings.step_timeout,
+                pod_ready_timeout=settings.pod_ready_timeout,
+                allow_internet=settings.allow_internet,
+                egress_allow=settings.egress_allow_list,
+                limits=limits,
+            )
+            return build_router(
+                builder, retry=BUILDER_BUILDS.retry, max_workers=settings.max_workers
+            )
         builder = Builder(
-            store=KvTemplateStore(lambda: key_value(parts.broker, KV_TEMPLATES)),
+            store=store,
             runtime=cast(BuildRuntime, runtime),
             commands=envd,
             data_dir=runtime_settings.data_dir.resolve(),
@@ -72,9 +103,8 @@ def builder_host(ctx: Context, settings: BuilderSettings) -> WorkerHost:
             pod_ready_timeout=settings.pod_ready_timeout,
             allow_internet=settings.allow_internet,
             egress_allow=settings.egress_allow_list,
-            limits=Limits(memory=settings.memory, cpu=settings.cpu, disk=settings.disk),
-            # Kubernetes: image builds pushed to a registry are not built yet; every build
-            # fails with this reason instead of hanging.
+            limits=limits,
+            # Kubernetes without a registry: every build fails with this reason.
             unsupported=None if local else UNSUPPORTED_ON_KUBERNETES,
         )
         return build_router(builder, retry=BUILDER_BUILDS.retry, max_workers=settings.max_workers)

@@ -65,8 +65,8 @@ FLUSH_SECONDS = 0.5
 TAIL_LINES = 30
 BUILD_LABEL = "torpor.dev/build"
 UNSUPPORTED_ON_KUBERNETES = (
-    "template builds run on the local runtime only: this deployment's runtime is Kubernetes, "
-    "where building an image for the pod template is not implemented yet"
+    "template builds on Kubernetes push an image to a registry, and this deployment has none "
+    "configured (TORPOR_BUILDER_REGISTRY)"
 )
 
 
@@ -227,7 +227,7 @@ class Builder:
             await out.flush()
             await self._fail(record, broken, out.tail)
             return
-        await asyncio.to_thread(self._write_template, record, artifact)
+        await self._publish(record, artifact)
         await out.line(f"Build finished in {time.monotonic() - started:.1f}s")
         await out.flush()
         # Tags first: when the SDK sees "ready", creating from the name works already.
@@ -249,6 +249,10 @@ class Builder:
             ),
         )
         log.info("template_built", template_id=record.template_id, cached_steps=cached)
+
+    async def _publish(self, record: BuildRecord, artifact: Artifact) -> None:
+        """Make the ready build usable by its runtime (here: the local runtime's template)."""
+        await asyncio.to_thread(self._write_template, record, artifact)
 
     async def _fail(self, record: BuildRecord, failed: StepFailed, tail: list[LogLine]) -> None:
         reason = FailureReason(

@@ -3,7 +3,9 @@ shared sections (``shared.settings``)."""
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+import re
+
+from pydantic import Field, SecretStr, field_validator
 
 from shared.models.network import MAX_RULES, normalize_cidr
 from shared.settings import SettingsBase, prefixed
@@ -45,6 +47,42 @@ class BuilderSettings(SettingsBase):
     """Bytes of such cache layers kept at most (the least recently used go first)."""
     gc_upload_max_age: float = Field(default=86400.0, ge=0)
     """Seconds an uploaded build context no waiting or running build needs may stay unused."""
+    registry: str | None = None
+    """Kubernetes: where built templates go, `host[:port][/path prefix]` of an OCI registry the
+    cluster's nodes pull from (no scheme). Unset: builds on Kubernetes fail with that reason."""
+    registry_insecure: bool = False
+    """Talk plain HTTP to the registry (a registry on the node's own loopback, tests)."""
+    registry_username: str | None = None
+    """Basic-auth user for pushing (from a Secret); never logged."""
+    registry_password: SecretStr | None = None
+    """Basic-auth password for pushing (from a Secret); never logged."""
+    base_image: str = "torpor/sandbox-base:latest"
+    """The sandbox base image in that registry (`repository:tag` or `repository@sha256:...`):
+    what `from_debian_image`-style builds start from."""
+
+    @field_validator("registry")
+    @classmethod
+    def _registry(cls, value: str | None) -> str | None:
+        if value is not None and not _REGISTRY_RE.match(value):
+            msg = "must be host[:port][/prefix] (lowercase, no scheme), e.g. reg.example:5000/t"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("base_image")
+    @classmethod
+    def _base_image(cls, value: str) -> str:
+        if not _IMAGE_RE.match(value):
+            msg = "must be repository:tag or repository@sha256:<64 hex> inside the registry"
+            raise ValueError(msg)
+        return value
+
+    def registry_host(self) -> str:
+        assert self.registry is not None
+        return self.registry.split("/", 1)[0]
+
+    def registry_prefix(self) -> str:
+        assert self.registry is not None
+        return self.registry.partition("/")[2]
 
     @field_validator("egress_allow")
     @classmethod
@@ -70,3 +108,12 @@ def parse_cidrs(value: str) -> tuple[str, ...]:
         msg = f"at most {MAX_RULES} entries"
         raise ValueError(msg)
     return tuple(dict.fromkeys(cidrs))
+
+
+_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+_REGISTRY_RE = re.compile(
+    rf"^[a-z0-9]([a-z0-9.-]{{0,251}}[a-z0-9])?(:[0-9]{{1,5}})?(/{_COMPONENT})*$"
+)
+_IMAGE_RE = re.compile(
+    rf"^{_COMPONENT}(/{_COMPONENT})*(:[A-Za-z0-9_][A-Za-z0-9._-]{{0,127}}|@sha256:[a-f0-9]{{64}})?$"
+)

@@ -10,12 +10,14 @@ stream afterwards does not stop the process (envd keeps it running, like the SDK
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -39,6 +41,7 @@ _UNAVAILABLE_STATUSES = {502, 503, 504}
 COMMAND_OUTPUT_TAIL = 8 * 1024
 # Beyond the command's own deadline (enforced by the daemon), how long to wait for its end event.
 _COMMAND_GRACE = 5.0
+_FILE_CHUNK = 1024 * 1024
 
 
 def _headers(access_token: str | None, *, streaming: bool) -> dict[str, str]:
@@ -369,6 +372,83 @@ class ConnectEnvdClient:
         if not isinstance(data, list):
             raise EnvdError(f"envd sent a non-list on {path}", code="internal")
         return data
+
+    async def upload_file(
+        self,
+        endpoint: Endpoint,
+        path: str,
+        source: Path,
+        *,
+        user: str,
+        access_token: str | None,
+        timeout: float = 600.0,
+    ) -> None:
+        """Write ``source`` (a local file) to ``path`` in the pod as ``user`` (envd's
+        ``POST /files``, streamed)."""
+
+        async def chunks() -> AsyncIterator[bytes]:
+            f = await asyncio.to_thread(source.open, "rb")
+            try:
+                while chunk := await asyncio.to_thread(f.read, _FILE_CHUNK):
+                    yield chunk
+            finally:
+                f.close()
+
+        headers = {"Content-Type": "application/octet-stream"}
+        if access_token:
+            headers["X-Access-Token"] = access_token
+        try:
+            response = await self._http.post(
+                f"{endpoint.base_url}/files",
+                params={"path": path, "username": user},
+                content=chunks(),
+                headers=headers,
+                timeout=httpx.Timeout(10.0, read=timeout, write=timeout),
+            )
+        except httpx.TransportError as exc:
+            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
+        if not response.is_success:
+            raise _error_from_body(response.status_code, response.content[:4096])
+
+    async def download_file(
+        self,
+        endpoint: Endpoint,
+        path: str,
+        dest: Path,
+        *,
+        user: str,
+        access_token: str | None,
+        max_bytes: int,
+        timeout: float = 600.0,
+    ) -> int:
+        """Copy ``path`` in the pod to ``dest`` (local); its size. ``EnvdError`` with code
+        ``too_large`` past ``max_bytes`` (what a pod hands back is bounded)."""
+        headers = {"X-Access-Token": access_token} if access_token else {}
+        size = 0
+        try:
+            async with self._http.stream(
+                "GET",
+                f"{endpoint.base_url}/files",
+                params={"path": path, "username": user},
+                headers=headers,
+                timeout=httpx.Timeout(10.0, read=timeout),
+            ) as response:
+                if response.status_code != 200:
+                    raise _error_from_body(response.status_code, await response.aread())
+                f = await asyncio.to_thread(dest.open, "wb")
+                try:
+                    async for chunk in response.aiter_bytes(_FILE_CHUNK):
+                        size += len(chunk)
+                        if size > max_bytes:
+                            raise EnvdError(
+                                f"{path} is larger than {max_bytes} bytes", code="too_large"
+                            )
+                        await asyncio.to_thread(f.write, chunk)
+                finally:
+                    f.close()
+        except httpx.TransportError as exc:
+            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
+        return size
 
     async def health(self, endpoint: Endpoint, *, timeout: float = 2.0) -> bool:
         try:

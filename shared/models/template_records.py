@@ -176,10 +176,12 @@ class BuildSpec(BaseModel):
 
 
 class Artifact(_Record):
-    """A ready build, on the local runtime: its read-only layers (lowest first) and the
-    sandbox settings the steps left (env, workdir, user, start and ready commands)."""
+    """A ready build, on the local runtime: its read-only layers (lowest first); on Kubernetes:
+    its OCI image by digest (``registry/repository@sha256:...``); and the sandbox settings the
+    steps left (env, workdir, user, start and ready commands)."""
 
     layers: list[str] = Field(default_factory=list)  # layer keys under the runtime's data dir
+    image: str | None = None  # Kubernetes: the image the template's pod template runs
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     user: str = "user"

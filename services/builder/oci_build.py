@@ -1,0 +1,641 @@
+"""One build on Kubernetes: an OCI image pushed to the configured registry, and a PodTemplate
+object (named by the build id) whose pod runs that image by digest.
+
+- The steps run in one **build pod**: a sandbox pod (the sandbox-base pod template: the
+  in-sandbox daemon, no ServiceAccount token, the builder's NetworkPolicy, limits) started from
+  the image of the longest cached prefix of the steps. Its daemon runs as root (E2B's steps
+  run as root or ``user``) with only the capabilities a package manager needs, no privilege
+  escalation; it has no registry credentials and no volume: everything a step writes lands in
+  the container's own layer.
+- After each step that changes files (RUN, COPY, WORKDIR), ``pod_diff`` (run in the pod as
+  root) writes what changed since the step before as a tar with OCI whiteouts; the builder
+  downloads it, checks and repacks it (``shared.oci.layers``: hostile input) and pushes it as a
+  layer, then the image so far as ``cache-<key>`` in the cache repository. A step's key is the
+  sha256 of the owner, the key before it (down to the base image's digest) and the step, so a
+  rebuild starts from the longest cached prefix and no tenant ever gets another's layers.
+- COPY: the context's matching entries, as a tar (``oci_copy``) unpacked at ``/`` in the pod.
+- The final image (the base's config plus the build's env, working folder and labels) goes to
+  the template's own repository, tagged with the build id. The builder names every repository;
+  nothing a tenant sends becomes one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+import structlog
+
+from services.builder import oci_copy, pod_diff
+from services.builder.building import (
+    BUILD_LABEL,
+    DEFAULT_WORKDIR,
+    Builder,
+    BuildLog,
+    Commands,
+    Limits,
+    State,
+    StepFailed,
+    Store,
+    _key,
+)
+from shared.errors import EnvdError, EnvdUnavailable
+from shared.models.snapshots import ProcessConfig
+from shared.models.template_records import (
+    TEMPLATE_FILES_DIR,
+    Artifact,
+    BuildRecord,
+    BuildSpec,
+    Step,
+    blob_path,
+)
+from shared.oci import images
+from shared.oci.images import BadImage, Image
+from shared.oci.layers import MAX_LAYER_BYTES, BadLayer, repack
+from shared.oci.registry import Registry, RegistryError, check_repository
+from shared.ports.runtime import Runtime
+from shared.ports.workloads import Endpoint, WorkloadSpec
+from shared.runtime.local import template_layers
+
+log = structlog.get_logger()
+
+BUILD_DIR = "/run/torpor-build"
+STATE_FILE = f"{BUILD_DIR}/state.json"
+LAYER_FILE = f"{BUILD_DIR}/layer.tar"
+COPY_FILE = f"{BUILD_DIR}/copy.tar"
+PYTHON = "/usr/bin/python3"
+# What apt, dpkg and useradd need as root; nothing that reaches beyond the container.
+BUILD_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL"]
+SANDBOX_BASE = "sandbox-base"
+DATA_VOLUME = "sandbox-data"
+SEED_MARKER = ".torpor-seeded"
+FILE_STEPS = ("RUN", "COPY", "WORKDIR")
+OWN_USER_FOLDERS = (
+    'for d in /home/user /workspace; do if [ -d "$d" ] && [ "$(stat -c %u "$d")" != 1000 ]; '
+    'then chown 1000:1000 "$d"; fi; done'
+)
+
+
+class PodFiles(Commands, Protocol):
+    async def upload_file(
+        self, endpoint: Endpoint, path: str, source: Path, *, user: str, access_token: str | None
+    ) -> None: ...
+    async def download_file(
+        self,
+        endpoint: Endpoint,
+        path: str,
+        dest: Path,
+        *,
+        user: str,
+        access_token: str | None,
+        max_bytes: int,
+    ) -> int: ...
+
+
+class ImageRuntime(Runtime, Protocol):
+    """The Kubernetes runtime: the runtime port plus the pod templates of built templates."""
+
+    async def pod_template(self, name: str) -> dict[str, Any]: ...
+    async def put_pod_template(
+        self, name: str, template: dict[str, Any], *, build_id: str
+    ) -> None: ...
+    async def delete_pod_template(self, name: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    repository: str
+    reference: str  # a tag or a digest
+
+    @classmethod
+    def parse(cls, value: str) -> ImageRef:
+        if "@" in value:
+            repo, _, ref = value.partition("@")
+        else:
+            head, _, last = value.rpartition("/")
+            name, sep, tag = last.partition(":")
+            repo, ref = (f"{head}/{name}" if head else name), (tag if sep else "latest")
+        check_repository(repo)
+        return cls(repo, ref)
+
+
+@dataclass(frozen=True)
+class Parent:
+    """The image a step builds on: where it is and what it is."""
+
+    repository: str
+    digest: str
+    image: Image
+
+
+@dataclass(frozen=True)
+class Planned:
+    number: int
+    step: Step
+    key: str
+    state: State  # what the step runs with (after its own effect for ENV, USER, WORKDIR)
+    forced: bool
+
+
+class ImageBuilder(Builder):
+    def __init__(
+        self,
+        *,
+        store: Store,
+        runtime: ImageRuntime,
+        commands: PodFiles,
+        registry: Registry,
+        prefix: str,
+        base_image: str,
+        data_dir: Path,
+        step_timeout: float = 1800.0,
+        pod_ready_timeout: float = 240.0,
+        allow_internet: bool = True,
+        egress_allow: tuple[str, ...] = (),
+        limits: Limits | None = None,
+        max_layer_bytes: int = MAX_LAYER_BYTES,
+    ) -> None:
+        super().__init__(
+            store=store,
+            runtime=runtime,  # type: ignore[arg-type]  # no local layer export here
+            commands=commands,
+            data_dir=data_dir,
+            rootfs=Path("/nonexistent"),
+            step_timeout=step_timeout,
+            pod_ready_timeout=pod_ready_timeout,
+            allow_internet=allow_internet,
+            egress_allow=egress_allow,
+            limits=limits,
+        )
+        self._k8s = runtime
+        self._files = commands
+        self._registry = registry
+        self._prefix = prefix.strip("/")
+        self._base_ref = ImageRef.parse(base_image)
+        self._max_layer = max_layer_bytes
+        self._script = Path(pod_diff.__file__).read_text()
+
+    # ---- names (the builder's, never the tenant's) ---------------------------------------------
+
+    def _repo(self, *parts: str) -> str:
+        return check_repository("/".join(p for p in (self._prefix, *parts) if p))
+
+    @property
+    def _cache_repo(self) -> str:
+        return self._repo("cache")
+
+    def _template_repo(self, template_id: str) -> str:
+        return self._repo("templates", template_id)
+
+    def _pull_ref(self, parent: Parent) -> str:
+        return f"{self._registry.host}/{parent.repository}@{parent.digest}"
+
+    # ---- the steps -----------------------------------------------------------------------------
+
+    async def _load(self, repository: str, reference: str) -> Parent | None:
+        found = await self._registry.get_manifest(repository, reference)
+        if found is None:
+            return None
+        config_desc, layers = images.parse_manifest(found.data)
+        config = images.parse_config(await self._registry.get_blob(repository, config_desc.digest))
+        if len(config["rootfs"]["diff_ids"]) != len(layers):
+            raise BadImage(f"{repository}@{found.digest}: layers and diff ids differ")
+        return Parent(repository, found.digest, Image(layers, config))
+
+    async def _start(self, spec: BuildSpec) -> tuple[Parent, State, Artifact | None]:
+        if spec.base == "template" and spec.base_build_id:
+            base = await self._store.get_build(spec.base_build_id)
+            if base is None or base.artifact is None:
+                raise StepFailed(0, f"the base template's build {spec.base_build_id} is gone")
+            art = base.artifact
+            if art.image is None or not art.image.startswith(self._registry.host + "/"):
+                raise StepFailed(0, "the base template was not built as an image of this registry")
+            ref = ImageRef.parse(art.image.removeprefix(self._registry.host + "/"))
+            state = State(env=dict(art.env), workdir=art.workdir or DEFAULT_WORKDIR, user=art.user)
+        else:
+            ref, state, art = self._base_ref, State(), None
+        parent = await self._load(ref.repository, ref.reference)
+        if parent is None:
+            raise StepFailed(
+                0, f"the base image {ref.repository}:{ref.reference} is not in the registry"
+            )
+        return parent, state, art
+
+    def _plan(
+        self, record: BuildRecord, spec: BuildSpec, parent: Parent, state: State
+    ) -> list[Planned]:
+        key = _key("oci", record.owner, parent.digest)
+        forcing = spec.force
+        plan = []
+        for number, step in enumerate(spec.steps, 1):
+            forcing = forcing or step.force
+            step_id = step.model_dump(include={"type", "args", "files_hash"})
+            key = _key(
+                key, step_id, record.build_id if forcing else None, state.user, state.workdir
+            )
+            state = replace(state, env=dict(state.env))
+            if step.type == "ENV":
+                pairs = step.args
+                state.env.update(dict(zip(pairs[::2], pairs[1::2], strict=True)))
+            elif step.type == "USER":
+                state.user = step.args[0].split(":")[0]
+            elif step.type == "WORKDIR":
+                state.workdir = str(PurePosixPath(state.workdir) / step.args[0])
+            plan.append(Planned(number, step, key, state, forcing))
+        return plan
+
+    async def _steps(
+        self, record: BuildRecord, spec: BuildSpec, out: BuildLog
+    ) -> tuple[Artifact, list[int]]:
+        try:
+            parent, state, base = await self._start(spec)
+            await out.line(
+                f"Building on {spec.base_image or 'template ' + str(spec.base_build_id)}"
+            )
+            plan = self._plan(record, spec, parent, state)
+            total = len(plan)
+            cached: list[int] = []
+            todo = list(plan)
+            while todo:  # the longest cached prefix
+                entry = todo[0]
+                label = _label(entry, total)
+                if entry.step.type in FILE_STEPS:
+                    hit = (
+                        None
+                        if entry.forced
+                        else await self._load(self._cache_repo, _cache_tag(entry.key))
+                    )
+                    if hit is None:
+                        break
+                    parent = hit
+                    cached.append(entry.number)
+                    await out.line(f"CACHED {label}", step=entry.number)
+                else:
+                    await out.line(label, step=entry.number)
+                todo.pop(0)
+            if any(e.step.type in FILE_STEPS for e in todo):
+                parent = await self._in_pod(record, parent, todo, total, out)
+            else:
+                for entry in todo:
+                    await out.line(_label(entry, total), step=entry.number)
+            final_state = plan[-1].state if plan else state
+            image = await self._publish_image(record, spec, parent, final_state, base)
+        except (BadImage, RegistryError) as e:
+            raise StepFailed(0, f"the build failed: {e}") from e
+        artifact = Artifact(
+            image=image,
+            env=final_state.env,
+            workdir=final_state.workdir,
+            user=final_state.user if final_state.user in ("root", "user") else "user",
+            start_cmd=spec.start_cmd
+            if spec.start_cmd is not None
+            else (base.start_cmd if base else None),
+            ready_cmd=spec.ready_cmd
+            if spec.ready_cmd is not None
+            else (base.ready_cmd if base else None),
+        )
+        return artifact, cached
+
+    async def _in_pod(
+        self, record: BuildRecord, parent: Parent, todo: list[Planned], total: int, out: BuildLog
+    ) -> Parent:
+        template_name = f"bld-{record.build_id}"
+        name = f"bld-{todo[0].key[:12]}-{secrets.token_hex(4)}"
+        token = secrets.token_urlsafe(24)
+        await self._k8s.put_pod_template(
+            template_name, await self._build_pod_template(parent), build_id=record.build_id
+        )
+        present: set[str] = set()
+        try:
+            await self._k8s.create(
+                WorkloadSpec(
+                    name=name,
+                    template=template_name,
+                    owner=record.owner,
+                    labels={BUILD_LABEL: record.build_id},
+                    access_token=token,
+                    network=self._network,
+                    replicas=1,
+                )
+            )
+            endpoint = await self._k8s.wait_ready(name, timeout=self._ready_timeout)
+            pod = _Pod(self, endpoint, token)
+            await pod.root(0, [PYTHON, "-c", self._script, "snap", "/", STATE_FILE])
+            # The user's folders are the user's in a built image (in sandbox-base they are
+            # root's: sandboxes mount volumes there); the first step's layer carries the change.
+            await pod.root(0, ["/bin/sh", "-c", OWN_USER_FOLDERS])
+            with tempfile.TemporaryDirectory(prefix="torpor-build-") as scratch:
+                for entry in todo:
+                    await out.line(_label(entry, total), step=entry.number)
+                    if entry.step.type not in FILE_STEPS:
+                        continue
+                    await self._one(record, pod, entry, Path(scratch), out)
+                    parent = await self._layer(pod, entry, parent, Path(scratch), present)
+        finally:
+            with contextlib.suppress(Exception):
+                await self._k8s.delete(name)
+            with contextlib.suppress(Exception):
+                await self._k8s.delete_pod_template(template_name)
+        return parent
+
+    async def _one(
+        self, record: BuildRecord, pod: _Pod, entry: Planned, scratch: Path, out: BuildLog
+    ) -> None:
+        step, state, number = entry.step, entry.state, entry.number
+        if step.type == "WORKDIR":
+            await pod.root(number, ["/bin/mkdir", "-p", "--", state.workdir])
+            return
+        if step.type == "COPY":
+            tar = scratch / "copy.tar"
+            await asyncio.to_thread(self._copy_tar, record, step, state, tar, number)
+            await pod.upload(number, tar, COPY_FILE)
+            await pod.root(
+                number,
+                [
+                    "/bin/tar",
+                    "-x",
+                    "-p",
+                    "--numeric-owner",
+                    "--no-overwrite-dir",
+                    "-f",
+                    COPY_FILE,
+                    "-C",
+                    "/",
+                ],
+            )
+            await pod.root(number, ["/bin/rm", "-f", "--", COPY_FILE])
+            return
+        command = step.args[0]
+        user = step.args[1] if len(step.args) > 1 else state.user
+        await pod.root(number, ["/bin/mkdir", "-p", "--", state.workdir])
+
+        async def output(line: str) -> None:
+            await out.line(line, step=number)
+
+        shown = command if len(command) <= 200 else command[:200] + "…"
+        try:
+            code = await self._commands.run(
+                pod.endpoint,
+                ProcessConfig(
+                    cmd="/bin/bash", args=["-l", "-c", command], cwd=state.workdir, envs=state.env
+                ),
+                user=user,
+                access_token=pod.token,
+                on_output=output,
+                timeout=self._step_timeout,
+            )
+        except EnvdError as e:
+            reason = str(e).removeprefix("envd error ")
+            raise StepFailed(
+                number, f"failed to run command '{shown}': command failed: {reason}"
+            ) from e
+        except EnvdUnavailable as e:
+            raise StepFailed(
+                number, f"failed to run command '{shown}': the build pod went away"
+            ) from e
+        if code != 0:
+            raise StepFailed(
+                number, f"failed to run command '{shown}': exit status {code}", exit_code=code
+            )
+
+    def _copy_tar(
+        self, record: BuildRecord, step: Step, state: State, tar: Path, number: int
+    ) -> None:
+        assert step.files_hash is not None
+        archive = blob_path(self._data_dir / TEMPLATE_FILES_DIR, record.owner, step.files_hash)
+        if not archive.is_file():
+            raise StepFailed(
+                number, f"COPY failed: the files of {step.args[0]!r} were not uploaded"
+            )
+        args = [*step.args, "", ""]
+        user = (args[2] or state.user).split(":")[0]
+        try:
+            mode = int(args[3], 8) if args[3] else None
+            oci_copy.copy_tar(
+                archive,
+                tar,
+                src=step.args[0],
+                dest=step.args[1],
+                workdir=state.workdir,
+                owner=template_layers.USER_IDS.get(user, 1000),
+                mode=mode,
+            )
+        except (oci_copy.BadCopy, ValueError) as e:
+            raise StepFailed(number, f"COPY failed: {e}") from e
+
+    async def _layer(
+        self, pod: _Pod, entry: Planned, parent: Parent, scratch: Path, present: set[str]
+    ) -> Parent:
+        """The step's diff as a layer on ``parent``, pushed with its image as the cache."""
+        number = entry.number
+        await pod.root(number, [PYTHON, "-c", self._script, "diff", "/", STATE_FILE, LAYER_FILE])
+        raw, clean = scratch / "raw.tar", scratch / "layer.tar"
+        await pod.download(number, LAYER_FILE, raw, self._max_layer)
+        await pod.root(number, ["/bin/rm", "-f", "--", LAYER_FILE])
+        try:
+            blob = await asyncio.to_thread(repack, raw, clean, max_bytes=self._max_layer)
+        except BadLayer as e:
+            raise StepFailed(number, f"the step's files cannot be an image layer: {e}") from e
+        repo = self._cache_repo
+        await self._ensure_blobs(repo, parent, present)
+        await self._registry.push_blob(repo, clean, blob.digest)
+        present.add(blob.digest)
+        image = images.with_layer(parent.image, blob, created_by=_label(entry, 0))
+        await self._registry.push_bytes(repo, image.config_bytes())
+        digest = await self._registry.put_manifest(
+            repo, _cache_tag(entry.key), image.manifest_bytes()
+        )
+        return Parent(repo, digest, image)
+
+    async def _ensure_blobs(self, repo: str, parent: Parent, present: set[str]) -> None:
+        for layer in parent.image.layers:
+            if layer.digest not in present:
+                await self._registry.copy_blob(repo, layer.digest, source=parent.repository)
+                present.add(layer.digest)
+
+    async def _publish_image(
+        self,
+        record: BuildRecord,
+        spec: BuildSpec,
+        parent: Parent,
+        state: State,
+        base: Artifact | None,
+    ) -> str:
+        labels = {images.LABEL_BUILD: record.build_id}
+        start = spec.start_cmd if spec.start_cmd is not None else (base.start_cmd if base else None)
+        ready = spec.ready_cmd if spec.ready_cmd is not None else (base.ready_cmd if base else None)
+        if start:
+            labels[images.LABEL_START] = start
+        if ready:
+            labels[images.LABEL_READY] = ready
+        image = images.with_settings(
+            parent.image, env=state.env, workdir=state.workdir, labels=labels
+        )
+        repo = self._template_repo(record.template_id)
+        await self._ensure_blobs(repo, parent, set())
+        await self._registry.push_bytes(repo, image.config_bytes())
+        digest = await self._registry.put_manifest(repo, record.build_id, image.manifest_bytes())
+        return f"{self._registry.host}/{repo}@{digest}"
+
+    # ---- pod templates -------------------------------------------------------------------------
+
+    async def _build_pod_template(self, parent: Parent) -> dict[str, Any]:
+        """sandbox-base's pod on the parent image, its daemon as root with a package manager's
+        capabilities, no volume (the steps' files stay in the container's layer)."""
+        template = await self._k8s.pod_template(SANDBOX_BASE)
+        meta = template.setdefault("metadata", {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), "torpor.dev/persist": "none"}
+        spec = template["spec"]
+        spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATA_VOLUME]
+        spec.pop("initContainers", None)
+        spec["automountServiceAccountToken"] = False
+        for container in spec["containers"]:
+            container["image"] = self._pull_ref(parent)
+            container["imagePullPolicy"] = "IfNotPresent"
+            container["volumeMounts"] = [
+                m for m in container.get("volumeMounts") or [] if m.get("name") != DATA_VOLUME
+            ]
+            container["workingDir"] = "/"
+            container["env"] = [e for e in container.get("env") or [] if e.get("name") != "HOME"]
+            container["env"].append({"name": "HOME", "value": "/root"})
+            container["securityContext"] = {
+                "runAsUser": 0,
+                "runAsGroup": 0,
+                "runAsNonRoot": False,
+                "allowPrivilegeEscalation": False,
+                "privileged": False,
+                "capabilities": {"drop": ["ALL"], "add": list(BUILD_CAPABILITIES)},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            }
+            container["resources"] = {
+                "requests": {"cpu": "100m", "memory": "128Mi"},
+                "limits": {
+                    "cpu": self._limits.cpu,
+                    "memory": self._limits.memory,
+                    "ephemeral-storage": self._limits.disk,
+                },
+            }
+        return template
+
+    async def _publish(self, record: BuildRecord, artifact: Artifact) -> None:
+        """The template's pod template: sandbox-base's pod on the built image, with the build's
+        env and start/ready commands; its home and workspace volume seeded from the image."""
+        assert artifact.image is not None
+        template = await self._k8s.pod_template(SANDBOX_BASE)
+        spec = template["spec"]
+        daemon = spec["containers"][0]
+        daemon["image"] = artifact.image
+        daemon["imagePullPolicy"] = "IfNotPresent"
+        extra = dict(artifact.env)
+        if artifact.start_cmd:
+            extra["TORPOR_START_CMD"] = artifact.start_cmd
+        if artifact.ready_cmd:
+            extra["TORPOR_READY_CMD"] = artifact.ready_cmd
+        if artifact.start_cmd or artifact.ready_cmd:
+            extra["TORPOR_START_CWD"] = artifact.workdir or DEFAULT_WORKDIR
+            extra["TORPOR_START_USER"] = "user"
+        daemon["env"] = [e for e in daemon.get("env") or [] if e.get("name") not in extra]
+        daemon["env"] += [{"name": k, "value": v} for k, v in extra.items()]
+        limits = daemon.setdefault("resources", {}).setdefault("limits", {})
+        limits["memory"] = f"{record.memory_mb}Mi"
+        limits["cpu"] = str(record.cpu_count)
+        seeds = _seed_paths(daemon)
+        if seeds:
+            spec["initContainers"] = [_seed_container(daemon, seeds)]
+        await self._k8s.put_pod_template(record.build_id, template, build_id=record.build_id)
+
+
+class _Pod:
+    """The build pod's daemon, as root."""
+
+    def __init__(self, builder: ImageBuilder, endpoint: Endpoint, token: str) -> None:
+        self.builder = builder
+        self.endpoint = endpoint
+        self.token = token
+
+    async def root(self, number: int, argv: list[str], timeout: float = 600.0) -> None:
+        tail: list[str] = []
+
+        async def keep(line: str) -> None:
+            tail.append(line)
+            del tail[:-20]
+
+        try:
+            code = await self.builder._commands.run(
+                self.endpoint,
+                ProcessConfig(cmd=argv[0], args=argv[1:], cwd="/"),
+                user="root",
+                access_token=self.token,
+                on_output=keep,
+                timeout=timeout,
+            )
+        except (EnvdError, EnvdUnavailable) as e:
+            raise StepFailed(number, f"the build pod failed: {e}") from e
+        if code != 0:
+            what = "snapshot of the files" if argv[0] == PYTHON else argv[0]
+            shown = " | ".join(tail)[-500:]
+            raise StepFailed(number, f"the build pod's {what} failed ({code}): {shown}")
+
+    async def upload(self, number: int, source: Path, path: str) -> None:
+        try:
+            await self.builder._files.upload_file(
+                self.endpoint, path, source, user="root", access_token=self.token
+            )
+        except (EnvdError, EnvdUnavailable) as e:
+            raise StepFailed(number, f"cannot hand the files to the build pod: {e}") from e
+
+    async def download(self, number: int, path: str, dest: Path, limit: int) -> None:
+        try:
+            await self.builder._files.download_file(
+                self.endpoint, path, dest, user="root", access_token=self.token, max_bytes=limit
+            )
+        except (EnvdError, EnvdUnavailable) as e:
+            raise StepFailed(number, f"cannot read the step's files: {e}") from e
+
+
+def _label(entry: Planned, total: int) -> str:
+    where = f"[{entry.number}/{total}] " if total else ""
+    return f"{where}{entry.step.type} {' '.join(entry.step.args)}"[:500]
+
+
+def _cache_tag(key: str) -> str:
+    return f"cache-{key[:64]}"
+
+
+def _seed_paths(daemon: dict[str, Any]) -> list[tuple[str, str]]:
+    """(mount path, subPath) of the daemon's data-volume mounts."""
+    return [
+        (m["mountPath"], m.get("subPath", ""))
+        for m in daemon.get("volumeMounts") or []
+        if m.get("name") == DATA_VOLUME and m.get("mountPath")
+    ]
+
+
+def _seed_container(daemon: dict[str, Any], seeds: list[tuple[str, str]]) -> dict[str, Any]:
+    """Volumes hide what the image holds at their paths: copy the image's files there into the
+    sandbox's volume once (a marker in the volume says it is done: a resume keeps the sandbox's
+    own files)."""
+    script = ["set -e", f"[ -e /seed/{SEED_MARKER} ] && exit 0"]
+    for path, sub in seeds:
+        target = f"/seed/{sub}" if sub else "/seed"
+        script.append(f'mkdir -p "{target}"')
+        script.append(f'if [ -d "{path}" ]; then cp -a "{path}/." "{target}/"; fi')
+    script.append(f"touch /seed/{SEED_MARKER}")
+    return {
+        "name": "seed",
+        "image": daemon["image"],
+        "imagePullPolicy": daemon.get("imagePullPolicy", "IfNotPresent"),
+        "command": ["/bin/sh", "-c", "\n".join(script)],
+        "securityContext": dict(daemon.get("securityContext") or {}),
+        "resources": dict(daemon.get("resources") or {}),
+        "volumeMounts": [{"name": DATA_VOLUME, "mountPath": "/seed"}],
+    }
+
+
+OnOutput = Callable[[str], Awaitable[None]]
