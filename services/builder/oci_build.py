@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import secrets
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
@@ -180,6 +180,10 @@ class ImageBuilder(Builder):
         self._base_ref = ImageRef.parse(base_image)
         self._max_layer = max_layer_bytes
         self._script = Path(pod_diff.__file__).read_text()
+
+    @contextlib.asynccontextmanager
+    async def _holding_layers(self) -> AsyncIterator[None]:
+        yield  # no local layers here: the images are the registry's
 
     # ---- names (the builder's, never the tenant's) ---------------------------------------------
 
