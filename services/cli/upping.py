@@ -21,6 +21,7 @@ from services.cli.supervising import Child, Supervisor
 from shared.bus.credentials import OPERATOR, client_env, load_or_create
 from shared.bus.server import EmbeddedNats, free_port
 from shared.runtime.local import procfs
+from shared.runtime.local.launcher import unmount_stopped
 from shared.runtime.local.network import release_instance
 from shared.settings import BusSettings
 
@@ -122,9 +123,11 @@ def run_up(plan: Plan) -> int:
 
 
 async def _stop_sandboxes(data_dir: Path) -> None:
-    """Every pod of the instance, then its pod network (namespaces, links, rules, route)."""
+    """Every pod of the instance, then its mounts and its pod network (namespaces, links, rules,
+    route)."""
     try:
         await procfs.stop_all(data_dir, grace=2.0)
+        await asyncio.to_thread(unmount_stopped, data_dir)
     finally:
         await release_instance(data_dir)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.runtime.local.mounts import mounted_under
 from shared.runtime.local.network.names import InstanceNames
 from tests.conftest import skip_or_fail
 
@@ -137,7 +138,8 @@ def outside_host() -> Iterator[OutsideHost]:
 
 
 def leftovers(data_dir: Path) -> list[str]:
-    """Every host object of this data dir's instance that still exists."""
+    """Every host object of this data dir's instance that still exists: network objects and
+    mounts."""
     names = InstanceNames.for_data_dir(data_dir)
     found = [n for n in os.listdir("/sys/class/net") if n.startswith(names.link_prefix)]
     if os.path.isdir("/run/netns"):
@@ -151,6 +153,8 @@ def leftovers(data_dir: Path) -> list[str]:
         for line in mounts.splitlines()
         if f"torpor-{names.instance}-" in line
     ]
+    # What its pods mounted (roots, lowers, workspaces, layers) outlives them unless unmounted.
+    found += [f"mount {point}" for point in mounted_under(data_dir)]
     return found
 
 

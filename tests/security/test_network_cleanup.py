@@ -1,12 +1,14 @@
 """Nothing of the pod network is left behind: after a runtime (and its pods) is killed with
 SIGKILL the next start removes exactly its own instance's namespaces, links and rules (another
 instance's survive), and `torpor up` leaves no link, namespace, rule, route or process when it
-stops, also when it is restarted after a SIGKILL of everything."""
+stops, also when it is restarted after a SIGKILL of everything; an instance killed and then
+deleted (its data dir gone, no process in its namespaces) is removed by the next one that opens."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,8 +73,12 @@ async def test_restart_after_kill9_removes_only_its_own_leftovers(
         kill9_pods(data_dir)
         wait_no_pods(data_dir)
         before = leftovers(data_dir)
-        # Two pods' links, namespaces and the namespaces' mounts, plus the table.
-        assert len([n for n in before if not n.startswith("table")]) == 6, before
+        # Two pods' links, namespaces and the namespaces' mounts, plus the table; and the pods'
+        # roots and layers (a layer is the sandbox's: its next pod mounts it again).
+        pods_mounts = f"mount {data_dir.resolve()}/"
+        assert len([n for n in before if not n.startswith(("table", pods_mounts))]) == 6, before
+        assert any(n.startswith(f"{pods_mounts}pods/") for n in before), before
+        before = [n for n in before if "/layers/" not in n]
         rt = LocalRuntime(nats_url=nats_url, data_dir=data_dir, bucket=bucket, stop_grace=1.0)
         await rt.start()
         try:
@@ -81,7 +87,6 @@ async def test_restart_after_kill9_removes_only_its_own_leftovers(
                 await rt.wait_ready(name, timeout=60)
             after = set(leftovers(data_dir))
             assert not after & {n for n in before if not n.startswith("table")}
-            assert len(after) == len(before)
         finally:
             await rt.close()
         assert leftovers(data_dir) == []
@@ -117,8 +122,12 @@ def test_torpor_up_restarted_after_kill9_then_stopped_leaves_nothing(tmp_path: P
                 os.kill(pid, signal.SIGKILL)
         first.procs["up"].wait(10)
         wait_no_pods(data_dir)
-        crashed = [n for n in leftovers(data_dir) if not n.startswith("table")]
-        assert crashed  # a crash leaves the pod's namespace and link behind ...
+        # A crash leaves the pod's namespace, link and mounts behind (not the sandbox's kept
+        # layer: its next pod mounts it again) ...
+        crashed = [
+            n for n in leftovers(data_dir) if not n.startswith("table") and "/layers/" not in n
+        ]
+        assert any(n.startswith("mount ") for n in crashed) and len(crashed) > 1
         with Stack.up(tmp_path / "second", data_dir=data_dir).running() as second:
             # ... which the restarted instance removes (its pods get fresh ones).
             again = Sandbox.connect(sbx.sandbox_id, **second.sdk_opts("alice"))
@@ -127,6 +136,33 @@ def test_torpor_up_restarted_after_kill9_then_stopped_leaves_nothing(tmp_path: P
             second.procs["up"].send_signal(signal.SIGINT)
             assert second.procs["up"].wait(60) == 0
             # A clean stop leaves nothing: no link, namespace, table, mount, pod or process.
-            assert leftovers(data_dir) == [], "torpor up left network objects behind"
+            assert leftovers(data_dir) == [], "torpor up left host objects behind"
             assert procfs.scan_pods(data_dir) == []
             assert _instance_processes(data_dir) == []
+
+
+async def test_an_instance_whose_data_dir_is_gone_is_removed_by_the_next(tmp_path: Path) -> None:
+    require_root_network()
+    gone, busy = PodNetwork(tmp_path / "gone"), PodNetwork(tmp_path / "busy")
+    await gone.open()
+    await busy.open()
+    await gone.setup("0000001", gone.address(2), NetworkPolicy())
+    await busy.setup("0000002", busy.address(2), NetworkPolicy())
+    # A process still in busy's pod namespace: its instance is not dead, folder or not.
+    sleeper = subprocess.Popen([*busy.enter_prefix("0000002"), "sleep", "60"])
+    live = None
+    try:
+        shutil.rmtree(tmp_path / "gone")
+        shutil.rmtree(tmp_path / "busy")
+        assert leftovers(tmp_path / "gone") and leftovers(tmp_path / "busy")
+        live = await PodNetwork(tmp_path / "live").open()
+        assert leftovers(tmp_path / "gone") == []
+        assert str(gone.subnet) not in sh("ip", "route", "show", "table", "all")
+        assert busy.names.link("0000002") in leftovers(tmp_path / "busy")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for net in (gone, busy, live):
+            if net is not None:
+                await net.release()
+    assert leftovers(tmp_path / "busy") == leftovers(tmp_path / "live") == []

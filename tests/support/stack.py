@@ -37,6 +37,7 @@ from shared.bus.credentials import read as read_credentials
 from shared.bus.server import EmbeddedNats, free_port
 from shared.bus.topology import DURABLES, ensure_topology
 from shared.runtime.local import LocalRuntime
+from shared.runtime.local.launcher import unmount_stopped
 from shared.runtime.local.network import release_instance
 from tests.support import processes
 from tests.support.env import clean_env, cli_env
@@ -379,7 +380,9 @@ class Stack:
         """Services, then pods and their network, then the bus."""
         await asyncio.to_thread(self.stop_services)
         kill_pods(self.data_dir)
-        await release_instance(self.data_dir)  # torpor up does it, unless it was killed
+        # torpor up does these, unless it was killed (a pod still dying: unmounted lazily).
+        await asyncio.to_thread(unmount_stopped, self.data_dir)
+        await release_instance(self.data_dir)
         if self.nats is not None:
             self.nats.stop()
 

@@ -528,3 +528,12 @@ def _mount_root(
         os.close(userns_fd)
     # overlayfs: the leftmost lower layer is the top one.
     mounts.mount_overlay([*reversed(stack), lower], layer / "upper", layer / "work", root)
+
+
+def unmount_stopped(data_dir: Path) -> int:
+    """Unmount what the pods of ``data_dir`` left mounted (roots, lowers, workspaces, layers),
+    once every one of them is stopped: a shutdown that only kills them (``torpor up``'s, the
+    tests' ``Stack.stop``) left them until the instance's next start, or for ever when the data
+    dir was deleted meanwhile. Returns how many mount points there were."""
+    # PodLauncher.pods_dir and Layers.root.
+    return sum(mounts.unmount_under(data_dir / sub) for sub in ("pods", "layers"))

@@ -221,3 +221,27 @@ def unmount(target: Path) -> None:
             _libc.umount2(str(target).encode(), _MNT_DETACH) != 0
         ):
             raise _fail(f"cannot unmount {target}")
+
+
+def mounted_under(folder: Path) -> list[Path]:
+    """Mount points strictly inside ``folder``, deepest first (the order to unmount them)."""
+    root = os.path.realpath(folder).rstrip("/") + "/"
+    found: set[str] = set()
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                fields = line.split(" ", 5)
+                if len(fields) > 4 and (point := unescape(fields[4])).startswith(root):
+                    found.add(point)
+    except OSError:
+        return []
+    return [Path(p) for p in sorted(found, key=lambda p: (-p.count("/"), p))]
+
+
+def unmount_under(folder: Path) -> int:
+    """Unmount everything inside ``folder``; how many mount points there were. Only for what no
+    process uses any more: a stopped instance's pod roots, lowers, workspaces and layers."""
+    points = mounted_under(folder)
+    for point in points:
+        unmount(point)
+    return len(points)

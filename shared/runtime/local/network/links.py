@@ -74,3 +74,9 @@ def own_netns(prefix: str) -> list[str]:
         return sorted(n for n in os.listdir(NETNS_DIR) if n.startswith(prefix))
     except OSError:
         return []
+
+
+async def netns_in_use(ip: str, name: str) -> bool:
+    """Whether any process lives in the namespace (unknown counts as in use)."""
+    listed = await run([ip, "netns", "pids", name], check=False)
+    return listed.returncode != 0 or bool(listed.stdout.strip())

@@ -30,6 +30,8 @@ from shared.runtime.local.network.names import InstanceNames
 
 REJECT = guard.REJECT
 _COMMENT = re.compile(r'comment "torpor (\S+) ')
+_LABEL = re.compile(r'comment "torpor \S+ ([^"]*)"')
+_INSTANCE_TABLE = re.compile(r"^table inet torpor_([0-9a-f]{6})$", flags=re.MULTILINE)
 
 
 def _v4(cidrs: tuple[str, ...]) -> list[ipaddress.IPv4Network]:
@@ -155,6 +157,17 @@ def subnet_of(listing: str) -> ipaddress.IPv4Network | None:
         return ipaddress.IPv4Network(match.group(1))
     except ValueError:
         return None
+
+
+def label_of(listing: str) -> str | None:
+    """The data dir recorded in a listed table's comment (cut at 100 characters)."""
+    match = _LABEL.search(listing)
+    return match.group(1) if match else None
+
+
+def instances_of(tables: str) -> list[str]:
+    """Instance ids of the torpor tables in ``nft list tables``."""
+    return _INSTANCE_TABLE.findall(tables)
 
 
 def chains_of(listing: str) -> list[str]:

@@ -101,7 +101,34 @@ class PodNetwork:
                 self._subnet = await self._claim()
         await asyncio.to_thread(_enable_forwarding)
         log.info("runtime_local_network_open", range=str(self._subnet), table=self.names.table)
+        await self._release_dead_instances()
         return self
+
+    async def _release_dead_instances(self) -> None:
+        """Release the network of other instances whose data dir is gone and whose pods are all
+        gone: what a killed run left before its folder was deleted (a test's temporary data
+        dir), which no runtime of its own would ever sweep. The data dir in the table's comment
+        counts only when it hashes to the table's id (exactly that path, not cut short)."""
+        tables = await run([self._nft, "list", "tables"], check=False)
+        for instance in nftables.instances_of(tables.stdout):
+            if instance == self.names.instance:
+                continue
+            names = InstanceNames(instance=instance)
+            listed = await run([self._nft, "list", "table", "inet", names.table], check=False)
+            label = nftables.label_of(listed.stdout) if listed.returncode == 0 else None
+            if label is None or not label.startswith("/"):
+                continue
+            data_dir = Path(label)
+            if InstanceNames.for_data_dir(data_dir) != names or await asyncio.to_thread(
+                data_dir.exists
+            ):
+                continue
+            if any(
+                [await links.netns_in_use(self._ip, n) for n in links.own_netns(names.netns_prefix)]
+            ):
+                continue
+            log.info("runtime_local_network_dead_instance", table=names.table, data_dir=label)
+            await PodNetwork(data_dir, ip=self._ip, nft=self._nft).release()
 
     async def _claim(self) -> ipaddress.IPv4Network:
         routes = await run([self._ip, "-j", "-4", "route", "show", "table", "all"])
