@@ -60,6 +60,10 @@ def mem_kib(pid: int, key: str) -> int:
     return 0
 
 
+def load_1m() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
@@ -140,6 +144,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             "TORPOR_PAUSE_CHECK_SECONDS": "3600",  # nobody pauses in the bench: keep checks out
         }
         log = open(tmp / "scheduler.log", "wb")  # noqa: SIM115
+        load_arm = [load_1m()]
         t_arm = time.monotonic()
         for i in range(args.replicas):  # replicas share the durables (one work queue)
             procs.append(
@@ -157,6 +162,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                 raise RuntimeError("scheduler died; see " + str(tmp / "scheduler.log"))
             await asyncio.sleep(0.5)
         arm_s = time.monotonic() - t_arm
+        load_arm.append(load_1m())
         first_deadline = min(deadlines.values())
         slack = (first_deadline - datetime.now(UTC)).total_seconds()
         print(f"armed {n} schedules in {arm_s:.1f}s; first deadline in {slack:.1f}s", flush=True)
@@ -173,7 +179,27 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             flush=True,
         )
 
+        result: dict[str, object] = {
+            "sandboxes": n,
+            "replicas": args.replicas,
+            "spread_s": [args.spread_min, args.spread_max],
+            "load_s": round(load_s, 1),
+            "arm_s": round(arm_s, 1),
+            "arm_rate_per_s": round(n / arm_s),
+            "load_1m_arm_start_end": load_arm,
+            "idle_window_s": round(idle_window, 1),
+            "idle_cpu_pct": round(100 * idle_cpu, 3),
+            "rss_idle_mib": round(rss_idle / 1024, 1),
+            "cpu_count": os.cpu_count(),
+            "nats_sync_always": True,
+        }
+        if args.no_fire:
+            await nc.close()
+            result["at"] = datetime.now(UTC).isoformat(timespec="seconds")
+            return result
+
         # 4. fire: wait for the last deadline, then for the fired consumer to drain.
+        load_fire = [load_1m()]
         c_fire = sum(cpu_seconds(p.pid) for p in procs)
         t_fire = time.monotonic()
         last = max(deadlines.values())
@@ -183,6 +209,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError("scheduler died; see " + str(tmp / "scheduler.log"))
             await asyncio.sleep(1)
+        load_fire.append(load_1m())
         fire_cpu_s = sum(cpu_seconds(p.pid) for p in procs) - c_fire
         fire_wall = time.monotonic() - t_fire
         rss_peak = sum(mem_kib(p.pid, "VmHWM") for p in procs)
@@ -214,18 +241,11 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         server.stop()
 
     return {
-        "sandboxes": n,
-        "replicas": args.replicas,
-        "spread_s": [args.spread_min, args.spread_max],
-        "load_s": round(load_s, 1),
-        "arm_s": round(arm_s, 1),
-        "arm_rate_per_s": round(n / arm_s),
-        "idle_window_s": round(idle_window, 1),
-        "idle_cpu_pct": round(100 * idle_cpu, 3),
-        "rss_idle_mib": round(rss_idle / 1024, 1),
+        **result,
         "rss_peak_mib": round(rss_peak / 1024, 1),
         "fire_phase_cpu_s": round(fire_cpu_s, 1),
         "fire_phase_wall_s": round(fire_wall, 1),
+        "load_1m_fire_start_end": load_fire,
         "commands": len(lateness),
         "missing": n - len(seen),
         "duplicates": duplicates,
@@ -233,8 +253,6 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "lateness_p99_s": round(pct(lateness, 99), 3) if lateness else None,
         "lateness_max_s": round(max(lateness), 3) if lateness else None,
         "lateness_min_s": round(min(lateness), 3) if lateness else None,
-        "cpu_count": os.cpu_count(),
-        "nats_sync_always": True,
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
@@ -251,6 +269,9 @@ def main() -> None:
     )
     parser.add_argument("--idle-window", type=float, default=10.0)
     parser.add_argument("--replicas", type=int, default=1, help="scheduler processes")
+    parser.add_argument(
+        "--no-fire", action="store_true", help="stop after arming and the idle window"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scheduler.json")
     args = parser.parse_args()
     if args.margin is None:

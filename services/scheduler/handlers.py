@@ -1,25 +1,26 @@
 """The scheduler's two message handlers: lifecycle events and fired timers.
 
 Each handler re-reads the sandbox record, asks ``expiry`` for a ``Plan`` and carries it out:
-record change, publishes (PubAck awaited), cancels, arms. Exceptions propagate to the bus
-middleware (NAK with backoff; the plan is recomputed on redelivery and every output is idempotent).
+record change, publishes (PubAck awaited), cancels, arms. Messages come in batches
+(``shared.bus.batches``): a batch's messages are handled concurrently and each one's exception
+is its outcome (NAK with backoff, or a dead letter; the plan is recomputed on redelivery and every
+output is idempotent).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import structlog
-from faststream.nats import NatsMessage, NatsRouter, PullSub
 
 from services.scheduler import expiry, metrics
 from shared.bus import subjects
-from shared.bus.broker import subscriber_args
+from shared.bus.batches import Delivery, Outcome
 from shared.bus.schedules import Holder, Timer
-from shared.bus.topology import SCHEDULER_FIRED, SCHEDULER_LIFECYCLE
 from shared.domain.record import SandboxRecord
 from shared.errors import EnvdError, EnvdUnavailable, NotFound
 from shared.models.lifecycle import (
@@ -41,6 +42,9 @@ Clock = Callable[[], datetime]
 _SYNC_ROUNDS = 3
 _TEMPLATE_TTL = 5.0  # seconds a template's activity policy is cached
 _ACTIVITY_TIMEOUT = 2.0  # seconds to wait for a daemon's activity answer
+
+
+BucketVersion = Callable[[], Awaitable[int]]
 
 
 class Timers(Protocol):
@@ -74,6 +78,7 @@ class SchedulerHandlers:
         clock: Clock = _utcnow,
         templates: Callable[[str], TemplateFacts] = unknown_template,
         envd: Envd | None = None,
+        records_version: BucketVersion | None = None,
     ) -> None:
         self._store = store
         self._publisher = publisher
@@ -84,6 +89,9 @@ class SchedulerHandlers:
         self._templates = templates
         self._facts: dict[str, tuple[float, TemplateFacts]] = {}
         self._envd = envd  # asks a sandbox's daemon about activity inside it
+        # The sequence of the records bucket's last write: a batch whose records did not move
+        # while it armed needs no re-read per sandbox (see on_event_batch).
+        self._records_version = records_version
 
     def _activity_policy(self, record: SandboxRecord | None) -> ActivityPolicy:
         """The template's activity policy (templates re-read at most every few seconds)."""
@@ -157,6 +165,55 @@ class SchedulerHandlers:
         return plan.outcome
 
     async def on_event(self, subject: str, body: bytes) -> str:
+        outcome, settle = await self._on_event(subject, body)
+        if settle is not None:
+            await self._settle(*settle)
+        return outcome
+
+    async def on_event_batch(self, batch: Sequence[Delivery]) -> list[Outcome]:
+        """A batch of lifecycle events, handled concurrently; one outcome per message.
+
+        Arming a schedule from a record that changed meanwhile must be corrected (``_settle``:
+        one more KV read per sandbox). When the records bucket saw no write at all between
+        before the first read and after the last arm, no record can have changed: the whole
+        batch is settled by two requests instead of one per sandbox."""
+        mark = await self._records_version() if self._records_version else None
+        done = await asyncio.gather(*(_guarded(self._on_event_of(d)) for d in batch))
+        outcomes: list[Outcome] = [o for o, _ in done]
+        unsettled = [(i, s) for i, (o, s) in enumerate(done) if o is None and s is not None]
+        if not unsettled:
+            return outcomes
+        if mark is not None and self._records_version is not None:
+            try:
+                if await self._records_version() == mark:
+                    return outcomes
+            except Exception as e:  # the whole batch is retried: nothing is lost
+                return [e] * len(batch)
+        settled = await asyncio.gather(
+            *(_guarded(self._settle_of(batch[i], s)) for i, s in unsettled)
+        )
+        for (i, _), (error, _) in zip(unsettled, settled, strict=True):
+            outcomes[i] = error
+        return outcomes
+
+    async def on_fired_batch(self, batch: Sequence[Delivery]) -> list[Outcome]:
+        """A batch of fired timers, handled concurrently; one outcome per message."""
+        done = await asyncio.gather(*(_guarded(self._on_fired_of(d)) for d in batch))
+        return [o for o, _ in done]
+
+    async def _on_event_of(self, d: Delivery) -> _Settle | None:
+        with structlog.contextvars.bound_contextvars(**d.log_context):
+            return (await self._on_event(d.subject, d.data))[1]
+
+    async def _settle_of(self, d: Delivery, settle: _Settle) -> None:
+        with structlog.contextvars.bound_contextvars(**d.log_context):
+            await self._settle(*settle)
+
+    async def _on_fired_of(self, d: Delivery) -> None:
+        with structlog.contextvars.bound_contextvars(**d.log_context):
+            await self.on_fired(d.data)
+
+    async def _on_event(self, subject: str, body: bytes) -> tuple[str, _Settle | None]:
         sandbox_id = subjects.sandbox_id_of(subject)
         name = subject.rsplit(".", 2)[-2]
         record = await self._store.get(sandbox_id)
@@ -181,11 +238,9 @@ class SchedulerHandlers:
             event, record, policy=self._policy, now=now, notice=self._notice(record)
         )
         await self._execute(sandbox_id, plan)
-        if plan.arm or plan.cancel:
-            await self._settle(sandbox_id, record, plan)
         metrics.EVENTS.labels(name, plan.outcome).inc()
         log.debug("event_handled", sandbox_id=sandbox_id, kind=name, outcome=plan.outcome)
-        return plan.outcome
+        return plan.outcome, ((sandbox_id, record, plan) if (plan.arm or plan.cancel) else None)
 
     async def _settle(self, sandbox_id: str, seen: SandboxRecord | None, plan: expiry.Plan) -> None:
         """Concurrent handlers may arm from different versions of the record; the last publish
@@ -225,36 +280,13 @@ class SchedulerHandlers:
             metrics.ARMED.labels(timer.kind).inc()
 
 
-def build_router(
-    handlers: SchedulerHandlers,
-    *,
-    max_workers: int = 16,
-    fetch_batch: int = 64,
-    fetch_wait: float = 0.25,
-) -> NatsRouter:
-    """Fetch in batches: one pull round trip per message capped throughput at ~300 msg/s. Order
-    does not matter here (every decision re-reads the record), so batches and workers are safe.
+_Settle = tuple[str, SandboxRecord | None, expiry.Plan]
+_T = TypeVar("_T")
 
-    A short fetch wait: when messages are waiting, nats-py returns them at once (no-wait probe);
-    when none are, its lingering pull returns only when the batch is full or the wait is over,
-    so the wait bounds the extra latency of a lone fired timer."""
-    router = NatsRouter()
-    pull = PullSub(batch_size=fetch_batch, timeout=fetch_wait)
 
-    @router.subscriber(  # type: ignore[untyped-decorator]
-        **{**subscriber_args(SCHEDULER_LIFECYCLE, max_workers=max_workers), "pull_sub": pull},
-        title="sandbox.evt.* (scheduler)",
-        description="Lifecycle events and activity: keep the sandbox's timers in line.",
-    )
-    async def on_lifecycle(msg: NatsMessage) -> None:
-        await handlers.on_event(msg.raw_message.subject, msg.body)
-
-    @router.subscriber(  # type: ignore[untyped-decorator]
-        **{**subscriber_args(SCHEDULER_FIRED, max_workers=max_workers), "pull_sub": pull},
-        title="sandbox.timer.fired",
-        description="A durable timer fired: expire, re-arm, retry a pause or end retention.",
-    )
-    async def on_fired(msg: NatsMessage) -> None:
-        await handlers.on_fired(msg.body)
-
-    return router
+async def _guarded(work: Awaitable[_T]) -> tuple[Outcome, _T | None]:
+    """One message's failure is its own outcome, never its batch's."""
+    try:
+        return None, await work
+    except Exception as e:
+        return e, None

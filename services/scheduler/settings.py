@@ -34,18 +34,19 @@ class SchedulerSettings(SettingsBase):
     )
     """Fired timer messages delete themselves after this (``Nats-Schedule-TTL``)."""
     max_workers: int = Field(
-        default=16,
+        default=2,
         ge=1,
+        le=16,
         validation_alias=formerly("max_workers", service="scheduler", old="TORPOR_MAX_WORKERS"),
     )
-    """Concurrent handlers per durable."""
+    """Batches handled at once per durable (a batch's messages are handled concurrently)."""
     fetch_batch: int = Field(
-        default=64,
+        default=500,
         ge=1,
-        le=256,
+        le=1000,
         validation_alias=formerly("fetch_batch", service="scheduler", old="TORPOR_FETCH_BATCH"),
     )
-    """Messages fetched per pull request."""
+    """Messages fetched per pull request, handled as one batch."""
     fetch_wait_seconds: float = Field(
         default=0.25,
         gt=0,

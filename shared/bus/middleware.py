@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from faststream import BaseMiddleware
@@ -66,36 +66,56 @@ def _consumer(msg: Any) -> str | None:
         return None
 
 
+Disposition = tuple[Literal["ack", "nak", "dead_letter"], float]
+
+
+def disposition(error: Exception, deliveries: int, consumer: str | None) -> Disposition:
+    """What a failed delivery turns into (logged here): the one rule for FastStream's middleware
+    and the batch consumer (``shared.bus.batches``)."""
+    if isinstance(error, IllegalTransition):
+        # Redelivery or a race already settled by another replica: nothing left to do.
+        log.info("transition_not_applicable", error=str(error))
+        return "ack", 0.0
+    if isinstance(error, Retry):
+        log.info("retry_later", reason=str(error), delay=error.delay)
+        return "nak", error.delay
+    action, delay = retry_policy_of(consumer).on_error(error, deliveries)
+    if action == "dead_letter":
+        log.error("giving_up", error=redact_text(repr(error)), deliveries=deliveries)
+        return "dead_letter", 0.0
+    log.warning(
+        "handler_failed_will_retry",
+        error=redact_text(repr(error)),
+        deliveries=deliveries,
+        delay=delay,
+    )
+    return "nak", delay
+
+
 class RetryDlqMiddleware(BaseMiddleware):
     async def consume_scope(self, call_next: Any, msg: Any) -> Any:
         try:
             return await call_next(msg)
         except (AckMessage, NackMessage, RejectMessage, SkipMessage):
             raise
-        except IllegalTransition as e:
-            # Redelivery or a race already settled by another replica: nothing left to do.
-            log.info("transition_not_applicable", error=str(e))
-            raise AckMessage from e
-        except Retry as e:
-            log.info("retry_later", reason=str(e), delay=e.delay)
-            raise NackMessage(delay=e.delay) from e
         except Exception as e:
-            n = _num_delivered(msg)
-            action, delay = retry_policy_of(_consumer(msg)).on_error(e, n)
+            action, delay = disposition(e, _num_delivered(msg), _consumer(msg))
+            if action == "ack":
+                raise AckMessage from e
             if action == "dead_letter":
-                log.error("giving_up", error=redact_text(repr(e)), deliveries=n)
                 await dead_letter(msg, e)
                 raise RejectMessage from e
-            log.warning(
-                "handler_failed_will_retry", error=redact_text(repr(e)), deliveries=n, delay=delay
-            )
             raise NackMessage(delay=delay) from e
 
 
 async def dead_letter(msg: Any, exc: BaseException) -> None:
     """Copy the original message, its headers and the error into the DLQ stream (then caller TERMs;
     in a work-queue stream a TERM deletes the original)."""
-    raw = msg.raw_message
+    await dead_letter_raw(msg.raw_message, exc, _num_delivered(msg))
+
+
+async def dead_letter_raw(raw: Any, exc: BaseException, deliveries: int) -> None:
+    """``dead_letter`` for a nats-py message."""
     md = getattr(raw, "metadata", None)
     consumer = getattr(md, "consumer", None) or "core"
     seq = getattr(getattr(md, "sequence", None), "stream", 0)
@@ -109,7 +129,7 @@ async def dead_letter(msg: Any, exc: BaseException) -> None:
         "x-src-subject": raw.subject,
         "x-src-stream": str(stream),
         "x-src-seq": str(seq),
-        "x-deliveries": str(_num_delivered(msg)),
+        "x-deliveries": str(deliveries),
         MSG_ID_HEADER: f"dlq:{stream}:{seq}:{consumer}",
     }
     js = raw._client.jetstream()

@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
@@ -89,3 +90,9 @@ class KvSandboxStore:
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
         raise TimeoutError(sandbox_id)  # pragma: no cover - the watch only ends by timeout
+
+
+async def bucket_version(js: JetStreamContext, bucket: str) -> int:
+    """The sequence of the bucket's last write (one request): unchanged means no key changed."""
+    info = await js.stream_info(f"KV_{bucket}")
+    return int(info.state.last_seq)

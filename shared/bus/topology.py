@@ -135,6 +135,8 @@ class Durable:
 
 # The scheduler's handlers are short (no pods to wait for): a hung one is redelivered sooner.
 SCHEDULER_RETRY = RetryPolicy(ack_wait=10, max_deliver=10)
+# The scheduler pulls in batches (up to 1000, 2 in flight) per replica: room for a few replicas.
+SCHEDULER_ACK_PENDING = 8192
 
 SNAPSHOTTER_PAUSE = Durable(STREAM_CMD, "snapshotter-pause", (s.all_of(s.CMD_PAUSE),))
 SNAPSHOTTER_SNAPSHOTS = Durable(
@@ -175,9 +177,14 @@ SCHEDULER_LIFECYCLE = Durable(
         )
     ),
     retry=SCHEDULER_RETRY,
+    max_ack_pending=SCHEDULER_ACK_PENDING,
 )
 SCHEDULER_FIRED = Durable(
-    STREAM_TIMERS, "scheduler-fired", (s.all_of(s.TIMER_FIRED),), retry=SCHEDULER_RETRY
+    STREAM_TIMERS,
+    "scheduler-fired",
+    (s.all_of(s.TIMER_FIRED),),
+    retry=SCHEDULER_RETRY,
+    max_ack_pending=SCHEDULER_ACK_PENDING,
 )
 # A build runs for minutes: the handler sends heartbeats; a crashed builder's build comes back
 # after ack_wait, and a build is never retried after it started (the record says so).

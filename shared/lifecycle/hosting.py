@@ -15,6 +15,7 @@ import contextlib
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 from faststream.nats import NatsBroker, NatsRouter
@@ -40,7 +41,24 @@ class Parts:
     publisher: Publisher
 
 
-RouterFactory = Callable[[Parts], NatsRouter]
+class Background(Protocol):
+    """A consumer of its own next to the router (``shared.bus.batches.BatchConsumer``)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Built:
+    """What ``build`` may return instead of a bare router: the router plus consumers of its own,
+    started after the broker and stopped before it."""
+
+    router: NatsRouter
+    background: tuple[Background, ...] = ()
+
+
+RouterFactory = Callable[[Parts], NatsRouter | Built]
 
 
 @dataclass(frozen=True)
@@ -67,6 +85,8 @@ class WorkerHost:
         self._bus = bus
         self._build = build
         self.broker = make_broker(bus, service=service)
+        self._background: tuple[Background, ...] = ()
+        self._started = False
 
     async def start(self) -> Parts:
         await prepare(self.broker, self._bus)
@@ -75,16 +95,27 @@ class WorkerHost:
             store=KvSandboxStore(await key_value(self.broker, KV_SANDBOXES)),
             publisher=BrokerPublisher(self.broker),
         )
-        self.broker.include_router(self._build(parts))
+        built = self._build(parts)
+        if not isinstance(built, Built):
+            built = Built(built)
+        self.broker.include_router(built.router)
         await self.broker.start()
+        for consumer in built.background:
+            await consumer.start()
+        self._background = built.background
+        self._started = True
         log.info("worker_started", service=self.service)
         return parts
 
     async def ready(self) -> bool:
-        return bool(await self.broker.ping(timeout=1.0))
+        """Consuming (not merely connected: a replica that is not pulling yet takes no work)."""
+        return self._started and bool(await self.broker.ping(timeout=1.0))
 
     async def stop(self) -> None:
         """In-flight messages finish (the broker's graceful timeout); the rest stay queued."""
+        for consumer in self._background:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
         with contextlib.suppress(Exception):
             await self.broker.stop()
 

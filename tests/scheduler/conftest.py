@@ -249,7 +249,7 @@ class SchedulerProcess:
         )
         return self
 
-    async def wait_ready(self, timeout: float = 20.0) -> None:
+    async def wait_ready(self, timeout: float = 60.0) -> None:
         import httpx
 
         loop = asyncio.get_running_loop()

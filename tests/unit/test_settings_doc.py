@@ -67,7 +67,7 @@ def test_per_service_names_win_and_former_names_are_still_read(
     assert load(SchedulerSettings).max_workers == 3
     assert load(RetentionSettings).retention_seconds == 120
     monkeypatch.delenv("TORPOR_MAX_WORKERS")
-    assert (load(SnapshotterSettings).max_workers, load(SchedulerSettings).max_workers) == (8, 16)
+    assert (load(SnapshotterSettings).max_workers, load(SchedulerSettings).max_workers) == (8, 2)
 
 
 @pytest.mark.parametrize("value", ["0", "--ro-bind", "-1", "1.5", "", "1e999"])

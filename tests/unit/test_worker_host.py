@@ -1,22 +1,15 @@
-"""The worker host's pieces: the one retry policy, the give-up rule, the per-sandbox lock, and a
-router built by a service's bootstrap running on FastStream's test broker."""
+"""The worker host's pieces: the one retry policy, the give-up rule, the per-sandbox lock. (The
+scheduler's batch handlers: tests/unit/test_scheduler_batches.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from datetime import timedelta
 from typing import Any
 
 import pytest
-from faststream.nats import TestNatsBroker
 from pydantic import BaseModel, ValidationError
 
-from services.scheduler import expiry
-from services.scheduler.handlers import SchedulerHandlers
-from services.scheduler.handlers import build_router as scheduler_router
-from shared.bus import subjects
-from shared.bus.broker import make_broker
 from shared.bus.retry import DEFAULT, PoisonMessage, RetryPolicy
 from shared.bus.topology import DURABLES, SCHEDULER_FIRED, SNAPSHOTTER_PAUSE, retry_policy_of
 from shared.errors import RuntimeFailure, SnapshotTooLarge
@@ -24,18 +17,13 @@ from shared.lifecycle.worker import SandboxLocks, guarded
 from shared.models.messages import (
     CreateSandbox,
     PauseSandbox,
-    SandboxCreated,
     SandboxKilled,
     SandboxTimeoutSet,
     address,
 )
 from shared.ports.bus import emit
-from shared.settings import BusSettings, FeatureFlags
 from tests.fakes.clock import FakeClock
 from tests.fakes.publisher import RecordingPublisher
-from tests.fakes.records import running_record
-from tests.fakes.store import InMemorySandboxStore
-from tests.fakes.timers import FakeTimers
 
 pytestmark = pytest.mark.unit
 
@@ -158,33 +146,6 @@ async def test_sandbox_locks_serialise_one_sandbox_and_forget_it_after() -> None
     assert order.index("a1-") < order.index("a2+")  # never both inside for one sandbox
     assert order.index("b1+") < order.index("a1-")  # other sandboxes do not wait
     assert len(locks) == 0
-
-
-# ---- a bootstrap's router on the test broker ---------------------------------------------------
-
-
-async def test_the_scheduler_router_arms_a_timer_for_a_created_sandbox() -> None:
-    clock = FakeClock()
-    store, timers = InMemorySandboxStore(clock=clock), FakeTimers()
-    handlers = SchedulerHandlers(
-        store=store,
-        publisher=RecordingPublisher(),
-        timers=timers,
-        flags=FeatureFlags(PAUSE_RESUME="true"),
-        policy=expiry.Policy(
-            retention=timedelta(days=1), pause_check=timedelta(seconds=30), pause_attempts=3
-        ),
-        clock=clock,
-    )
-    record = running_record("sbx-r", at=clock(), timeout=60)
-    await store.create(record)
-    broker = make_broker(BusSettings(), service="unit")
-    broker.include_router(scheduler_router(handlers))
-    async with TestNatsBroker(broker) as bus:
-        event = SandboxCreated(sandbox_id="sbx-r", generation=1, at=clock())
-        await bus.publish(event.model_dump(mode="json"), subjects.of(subjects.EVT_CREATED, "sbx-r"))
-    pending = await timers.pending("sbx-r", "timeout")
-    assert pending is not None and pending.due == record.deadline
 
 
 # ---- one way to publish -----------------------------------------------------------------------
