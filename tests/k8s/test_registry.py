@@ -87,3 +87,52 @@ async def test_hostile_repository_names_never_reach_the_wire(registry: Registry,
 async def test_hostile_references_never_reach_the_wire(registry: Registry, ref: str) -> None:
     with pytest.raises(ValueError, match="tag or digest"):
         await registry.get_manifest("t/app", ref)
+
+
+def test_cache_keys_are_per_owner_and_per_base() -> None:
+    """(Here, not in the unit tier: the builder module imports the local runtime.) Two tenants sending the same steps never share a cached layer (a step's output is not a
+    function of its text: `curl ... | sh` today is not tomorrow's, and one tenant must not
+    plant what another's identical step would get)."""
+    from datetime import UTC, datetime
+    from typing import Any, cast
+
+    from services.builder.building import State
+    from services.builder.oci_build import ImageBuilder, Parent
+    from shared.models.template_records import BuildRecord, BuildSpec, Step
+    from shared.oci.images import Image
+    from shared.oci.registry import Registry
+
+    builder = ImageBuilder(
+        store=cast(Any, None),
+        runtime=cast(Any, None),
+        commands=cast(Any, None),
+        registry=Registry("127.0.0.1:1", insecure=True),
+        prefix="t",
+        base_image="torpor/sandbox-base:latest",
+        data_dir=Path("/nonexistent"),
+    )
+    spec = BuildSpec(
+        base="debian",
+        steps=[
+            Step(type="RUN", args=["echo hi"]),
+            Step(type="ENV", args=["A", "1"]),
+            Step(type="RUN", args=["echo there"]),
+        ],
+    )
+    now = datetime.now(UTC)
+
+    def keys(owner: str, base: str, build: str = "b1", force: bool = False) -> list[str]:
+        record = BuildRecord(
+            build_id=build, template_id="t" * 20, owner=owner, created_at=now, updated_at=now
+        )
+        parent = Parent("torpor/sandbox-base", base, Image((), {"rootfs": {"diff_ids": []}}))
+        plan = builder._plan(record, spec.model_copy(update={"force": force}), parent, State())
+        return [p.key for p in plan]
+
+    alice = keys("alice", "sha256:" + "a" * 64)
+    assert alice == keys("alice", "sha256:" + "a" * 64, build="b2")  # a rebuild reuses
+    assert not set(alice) & set(keys("bob", "sha256:" + "a" * 64))
+    assert not set(alice) & set(keys("alice", "sha256:" + "b" * 64))
+    assert not set(alice) & set(keys("alice", "sha256:" + "a" * 64, build="b2", force=True))
+    # ENV changes what later steps run with: the step after it has its own key
+    assert len(set(alice)) == 3

@@ -259,8 +259,35 @@ async def test_a_rebuild_with_one_change_reuses_the_cached_steps(
     try:
         out = await asyncio.to_thread(sbx.commands.run, "cat /home/user/marker.txt")
         assert out.stdout.strip() == "two"
+        # pause and resume: the new pod is rendered from the built template's pod template
+        # again (same image by digest); the sandbox's own files stay, the seed does not rerun
+        await asyncio.to_thread(
+            sbx.commands.run,
+            "echo mine > /home/user/own.txt && echo changed > /home/user/marker.txt",
+        )
+        before = await _pod_image(real_node, kstack, sbx.sandbox_id)
+        await asyncio.to_thread(sbx.pause)
+        resumed = await asyncio.to_thread(
+            Sandbox.connect, sbx.sandbox_id, **kstack.sdk_opts("alice")
+        )
+        out = await asyncio.to_thread(
+            resumed.commands.run, "cat /home/user/own.txt /home/user/marker.txt /tmp/started.txt"
+        )
+        assert out.stdout.split() == ["mine", "changed", "started"]
+        assert await _pod_image(real_node, kstack, sbx.sandbox_id) == before
     finally:
         await asyncio.to_thread(sbx.kill)
+
+
+async def _pod_image(real_node: RealNodeAccess, kstack: Stack, sandbox_id: str) -> tuple[str, str]:
+    from tests.k8s.plugin import admin_client
+
+    api = await admin_client(real_node.cluster)
+    try:
+        (pod,) = await pods_of(api, kstack.env["TORPOR_NAMESPACE"], sandbox_id)
+    finally:
+        await api.close()  # type: ignore[no-untyped-call]
+    return pod["spec"]["containers"][0]["image"], pod["status"]["containerStatuses"][0]["imageID"]
 
 
 def test_a_failing_step_reports_its_log_and_exit_code(kstack: Stack) -> None:
