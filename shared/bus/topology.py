@@ -80,6 +80,7 @@ def streams(replicas: int) -> list[StreamConfig]:
             num_replicas=replicas,
             allow_msg_schedules=True,
             allow_msg_ttl=True,
+            allow_atomic=True,  # the scheduler arms in atomic batches (shared/bus/timers.py)
             max_age=0,  # a max_age below the longest timeout silently drops schedules
             max_msgs_per_subject=1,
             duplicate_window=600,

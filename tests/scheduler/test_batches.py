@@ -16,7 +16,7 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -31,7 +31,7 @@ from shared.bus.broker import make_broker
 from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import bucket_version
 from shared.bus.retry import Retry
-from shared.bus.timers import NatsTimers
+from shared.bus.timers import MAX_AHEAD, NatsTimers
 from shared.bus.topology import (
     KV_SANDBOXES,
     SCHEDULER_FIRED,
@@ -272,6 +272,14 @@ async def test_a_flood_of_absurd_records_leaves_the_other_schedules_alone(
     # The long-past deadline expires at once; the unreadable records are dead-lettered.
     assert await _commands(bus, expect=1, within=10) == ["sbx-past"]
     await _until(lambda: _dead_letters_at_least(bus, 4), within=30)
+    # Year 9999 is armed at most 7 days ahead (nats-server fires a schedule centuries away at
+    # once, which would loop: fire, "moved", re-arm, fire...): it waits, unfired.
+    far_holder = await bus.js.get_last_msg(
+        STREAM_TIMERS, subjects.of(subjects.SCHED_TIMEOUT, "sbx-far")
+    )
+    at_header = (far_holder.headers or {})["Nats-Schedule"].removeprefix("@at ")
+    assert now() + timedelta(days=6) < datetime.fromisoformat(at_header) <= now() + MAX_AHEAD
+    assert await _count(bus, STREAM_TIMERS, subjects.of(subjects.TIMER_FIRED, "sbx-far")) == 0
     # ...and the scheduler still arms a sandbox that comes after the flood.
     late = await bus.put("sbx-after", timeout=3600)
 
