@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -186,7 +188,10 @@ async def run_local(cycles: int) -> dict[str, Any]:
     finally:
         # The stack kills its pods; the waiting pool pod's mounts are undone here.
         await release_pods(root / "data")
-        shutil.rmtree(root, ignore_errors=True)
+        if os.environ.get("TORPOR_BENCH_KEEP"):  # the stack's logs, for a post-mortem
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 async def run_kubernetes(cycles: int) -> dict[str, Any]:

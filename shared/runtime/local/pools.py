@@ -53,7 +53,7 @@ from shared.runtime.local.network import PodNetwork
 from shared.runtime.local.network.names import pod_net_id
 from shared.runtime.local.records import Claim, Pool, WorkloadRecord, WorkloadStore
 from shared.runtime.local.userns import IdRangePool
-from shared.runtime.templates import Template, load_template, template_version
+from shared.runtime.templates import load_template, template_version
 
 log = structlog.get_logger()
 
@@ -345,12 +345,20 @@ class Pools:
             pod = pod.model_copy(update={"claim": taken})
         claim = pod.claim
         assert claim is not None
-        await self._addresses.transfer(record.address, name)
-        await self._id_ranges.transfer(record.id_base, name)
-        if claim.old_address is not None and claim.old_address != record.address:
-            await self._addresses.release_held(claim.old_address, name)
-        if claim.old_id_base is not None and claim.old_id_base != record.id_base:
-            await self._id_ranges.release_held(claim.old_id_base, name)
+        address, id_base = record.address, record.id_base
+
+        async def move_address() -> None:
+            await self._addresses.transfer(address, name)
+            if claim.old_address is not None and claim.old_address != address:
+                await self._addresses.release_held(claim.old_address, name)
+
+        async def move_ids() -> None:
+            await self._id_ranges.transfer(id_base, name)
+            if claim.old_id_base is not None and claim.old_id_base != id_base:
+                await self._id_ranges.release_held(claim.old_id_base, name)
+
+        # Separate keys, each step repeatable: the two reservations move side by side.
+        await asyncio.gather(move_address(), move_ids())
         spans: dict[str, float] = {}
         last = started = time.monotonic()
 
@@ -361,8 +369,8 @@ class Pools:
             last = now
 
         try:
-            template = await asyncio.to_thread(load_template, record.template, self._template_dirs)
-            await self._bind_host(record, template, mark)
+            # One hop to a worker thread for all host-side steps: under load each hop waits.
+            await asyncio.to_thread(self._bind_host, record, mark)
             if record.network != OPEN:  # what the pool pod started with
                 await self._network.apply_policy(
                     pod_net_id(pod.uid), record.address, record.network
@@ -393,28 +401,27 @@ class Pools:
         )
         return None
 
-    async def _bind_host(
-        self, record: WorkloadRecord, template: Template, mark: Callable[[str], None]
-    ) -> None:
+    def _bind_host(self, record: WorkloadRecord, mark: Callable[[str], None]) -> None:
+        """The host-side binding steps (blocking: run in a worker thread)."""
         pod = record.pod
         assert pod is not None
         assert pod.claim is not None
         assert record.id_base is not None
         claim, base = pod.claim, record.id_base
-        inner = await asyncio.to_thread(procfs.inner_pid, pod.pid)
+        template = load_template(record.template, self._template_dirs)
+        inner = procfs.inner_pid(pod.pid)
         if inner is None:
             raise RuntimeFailure(f"the warm pod {pod.uid} is gone")
-        await asyncio.to_thread(self._launcher.claimed, pod.uid)
+        self._launcher.claimed(pod.uid)
         mark("find")
         layers = self._launcher.layers
-        held = await asyncio.to_thread(self._launcher.held_layer, pod.uid)
+        held = self._launcher.held_layer(pod.uid)
         persist = Persist(template.persist)
         if held != record.name:
             if not claim.fresh:
                 if claim.old_id_base is None:
                     raise RuntimeFailure(f"{record.name} has kept files but no id range")
-                await asyncio.to_thread(
-                    self._launcher.switch_layer,
+                self._launcher.switch_layer(
                     pod.uid,
                     inner,
                     pool=claim.pool,
@@ -424,20 +431,19 @@ class Pools:
                     disk_bytes=template.resources.limits.disk_bytes,
                 )
             else:
-                await asyncio.to_thread(layers.hand_over, claim.pool, record.name)
-                await asyncio.to_thread(self._launcher.note_layer, pod.uid, record.name, persist)
+                layers.hand_over(claim.pool, record.name)
+                self._launcher.note_layer(pod.uid, record.name, persist)
         mark("layer")
-        volumes = await asyncio.to_thread(self._launcher.volumes, template, record, base)
+        volumes = self._launcher.volumes(template, record, base)
         binds = [
             inject.Bind(source=v.source, target=v.target, owner=base, read_only=v.read_only)
             for v in volumes
         ]
-        await asyncio.to_thread(inject.apply, inner, binds, hostname=record.name)
+        inject.apply(inner, binds, hostname=record.name)
         mark("mounts")
         pod_dir = self._launcher.pod_dir(pod.uid)
         assert pod_dir is not None
-        await asyncio.to_thread(
-            etc.write_etc,
+        etc.write_etc(
             pod_dir / "etc",
             hostname=record.name,
             address=record.address,

@@ -7,7 +7,9 @@ reservations of :mod:`.addresses`). The KV revision of ``wl.<name>`` is the work
 
 from __future__ import annotations
 
+import asyncio
 import json
+import weakref
 from collections.abc import Callable
 from typing import Literal
 
@@ -101,10 +103,29 @@ def workload_key(name: str) -> str:
 
 
 class WorkloadStore:
-    """CAS access to the records; translates nats-py errors into ``shared.errors``."""
+    """CAS access to the records; translates nats-py errors into ``shared.errors``.
+
+    Writes made through this store (this process's reconciler) wake its waiters at once
+    (:meth:`changed`); writes of other processes are seen by their next look."""
 
     def __init__(self, kv: KeyValue) -> None:
         self._kv = kv
+        # Held only by waiters: a name nobody waits for has no entry.
+        self._wakes: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
+
+    def changed(self, name: str) -> asyncio.Event:
+        """Set by the next write of ``name`` through this store: take it before reading the
+        record, then wait on it (with a timeout, for other processes' writes) instead of
+        sleeping."""
+        wake = self._wakes.get(name)
+        if wake is None:
+            wake = self._wakes[name] = asyncio.Event()
+        return wake
+
+    def _written(self, name: str) -> None:
+        wake = self._wakes.pop(name, None)
+        if wake is not None:
+            wake.set()
 
     async def get(self, name: str) -> tuple[WorkloadRecord, int] | None:
         try:
@@ -118,20 +139,24 @@ class WorkloadStore:
     async def create(self, record: WorkloadRecord) -> int | None:
         """The new revision, or ``None`` when the key already exists."""
         try:
-            return await self._kv.create(
+            revision = await self._kv.create(
                 workload_key(record.name), record.model_dump_json().encode()
             )
         except KeyWrongLastSequenceError:
             return None
+        self._written(record.name)
+        return revision
 
     async def put(self, record: WorkloadRecord, *, last: int) -> int:
         try:
-            return await self._kv.update(
+            revision = await self._kv.update(
                 workload_key(record.name), record.model_dump_json().encode(), last=last
             )
         except KeyWrongLastSequenceError as e:
             msg = f"workload {record.name} changed concurrently (expected revision {last})"
             raise Conflict(msg) from e
+        self._written(record.name)
+        return revision
 
     async def mutate(
         self, name: str, change: Callable[[WorkloadRecord], WorkloadRecord | None]
@@ -161,6 +186,7 @@ class WorkloadStore:
                 raise
             msg = f"workload {name} changed concurrently"
             raise Conflict(msg) from e
+        self._written(name)
 
     async def _keys(self, prefix: str) -> list[str]:
         # Deleted keys are included; their ``get`` is None. (Not ``KeyValue.keys()``: it can miss

@@ -375,6 +375,7 @@ class LocalRuntime:
         waiting: str | None = None  # the daemon's last "ready command not yet" (startup.py)
         async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
             while True:
+                changed = self._store.changed(name)
                 current = await self._store.get(name)
                 if current is None or current[0].deleting:
                     msg = f"workload {name} not found"
@@ -404,11 +405,13 @@ class LocalRuntime:
                 if time.monotonic() >= deadline:
                     msg = f"pod of {name} not ready within {timeout:g}s{self._log_tail(record)}"
                     raise PodNotReady(msg)
-                await asyncio.sleep(0.02)
+                # This process's reconciler (which binds a warm pod) wakes it at once.
+                await _until(changed, 0.02)
 
     async def wait_stopped(self, name: str, *, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
+            changed = self._store.changed(name)
             current = await self._store.get(name)
             if current is None:
                 return
@@ -418,7 +421,7 @@ class LocalRuntime:
             if time.monotonic() >= deadline:
                 msg = f"pod of {name} still running after {timeout:g}s"
                 raise RuntimeFailure(msg)
-            await asyncio.sleep(0.02)
+            await _until(changed, 0.02)
 
     async def delete(self, name: str) -> None:
         def change(record: WorkloadRecord) -> WorkloadRecord:
@@ -643,3 +646,10 @@ def _check_annotations(annotations: Mapping[str, str]) -> None:
     if size > MAX_ANNOTATIONS_BYTES:
         msg = f"annotations total {size} bytes, over the {MAX_ANNOTATIONS_BYTES}-byte limit"
         raise RuntimeFailure(msg)
+
+
+async def _until(event: asyncio.Event, timeout: float) -> None:
+    """Wait for ``event`` at most ``timeout`` seconds (a write of another process is not
+    signalled: the caller looks again after the timeout)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout)
