@@ -112,8 +112,8 @@ def targets() -> list[dict[str, Any]]:
             {
                 "figure": "proxy throughput ÷ direct (worst case)",
                 "value": round(worst["throughput_ratio"], 3),
-                "target": "≥ 0.8",
-                "met": worst["throughput_ratio"] >= 0.8,
+                "target": "≥ 0.9",  # issue 20
+                "met": worst["throughput_ratio"] >= 0.9,
                 "detail": "; ".join(
                     f"{r['case']} c={r['concurrency']}: {r['throughput_ratio']:.2f}"
                     for r in doc["overhead"]
