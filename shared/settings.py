@@ -162,6 +162,18 @@ class RuntimeSettings(SettingsBase):
     with `persist: none` only, with the `warm-pools` deploy component (see
     [architecture.md](architecture.md#warm-pools))."""
 
+    pool_claim_timeout: float = Field(
+        default=60.0,
+        ge=1.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        validation_alias="TORPOR_POOL_CLAIM_TIMEOUT",
+    )
+    """kubernetes: seconds after which a pool pod claimed by a runtime that never finished the
+    claim (its process died between marking the pod and adopting it) is deleted by the scaler
+    that keeps the pools, so a dead claimer leaves no orphan pod. Above the longest claim (a
+    few seconds); below it, a slow claim loses its pod and starts cold."""
+
     @field_validator("pools")
     @classmethod
     def _check_pools(cls, value: str) -> str:

@@ -69,7 +69,7 @@ async def open_runtime(
             pools=settings.pool_sizes,
         )
         if supervise:  # the scaler keeps the pools filled; every runtime may claim from them
-            kube.start_pools()
+            kube.start_pools(claim_timeout=settings.pool_claim_timeout)
         return kube
     from shared.runtime.local import LocalRuntime
 
