@@ -9,8 +9,8 @@ template of the local runtime (read-only layers + a template file named by the b
 - WORKDIR makes its folder (a tiny layer); ENV and USER only change what later steps and the
   template's sandboxes get.
 
-A step's key is the sha256 of the key before it and the step itself (the copied files' hash
-included), so a rebuild reuses every layer up to the first changed step. ``force`` (E2B's
+A step's key is the sha256 of the key before it (which starts from the owner and the base)
+and the step itself (the copied files' hash included), so a rebuild reuses every layer up to the first changed step. ``force`` (E2B's
 ``skip_cache``) rebuilds that step and every later one. A failing step ends the build: its exit
 code and the tail of its log go into the record; the template's tags move only when a build
 is ready, so no half-built template is ever used.
@@ -273,21 +273,25 @@ class Builder:
         )
         log.info("template_build_failed", step=failed.step, exit_code=failed.exit_code)
 
-    async def _base(self, spec: BuildSpec) -> tuple[str, list[str], State, Artifact | None]:
+    async def _base(
+        self, spec: BuildSpec, owner: str
+    ) -> tuple[str, list[str], State, Artifact | None]:
+        # The owner is in every key: a step cached for one tenant is never another's (a cache hit
+        # would tell a tenant that somebody ran that exact step, and hand over what it made).
         if spec.base == "template" and spec.base_build_id:
             base = await self._store.get_build(spec.base_build_id)
             if base is None or base.artifact is None:
                 raise StepFailed(0, f"the base template's build {spec.base_build_id} is gone")
             art = base.artifact
             state = State(env=dict(art.env), workdir=art.workdir or DEFAULT_WORKDIR, user=art.user)
-            return _key("template", spec.base_build_id), list(art.layers), state, art
+            return _key("template", owner, spec.base_build_id), list(art.layers), state, art
         marker = await asyncio.to_thread((self._rootfs / MARKER).read_text)
-        return _key("debian", marker.strip()), [], State(), None
+        return _key("debian", owner, marker.strip()), [], State(), None
 
     async def _steps(
         self, record: BuildRecord, spec: BuildSpec, out: BuildLog
     ) -> tuple[Artifact, list[int]]:
-        key, layers, state, base = await self._base(spec)
+        key, layers, state, base = await self._base(spec, record.owner)
         forcing = spec.force
         cached: list[int] = []
         total = len(spec.steps)

@@ -349,3 +349,21 @@ def test_a_deleted_templates_sandboxes_run_on_and_its_layers_go_after_them(
     assert (_metric(tstack, "torpor_builder_gc_removed_total", "layers") or 0) >= 1
     for kind in ("layers", "cache", "uploads"):  # the disk in use, as of the last sweep
         assert _metric(tstack, "torpor_builder_disk_bytes", kind) is not None
+
+
+def test_the_step_cache_is_the_owners_alone(tstack: Stack) -> None:
+    """bob building alice's exact steps gets none of her cached layers (a hit would tell him she
+    ran them and hand him what they made); alice's own rebuild does, so the check can fail."""
+    step = f"echo cached-for-one-owner-{uuid.uuid4().hex[:8]} > /tmp/step.txt"
+
+    def cached(user: str) -> list[str]:
+        template = Template().from_debian_image().run_cmd(step)
+        info = Template.build(template, f"own-{uuid.uuid4().hex[:8]}", **_api(tstack, user))
+        with tstack.client(user) as c:
+            url = f"/templates/{info.template_id}/builds/{info.build_id}/status"
+            entries = c.get(url).json()["logEntries"]
+        return [e["message"] for e in entries if e["message"].startswith("CACHED")]
+
+    assert cached("alice") == []
+    assert cached("bob") == []
+    assert [m.split("]")[0] for m in cached("alice")] == ["CACHED [1/1"]
