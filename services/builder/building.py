@@ -10,10 +10,10 @@ template of the local runtime (read-only layers + a template file named by the b
   template's sandboxes get.
 
 A step's key is the sha256 of the key before it (which starts from the owner and the base)
-and the step itself (the copied files' hash included), so a rebuild reuses every layer up to the first changed step. ``force`` (E2B's
-``skip_cache``) rebuilds that step and every later one. A failing step ends the build: its exit
-code and the tail of its log go into the record; the template's tags move only when a build
-is ready, so no half-built template is ever used.
+and the step itself (the copied files' hash included), so a rebuild reuses every layer up to
+the first changed step. ``force`` (E2B's ``skip_cache``) rebuilds that step and every later
+one. A failing step ends the build: its exit code and the tail of its log go into the record;
+the template's tags move only when a build is ready, so no half-built template is ever used.
 """
 
 from __future__ import annotations
