@@ -13,8 +13,9 @@ from tests.proxy.upstream import UpstreamState, build_upstream
 from tests.security.rawhttp import serve_guarded  # the production server: protocol and limits
 from tests.support.serving import serve
 
-# A loopback address of its own, so the stand-in can listen on the daemon's real port.
-POD_HOST = "127.0.3.213"
+# A loopback address of its own, so the stand-in can listen on the daemon's real port (outside
+# 127.0.3.0/24, which the test kubelet gives its pods).
+POD_HOST = "127.0.4.213"
 
 
 @dataclass

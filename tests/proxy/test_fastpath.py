@@ -38,7 +38,7 @@ from tests.support.serving import serve
 
 from .test_proxy import make, to
 
-HOSTILE_HOST = "127.0.3.214"  # this file's raw upstream (other proxy tests use .213)
+HOSTILE_HOST = "127.0.4.214"  # this file's raw upstream (other proxy tests use .213)
 
 
 def fast_count(app: ProxyApp) -> float:
@@ -265,7 +265,7 @@ class _Hostile(socketserver.BaseRequestHandler):
 
 @pytest.fixture
 def hostile(rig: Rig) -> Iterator[tuple[Rig, SandboxRecord, int]]:
-    server = socketserver.ThreadingTCPServer(("127.0.3.213", 0), _Hostile)
+    server = socketserver.ThreadingTCPServer(("127.0.4.213", 0), _Hostile)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
