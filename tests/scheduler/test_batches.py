@@ -26,7 +26,7 @@ import pytest
 from services.scheduler import expiry
 from services.scheduler.handlers import SchedulerHandlers
 from shared.bus import subjects
-from shared.bus.batches import BatchConsumer, Delivery, Outcome
+from shared.bus.batches import BatchConsumer, BatchHandler, Delivery, Outcome
 from shared.bus.broker import make_broker
 from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import bucket_version
@@ -101,7 +101,7 @@ class Crashing:
     """Handles part of its first batch (or all of it), then fails the whole batch before any ack:
     what a replica that dies mid-batch leaves behind, without waiting for ``ack_wait``."""
 
-    def __init__(self, handle: Any, *, share: float) -> None:
+    def __init__(self, handle: BatchHandler, *, share: float) -> None:
         self._handle = handle
         self._share = share
         self.crashed = 0
@@ -215,7 +215,7 @@ async def test_no_task_and_no_timer_per_deadline(bus: Bus, start_scheduler: Star
 
 async def _consumer_idle(bus: Bus) -> bool:
     info = await bus.js.consumer_info(SCHEDULER_LIFECYCLE.stream, SCHEDULER_LIFECYCLE.name)
-    return info.num_pending == 0 and info.num_ack_pending == 0
+    return bool(info.num_pending == 0 and info.num_ack_pending == 0)
 
 
 async def _pending_schedules_are(bus: Bus, n: int) -> bool:
@@ -264,7 +264,7 @@ async def test_a_flood_of_absurd_records_leaves_the_other_schedules_alone(
             found = await bus.js.get_last_msg(
                 STREAM_TIMERS, subjects.of(subjects.SCHED_TIMEOUT, r.sandbox_id)
             )
-            if json.loads(found.data)["due"] != r.model_dump(mode="json")["deadline"]:
+            if json.loads(found.data or b"{}")["due"] != r.model_dump(mode="json")["deadline"]:
                 return False
         return True
 
@@ -287,7 +287,9 @@ async def test_a_flood_of_absurd_records_leaves_the_other_schedules_alone(
         found = await bus.js.get_last_msg(
             STREAM_TIMERS, subjects.of(subjects.SCHED_TIMEOUT, "sbx-after")
         )
-        return bool(json.loads(found.data)["due"] == late.model_dump(mode="json")["deadline"])
+        return bool(
+            json.loads(found.data or b"{}")["due"] == late.model_dump(mode="json")["deadline"]
+        )
 
     await _until(_quietly(late_armed), within=30)
 

@@ -64,10 +64,9 @@ def make(
     )
 
 
-def created(sid: str, clock: FakeClock, *, body: bytes | None = None) -> Delivery:
-    data = body or SandboxCreated(sandbox_id=sid, generation=1, at=clock()).model_dump_json()
-    raw = data if isinstance(data, bytes) else data.encode()
-    return Delivery(subjects.of(subjects.EVT_CREATED, sid), raw, {}, 1)
+def created(sid: str, clock: FakeClock) -> Delivery:
+    body = SandboxCreated(sandbox_id=sid, generation=1, at=clock()).model_dump_json().encode()
+    return Delivery(subjects.of(subjects.EVT_CREATED, sid), body, {}, 1)
 
 
 async def test_each_message_of_a_batch_has_its_own_outcome_and_a_bad_one_fails_alone() -> None:
@@ -108,6 +107,9 @@ async def test_a_batch_whose_records_did_not_move_is_settled_without_a_reread() 
     assert version.calls == 2  # before the first read, after the last arm
 
 
+_EARLIER = timedelta(seconds=30)
+
+
 class RacingTimers(FakeTimers):
     """Arming races with a ``set_timeout`` on the same sandbox: the record moves right after the
     handler read it (another replica armed the new deadline, and this arm overwrites it)."""
@@ -122,7 +124,9 @@ class RacingTimers(FakeTimers):
         if timer.sandbox_id == self._sid and self.moved_to is None:
             self.moved_to = await self._store.update(
                 self._sid,
-                lambda r: r.model_copy(update={"deadline": r.deadline - timedelta(seconds=30)}),
+                lambda r: r.model_copy(
+                    update={"deadline": (r.deadline or r.started_at) - _EARLIER}
+                ),
             )
             self._version.value += 1
 
