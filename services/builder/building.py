@@ -158,6 +158,50 @@ def _key(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
+async def run_step(
+    commands: Commands,
+    endpoint: Endpoint,
+    token: str,
+    *,
+    number: int,
+    command: str,
+    user: str,
+    state: State,
+    out: BuildLog,
+    timeout: float,
+) -> None:
+    """A RUN step's command in its build pod (both runtimes): a login shell as ``user`` through
+    the pod's daemon, its output into the build log. The daemon's error, the pod going away or a
+    non-zero exit ends the build with that reason (and the exit code, E2B's "exit status N")."""
+
+    async def output(line: str) -> None:
+        await out.line(line, step=number)
+
+    shown = command if len(command) <= 200 else command[:200] + "…"
+    try:
+        code = await commands.run(
+            endpoint,
+            ProcessConfig(
+                cmd="/bin/bash", args=["-l", "-c", command], cwd=state.workdir, envs=state.env
+            ),
+            user=user,
+            access_token=token,
+            on_output=output,
+            timeout=timeout,
+        )
+    except EnvdError as e:
+        reason = str(e).removeprefix("envd error ")
+        raise StepFailed(
+            number, f"failed to run command '{shown}': command failed: {reason}"
+        ) from e
+    except EnvdUnavailable as e:
+        raise StepFailed(number, f"failed to run command '{shown}': the build pod went away") from e
+    if code != 0:
+        raise StepFailed(
+            number, f"failed to run command '{shown}': exit status {code}", exit_code=code
+        )
+
+
 class Builder:
     def __init__(
         self,
@@ -450,38 +494,17 @@ class Builder:
         try:
             endpoint = await self._runtime.wait_ready(name, timeout=self._ready_timeout)
             await self._mkdir_workdir(endpoint, token, state)
-
-            async def output(line: str) -> None:
-                await out.line(line, step=number)
-
-            shown = command if len(command) <= 200 else command[:200] + "…"
-            try:
-                code = await self._commands.run(
-                    endpoint,
-                    ProcessConfig(
-                        cmd="/bin/bash",
-                        args=["-l", "-c", command],
-                        cwd=state.workdir,
-                        envs=state.env,
-                    ),
-                    user=user,
-                    access_token=token,
-                    on_output=output,
-                    timeout=self._step_timeout,
-                )
-            except EnvdError as e:
-                reason = str(e).removeprefix("envd error ")
-                raise StepFailed(
-                    number, f"failed to run command '{shown}': command failed: {reason}"
-                ) from e
-            except EnvdUnavailable as e:
-                raise StepFailed(
-                    number, f"failed to run command '{shown}': the build pod went away"
-                ) from e
-            if code != 0:
-                raise StepFailed(
-                    number, f"failed to run command '{shown}': exit status {code}", exit_code=code
-                )
+            await run_step(
+                self._commands,
+                endpoint,
+                token,
+                number=number,
+                command=command,
+                user=user,
+                state=state,
+                out=out,
+                timeout=self._step_timeout,
+            )
             await self._runtime.scale(name, 0)
             await self._runtime.wait_stopped(name, timeout=120)
             folder = template_layers.staging(self._data_dir)

@@ -44,6 +44,7 @@ from services.builder.building import (
     StepFailed,
     Store,
     _key,
+    run_step,
 )
 from shared.errors import EnvdError, EnvdUnavailable
 from shared.models.snapshots import ProcessConfig
@@ -379,34 +380,17 @@ class ImageBuilder(Builder):
         user = step.args[1] if len(step.args) > 1 else state.user
         await pod.root(number, ["/bin/mkdir", "-p", "--", state.workdir])
 
-        async def output(line: str) -> None:
-            await out.line(line, step=number)
-
-        shown = command if len(command) <= 200 else command[:200] + "…"
-        try:
-            code = await self._commands.run(
-                pod.endpoint,
-                ProcessConfig(
-                    cmd="/bin/bash", args=["-l", "-c", command], cwd=state.workdir, envs=state.env
-                ),
-                user=user,
-                access_token=pod.token,
-                on_output=output,
-                timeout=self._step_timeout,
-            )
-        except EnvdError as e:
-            reason = str(e).removeprefix("envd error ")
-            raise StepFailed(
-                number, f"failed to run command '{shown}': command failed: {reason}"
-            ) from e
-        except EnvdUnavailable as e:
-            raise StepFailed(
-                number, f"failed to run command '{shown}': the build pod went away"
-            ) from e
-        if code != 0:
-            raise StepFailed(
-                number, f"failed to run command '{shown}': exit status {code}", exit_code=code
-            )
+        await run_step(
+            self._commands,
+            pod.endpoint,
+            pod.token,
+            number=number,
+            command=command,
+            user=user,
+            state=state,
+            out=out,
+            timeout=self._step_timeout,
+        )
 
     def _copy_tar(
         self, record: BuildRecord, step: Step, state: State, tar: Path, number: int
