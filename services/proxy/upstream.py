@@ -257,12 +257,7 @@ class UpstreamConnection(asyncio.Protocol):
                 raise self._error
             self._readable.clear()
             await self._readable.wait()
-        chunk = self._chunks.popleft()
-        self._buffered -= len(chunk)
-        if self._reading_paused and self._buffered < _LOW_WATER and self.transport:
-            self._reading_paused = False
-            self.transport.resume_reading()
-        return chunk
+        return self.take_chunk()
 
     def abort(self) -> None:
         self._closed = True
