@@ -24,12 +24,12 @@ from tests.api.fakes import FakeLifecycle, FakeRecords
 from tests.proxy.conftest import Rig
 from tests.proxy.upstream import UpstreamState, build_upstream
 from tests.security.rawhttp import (
-    Answer,
     authority,
     closed_by_peer,
     connect,
     head,
     read_answer,
+    read_answers,
     serve_guarded,
 )
 from tests.support.serving import serve
@@ -45,31 +45,6 @@ def relayed(app: ProxyApp) -> float:
 
 def handovers(app: ProxyApp) -> float:
     return app.handovers._value.get()
-
-
-def answers(sock: socket.socket, count: int) -> list[Answer]:
-    """``count`` pipelined responses (each framed by Content-Length), in order; fewer if the
-    server closes the connection first."""
-    data = b""
-    out: list[Answer] = []
-    while len(out) < count:
-        end = data.find(b"\r\n\r\n")
-        if end >= 0:
-            lines = data[:end].decode("latin-1").split("\r\n")
-            headers = {
-                k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])
-            }
-            size = int(headers.get("content-length", "0"))
-            if len(data) >= end + 4 + size:
-                body = data[end + 4 : end + 4 + size]
-                out.append(Answer(int(lines[0].split()[1]), headers, body))
-                data = data[end + 4 + size :]
-                continue
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    return out
 
 
 def routed(rig: Rig, sbx: SandboxRecord, **extra: str) -> list[tuple[str, str]]:
@@ -102,7 +77,7 @@ def test_each_pipelined_request_is_authorised_on_its_own(rig: Rig) -> None:
     before = rig.upstream.requests
     with connect(rig.proxy) as sock:
         sock.sendall(ok + stolen + again)
-        first, second, third = answers(sock, 3)
+        first, second, third = read_answers(sock, 3)
     assert first.status == 200
     assert first.json()["query"] == "n=1"
     assert second.status == 401
@@ -139,7 +114,7 @@ def test_a_body_in_pieces_and_a_pipelined_request_keep_their_bounds(rig: Rig) ->
         sock.sendall(body[:30])
         time.sleep(0.05)
         sock.sendall(body[30:] + second)
-        one, two = answers(sock, 2)
+        one, two = read_answers(sock, 2)
     assert one.json() == {"sha256": hashlib.sha256(body).hexdigest(), "size": 100}
     assert two.json()["query"] == "n=2"
     assert relayed(rig.app) - before == 2
@@ -156,7 +131,7 @@ def test_bytes_beyond_the_declared_length_are_a_new_request_not_body(rig: Rig) -
     before = rig.upstream.requests
     with connect(rig.proxy) as sock:
         sock.sendall(raw + extra)
-        one, two = answers(sock, 2)
+        one, two = read_answers(sock, 2)
         assert closed_by_peer(sock)
     assert one.json() == {"sha256": hashlib.sha256(b"abc").hexdigest(), "size": 3}
     assert two.status == 400
@@ -184,7 +159,7 @@ def test_a_hostile_second_request_after_a_relayed_one_reaches_nobody(rig: Rig, b
     before = rig.upstream.requests
     with connect(rig.proxy) as sock:
         sock.sendall(head("GET", "/echo?n=1", host, routed(rig, sbx)) + hostile)
-        got = answers(sock, 2)
+        got = read_answers(sock, 2)
         assert got[0].json()["query"] == "n=1"
         assert [a.status for a in got[1:]] in ([], [400]), got[1:]  # closed, or 400 and closed
         assert closed_by_peer(sock)
@@ -199,7 +174,7 @@ def test_a_huge_second_head_is_431_and_many_pipelined_requests_stay_in_order(rig
     before = rig.upstream.requests
     with connect(rig.proxy) as sock:
         sock.sendall(many + huge)
-        got = answers(sock, 51)
+        got = read_answers(sock, 51)
     assert [a.json()["query"] for a in got[:50]] == [f"n={i}" for i in range(50)]
     assert got[50].status == 431
     assert rig.upstream.requests - before == 50

@@ -69,6 +69,32 @@ def read_answer(sock: socket.socket) -> Answer:
     return Answer(status, headers, body[:length])
 
 
+def read_answers(sock: socket.socket, count: int) -> list[Answer]:
+    """``count`` pipelined responses (each framed by Content-Length), in order; fewer if the
+    server closes the connection first. (``read_answer`` drops what follows its answer: two
+    answers can arrive in one read.)"""
+    data = b""
+    out: list[Answer] = []
+    while len(out) < count:
+        end = data.find(b"\r\n\r\n")
+        if end >= 0:
+            lines = data[:end].decode("latin-1").split("\r\n")
+            headers = {
+                k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])
+            }
+            size = int(headers.get("content-length", "0"))
+            if len(data) >= end + 4 + size:
+                body = data[end + 4 : end + 4 + size]
+                out.append(Answer(int(lines[0].split()[1]), headers, body))
+                data = data[end + 4 + size :]
+                continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return out
+
+
 def exchange(url: str, raw: bytes, *, source: str | None = None) -> Answer:
     with connect(url, source=source) as sock:
         sock.sendall(raw)
