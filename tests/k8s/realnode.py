@@ -493,6 +493,12 @@ state = "{base / "state"}"
             "registerNode": True,
             "serializeImagePulls": False,
             "imageGCHighThresholdPercent": 100,
+            # The images are imported, not pulled. Once a pod pulled one of them by digest from
+            # the rig's registry (same image id), the kubelet (KEP-2535) verified every later pod
+            # of that image by pulling its alias, ghcr.io/torpor-dev/sandbox-base:latest, from
+            # the internet: no pod of it started again (CI: test_k8s_cycle after the
+            # template-image tests).
+            "imagePullCredentialsVerificationPolicy": "NeverVerify",
             "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%"},
             "maxPods": 60,
             "nodeStatusUpdateFrequency": "2s",

@@ -7,6 +7,7 @@ killed -9 between a claim and its binding."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -464,6 +465,19 @@ async def test_two_replicas_claim_real_containers_from_one_pool(
         assert code == 0 and out.split() == ["1000", name]  # the image's user; env bound at claim
         await until_settled(api, ns, names, 1)
     finally:
+        # The namespace and the node are the session's: leave nothing that holds the node's cpu
+        # (CI: the next real-node test's pod stayed Pending behind these three).
+        for n in names:
+            with contextlib.suppress(Exception):
+                await replicas[0].delete(n)
         for rt in replicas:
             await rt.close()
-        await api.close()  # type: ignore[no-untyped-call]
+        try:
+            core = k8s.CoreV1Api(api)
+            await core.delete_collection_namespaced_pod(ns, label_selector=LABEL_POOL)
+            for _ in range(600):  # bounded: until their containers are gone from the node
+                if not (await core.list_namespaced_pod(ns)).items:
+                    break
+                await asyncio.sleep(0.2)
+        finally:
+            await api.close()  # type: ignore[no-untyped-call]
