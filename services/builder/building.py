@@ -158,6 +158,31 @@ def _key(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def build_artifact(
+    spec: BuildSpec,
+    state: State,
+    base: Artifact | None,
+    *,
+    layers: list[str] | None = None,
+    image: str | None = None,
+) -> Artifact:
+    """What a ready build leaves (both runtimes): its layers or image, the settings its steps
+    left, and the start and ready commands (the build's own, else its base template's)."""
+    return Artifact(
+        layers=layers or [],
+        image=image,
+        env=state.env,
+        workdir=state.workdir,
+        user=state.user if state.user in ("root", "user") else "user",
+        start_cmd=spec.start_cmd
+        if spec.start_cmd is not None
+        else (base.start_cmd if base else None),
+        ready_cmd=spec.ready_cmd
+        if spec.ready_cmd is not None
+        else (base.ready_cmd if base else None),
+    )
+
+
 async def run_step(
     commands: Commands,
     endpoint: Endpoint,
@@ -382,19 +407,7 @@ class Builder:
                     )
                 )
             layers.append(key)
-        artifact = Artifact(
-            layers=layers,
-            env=state.env,
-            workdir=state.workdir,
-            user=state.user if state.user in ("root", "user") else "user",
-            start_cmd=spec.start_cmd
-            if spec.start_cmd is not None
-            else (base.start_cmd if base else None),
-            ready_cmd=spec.ready_cmd
-            if spec.ready_cmd is not None
-            else (base.ready_cmd if base else None),
-        )
-        return artifact, cached
+        return build_artifact(spec, state, base, layers=layers), cached
 
     # ---- steps without a pod ------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from services.builder.building import (
     StepFailed,
     Store,
     _key,
+    build_artifact,
     run_step,
 )
 from shared.errors import EnvdError, EnvdUnavailable
@@ -293,19 +294,7 @@ class ImageBuilder(Builder):
             image = await self._publish_image(record, spec, parent, final_state, base)
         except (BadImage, RegistryError) as e:
             raise StepFailed(0, f"the build failed: {e}") from e
-        artifact = Artifact(
-            image=image,
-            env=final_state.env,
-            workdir=final_state.workdir,
-            user=final_state.user if final_state.user in ("root", "user") else "user",
-            start_cmd=spec.start_cmd
-            if spec.start_cmd is not None
-            else (base.start_cmd if base else None),
-            ready_cmd=spec.ready_cmd
-            if spec.ready_cmd is not None
-            else (base.ready_cmd if base else None),
-        )
-        return artifact, cached
+        return build_artifact(spec, final_state, base, image=image), cached
 
     async def _in_pod(
         self, record: BuildRecord, parent: Parent, todo: list[Planned], total: int, out: BuildLog
