@@ -9,11 +9,14 @@ created.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import secrets
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -164,3 +167,31 @@ def wait_until(check: object, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def host_listener(host: str) -> Iterator[tuple[int, list[object]]]:
+    """A TCP service of the host bound on ``host``; yields its port and the peers it saw."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, 0))
+    server.listen(16)
+    server.settimeout(0.2)
+    seen: list[object] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, peer = server.accept()
+                seen.append(peer)
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], seen
+    finally:
+        stop.set()
+        thread.join(2)
+        server.close()

@@ -14,7 +14,6 @@ import secrets
 import socket
 import subprocess
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,13 @@ from shared.models.network import OPEN
 from shared.runtime.local.network import PodNetwork, links
 from shared.runtime.local.network.names import InstanceNames
 from tests.security.network_support import PROBE as NS_PROBE
-from tests.security.network_support import OutsideHost, in_netns, require_root_network, sh
+from tests.security.network_support import (
+    OutsideHost,
+    host_listener,
+    in_netns,
+    require_root_network,
+    sh,
+)
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -102,34 +107,6 @@ def host_addresses() -> list[str]:
         ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
     ).stdout
     return [a for a in re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", out) if not a.startswith("127.")]
-
-
-@contextlib.contextmanager
-def host_listener(host: str) -> Iterator[tuple[int, list[object]]]:
-    """A TCP service of the host bound on ``host``; yields its port and the peers it saw."""
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind((host, 0))
-    server.listen(16)
-    server.settimeout(0.2)
-    seen: list[object] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                conn, peer = server.accept()
-                seen.append(peer)
-                conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1], seen
-    finally:
-        stop.set()
-        thread.join(2)
-        server.close()
 
 
 def test_a_sandbox_reaches_nothing_of_the_host_or_other_sandboxes(stack: Stack) -> None:

@@ -14,18 +14,21 @@ import contextlib
 import json
 import re
 import secrets
-import socket
 import subprocess
 import textwrap
-import threading
 from collections.abc import Iterator
-from typing import Any
 from urllib.parse import urlparse
 
 import pytest
 from e2b import Sandbox, Template
 
-from tests.security.network_support import OutsideHost, outside_host, require_root_network, sh
+from tests.security.network_support import (
+    OutsideHost,
+    host_listener,
+    outside_host,
+    require_root_network,
+    sh,
+)
 from tests.support.fixtures import started
 from tests.support.stack import SERVICES, Stack
 
@@ -83,34 +86,6 @@ def host_addresses() -> list[str]:
 
 
 @contextlib.contextmanager
-def host_listener() -> Iterator[tuple[int, list[Any]]]:
-    """A TCP service of the host on every address; yields its port and the peers it saw."""
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("0.0.0.0", 0))
-    server.listen(16)
-    server.settimeout(0.2)
-    seen: list[Any] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                conn, peer = server.accept()
-                seen.append(peer)
-                conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1], seen
-    finally:
-        stop.set()
-        thread.join(2)
-        server.close()
-
-
-@contextlib.contextmanager
 def private_address(outside: OutsideHost) -> Iterator[str]:
     """A second address of the outside host, in the shared (CGNAT) range, routed to it."""
     for _ in range(20):
@@ -143,7 +118,7 @@ def test_a_build_step_reaches_only_the_allow_list(estack: Stack, outside_host: O
             urlparse(estack.proxy_url).port,
             urlparse(estack.nats_url).port,
         ]
-        with private_address(outside_host) as private, host_listener() as (port, seen):
+        with private_address(outside_host) as private, host_listener("0.0.0.0") as (port, seen):
             allowed = f"{outside_host.address}:{outside_host.port}"
             targets = [
                 allowed,
