@@ -3,7 +3,7 @@ sandbox (auto-resume).
 
     .venv/bin/python bench/proxy_bench.py [--requests 2000] [--concurrency 32] [--no-resume]
         [--rounds 3] [--client httpx|lean] [--baseline <checkout of another commit>]
-        [--out NAME.json]
+        [--pump haproxy|socat|none] [--out NAME.json]
 
 Part 1 runs the real in-sandbox daemon (``python -m services.envd``) on its own loopback
 address and the proxy (``ProxyApp``, the production ASGI app under uvicorn) in a separate
@@ -12,6 +12,12 @@ Connect unary ``process.Process/List``. Part 2 starts the whole system (tests/su
 nats + api + proxy + scheduler + snapshotter + scaler, local runtime), pauses a sandbox running
 ``python3 -m http.server`` and times the first request through the proxy. Prints a table and
 writes bench/results/proxy_bench.json. Loopback only; every loop is bounded.
+
+``--pump`` adds a reference side: a TCP byte pump written in C (haproxy in ``mode tcp`` or socat;
+no HTTP parsing, no auth, no routing) between the same client and the same daemon, measured in
+the same rounds. It is the physical limit of one proxy hop on this machine: what any proxy
+costs before it does anything of its own. Benchmark reference only, never a product
+dependency: when the binary is missing the benchmark says so and measures without it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -145,9 +152,40 @@ def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (load-independent, unlike latency on a busy box)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU of a process and its live children so far (load-independent, unlike
+    latency on a busy box; socat forks one child per connection)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0  # a socat child gone with its connection
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(cpu_seconds(int(c)) for c in children)
+
+
+PUMPS = ("haproxy", "socat")
+
+
+def pump_command(pump: str, port: int, upstream: str, tmp: Path) -> list[str] | None:
+    """The reference L4 pump's command line, or None when its binary is not installed."""
+    binary = shutil.which(pump, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    if binary is None:
+        return None
+    host, upstream_port = upstream.rsplit(":", 1)
+    if pump == "socat":  # one forked process per connection, blocking read/write
+        return [
+            binary,
+            f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,nodelay,backlog=4096",
+            f"TCP:{host}:{upstream_port},nodelay",
+        ]
+    config = tmp / "haproxy.cfg"  # one thread, epoll, TCP mode: no HTTP parsing at all
+    config.write_text(
+        "global\n  nbthread 1\n  maxconn 4096\n"
+        "defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 300s\n"
+        "  timeout server 300s\n"
+        f"listen pump\n  bind 127.0.0.1:{port}\n  server envd {host}:{upstream_port}\n"
+    )
+    return [binary, "-db", "-f", str(config)]
 
 
 def measure(
@@ -206,6 +244,15 @@ def _print_row(r: dict[str, Any]) -> None:
             f"CPU us/req {r['baseline_cpu_us_per_req']:.0f}",
             flush=True,
         )
+    if "pump_rps" in r:
+        print(
+            f"{'  pump ' + r['pump']:<19} {r['pump_p50_ms']:>7.2f}ms {r['pump_p99_ms']:>6.2f}ms "
+            f"{r['pump_rps']:>7.0f} | ratio {r['pump_ratio']:>5.2f} "
+            f"({r['pump_ratio_min']:.2f}-{r['pump_ratio_max']:.2f}) | "
+            f"CPU us/req {r['pump_cpu_us_per_req']:.0f} | relay/pump {r['proxy_over_pump']:.2f} "
+            f"({r['proxy_over_pump_min']:.2f}-{r['proxy_over_pump_max']:.2f})",
+            flush=True,
+        )
 
 
 def overhead(
@@ -215,12 +262,15 @@ def overhead(
     client: str = "httpx",
     baseline: Path | None = None,
     rounds: int = 3,
+    pump: str = "none",
 ) -> list[dict[str, object]]:
     from shared.bus.server import free_port
 
     envd_port = free_port(POD_HOST)
     proxy_port = free_port()
     base_port = free_port()
+    pump_port = free_port()
+    pump_dir = Path(tempfile.mkdtemp(prefix="proxy-bench-pump-"))
     procs = [
         subprocess.Popen(
             [
@@ -253,6 +303,18 @@ def overhead(
                 cwd=baseline,
             )
         )
+    pump_index = None
+    if pump != "none":
+        command = pump_command(pump, pump_port, f"{POD_HOST}:{envd_port}", pump_dir)
+        if command is None:
+            print(
+                f"reference pump {pump!r} is not installed (apt-get install {pump}): "
+                "measuring without it",
+                flush=True,
+            )
+        else:
+            pump_index = len(procs)
+            procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
     rows: list[dict[str, object]] = []
     try:
         direct = f"http://{POD_HOST}:{envd_port}"
@@ -264,6 +326,9 @@ def overhead(
         wait_http(f"{proxied}/health", route, timeout=120)
         if baseline is not None:
             wait_http(f"{based}/health", route, timeout=120)
+        pumped = f"http://127.0.0.1:{pump_port}"
+        if pump_index is not None:
+            wait_http(f"{pumped}/health", auth, timeout=30)
         rpc = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
         cases = [
             ("GET /health", "GET", "/health", None, {}),
@@ -272,6 +337,8 @@ def overhead(
         sides = {"direct": (direct, {**auth}, 0), "proxy": (proxied, route, 1)}
         if baseline is not None:
             sides["baseline"] = (based, route, 2)
+        if pump_index is not None:  # L4: the daemon's own headers, nothing to route on
+            sides["pump"] = (pumped, {**auth}, pump_index)
         per_request = 1e6 / (n + 50)  # the warm-up requests count too
         for name, method, path, body, extra in cases:
             for conc in (1, concurrency):
@@ -333,6 +400,23 @@ def overhead(
                         baseline_ratio_max=max(base_ratios),
                         baseline_cpu_us_per_req=cpu["baseline"] * per_request / rounds,
                     )
+                if pump_index is not None:
+                    pump_ratios = _ratios(got["pump"], got["direct"])
+                    over_pump = _ratios(got["proxy"], got["pump"])
+                    row.update(
+                        pump=pump,
+                        pump_p50_ms=_median(got["pump"], "p50_ms"),
+                        pump_p99_ms=_median(got["pump"], "p99_ms"),
+                        pump_rps=_median(got["pump"], "rps"),
+                        pump_ratio=statistics.median(pump_ratios),
+                        pump_ratio_min=min(pump_ratios),
+                        pump_ratio_max=max(pump_ratios),
+                        pump_ratio_per_round=[round(r, 3) for r in pump_ratios],
+                        proxy_over_pump=statistics.median(over_pump),
+                        proxy_over_pump_min=min(over_pump),
+                        proxy_over_pump_max=max(over_pump),
+                        pump_cpu_us_per_req=cpu["pump"] * per_request / rounds,
+                    )
                 rows.append(row)
                 _print_row(row)
     finally:
@@ -343,6 +427,7 @@ def overhead(
                 proc.wait(10)
             if proc.poll() is None:
                 proc.kill()
+        shutil.rmtree(pump_dir, ignore_errors=True)
     return rows
 
 
@@ -417,6 +502,13 @@ def main() -> int:
         help="measurements per cell, the sides alternating which goes first; the ratio is the "
         "median of the rounds' ratios and min-max its spread",
     )
+    parser.add_argument(
+        "--pump",
+        choices=(*PUMPS, "none"),
+        default="haproxy",
+        help="a reference TCP pump in C measured in the same rounds (the physical limit of one "
+        "hop); skipped with a message when not installed",
+    )
     parser.add_argument("--out", default="proxy_bench.json", help="file name in bench/results/")
     parser.add_argument(
         "--serve-proxy", nargs=2, metavar=("PORT", "POD_HOST"), help=argparse.SUPPRESS
@@ -438,6 +530,7 @@ def main() -> int:
         client=args.client,
         baseline=args.baseline,
         rounds=args.rounds,
+        pump=args.pump,
     )
     resume: dict[str, object] | None = None
     if not args.no_resume:
@@ -461,6 +554,7 @@ def main() -> int:
                 "rounds": args.rounds,
                 "client": args.client,
                 "baseline": str(args.baseline) if args.baseline else None,
+                "pump": args.pump,
                 "overhead": rows,
                 "first_request_after_pause": resume,
             },

@@ -41,6 +41,8 @@ def _server(app: EnvdApp, log_level: str) -> Server:
     from uvicorn.config import Config
     from uvicorn.server import Server
 
+    from services.envd.coalescing import CoalescingHttpToolsProtocol
+
     class _Server(Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # Runs in the signal handler, before the loop sees the SIGCHLDs of the processes
@@ -56,7 +58,7 @@ def _server(app: EnvdApp, log_level: str) -> Server:
     config = Config(
         app,
         lifespan="off",
-        http="httptools",
+        http=CoalescingHttpToolsProtocol,  # httptools, each answer in one send
         ws="none",
         loop="asyncio",
         interface="asgi3",
