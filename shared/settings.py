@@ -86,6 +86,11 @@ class BusSettings(SettingsBase):
     Secret `torpor-nats-auth`). Never logged."""
     bus_replicas: int = Field(default=1, ge=1, le=5)
     """Replicas of streams and KV buckets, 1-5 (3 on a production NATS cluster)."""
+    kept_files_max_bytes: int = Field(default=256 * 1024**2, ge=1024**2, le=2**50)
+    """Size bound of the kept-files object store (`torpor_kept_files`: Kubernetes `persist:
+    store` sandboxes' files while paused, and stored snapshots' files there), in bytes, 1 MiB
+    to 1 PiB; reserved from NATS's `max_file_store`, so raise both together. When full, a pause
+    that needs it fails and the sandbox keeps running. Set where the bus is provisioned."""
     bus_provision: bool = True
     """`false`: do not create or change streams, KV buckets and durables at start-up (on
     Kubernetes the provisioning Job does that, because service NATS users may not)."""

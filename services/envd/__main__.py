@@ -40,6 +40,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="serve the sandbox's sudo shim on this unix socket (inside a sandbox only)",
     )
+    parser.add_argument(
+        "--kept-root",
+        default="/",
+        help="where home/user and workspace of /kept-files are (default %(default)s; tests)",
+    )
     parser.add_argument("--log-level", default="warning")
     parser.add_argument(
         "--precompile",
@@ -128,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         log_level=args.log_level,
         sudo_socket=args.sudo_socket,
         startup=startup,
+        kept_root=os.path.abspath(args.kept_root),
     )
 
 

@@ -1,4 +1,5 @@
 """The daemon's ASGI application: Connect services, ``/files``, ``/health``, ``/init``, ``/envs``,
+``/kept-files`` (``services.envd.archive``),
 ``/metrics`` and ``/logs`` (``services.envd.telemetry``), ``/activity`` and ``/keepalive``
 (``services.envd.activity``).
 
@@ -22,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from services.envd.activity import Activity
+from services.envd.archive import KeptFilesApi
 from services.envd.files_http import (
     FilesApi,
     Receive,
@@ -142,7 +144,7 @@ class DaemonState:
 
 
 class EnvdApp:
-    def __init__(self, *, root: str, access_token: str | None) -> None:
+    def __init__(self, *, root: str, access_token: str | None, kept_root: str = "/") -> None:
         self.state = DaemonState(root=root, access_token=access_token)
         self.activity = Activity()
         self.table = ProcessTable(
@@ -155,6 +157,7 @@ class EnvdApp:
         self.users = Users(fallback_home=root)
         self._connect: _ConnectApps | None = None
         self._files = FilesApi(users=self.users)
+        self.kept_files = KeptFilesApi(kept_root=kept_root, user=lambda: self.users.resolve(None))
         self.metrics = Metrics(root)
         self.logs = LogBuffer()
         self.ready: Readiness | None = None  # set: a ready command must succeed first
@@ -206,11 +209,15 @@ class EnvdApp:
                 )
                 return
             if path.startswith("/process.Process/"):
+                if path == "/process.Process/Start":  # kept files go in before any process
+                    self.kept_files.close_imports("a process was started")
                 await self.connect_apps.process(scope, receive, send)
             elif path.startswith("/filesystem.Filesystem/"):
                 await self.connect_apps.files(scope, receive, send)
             elif path == "/files":
                 await self._files(scope, receive, send)
+            elif path == "/kept-files":
+                await self.kept_files(scope, receive, send)
             elif path == "/init" and scope["method"] == "POST":
                 await self._init(receive, send)
             elif path == "/envs" and scope["method"] == "GET":

@@ -80,11 +80,12 @@ def serve(
     log_level: str,
     sudo_socket: str | None = None,
     startup: Startup | None = None,
+    kept_root: str = "/",
 ) -> int:
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s envd %(levelname)s %(name)s: %(message)s"
     )
-    app = EnvdApp(root=root, access_token=access_token)
+    app = EnvdApp(root=root, access_token=access_token, kept_root=kept_root)
     # Ready means the API can be served: load the Connect services (connectrpc and the protobuf
     # runtime, most of the start-up) before the server answers /health, so a resume's replay
     # right after "ready" does not pay for them, and pod start measures the whole start.

@@ -90,7 +90,11 @@ async def prepare(broker: NatsBroker, settings: BusSettings) -> None:
     await broker.connect()
     warn_if_anonymous(broker.config.connection_state.connection, settings)
     if settings.bus_provision:
-        await ensure_topology(broker.config.connection_state.stream, replicas=settings.bus_replicas)
+        await ensure_topology(
+            broker.config.connection_state.stream,
+            replicas=settings.bus_replicas,
+            kept_files_max_bytes=settings.kept_files_max_bytes,
+        )
 
 
 async def key_value(broker: NatsBroker, bucket: str) -> KeyValue:

@@ -81,6 +81,25 @@ def kv_write(bucket: str) -> list[str]:
     return [f"$KV.{bucket}.>"]
 
 
+def object_store(bucket: str) -> list[str]:
+    """put (chunks under a fresh subject, then the meta rollup; old chunks purged), get (the
+    meta, then the chunks through an ordered consumer, found by subject), delete."""
+    stream = f"OBJ_{bucket}"
+    return [
+        f"$O.{bucket}.>",
+        f"{API}.STREAM.INFO.{stream}",
+        f"{API}.STREAM.NAMES",
+        f"{API}.STREAM.MSG.GET.{stream}",
+        f"{API}.DIRECT.GET.{stream}",
+        f"{API}.DIRECT.GET.{stream}.>",
+        f"{API}.STREAM.PURGE.{stream}",
+        f"{API}.CONSUMER.CREATE.{stream}",
+        f"{API}.CONSUMER.INFO.{stream}.*",
+        f"{API}.CONSUMER.DELETE.{stream}.*",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
 def events(*prefixes: str) -> list[str]:
     return [s.all_of(p) for p in prefixes]
 
@@ -213,7 +232,7 @@ def users() -> list[User]:
     snapshotter = service(
         "snapshotter",
         "pause: running -> pausing, envd List, snapshot annotation, snapshotted event; stored "
-        "snapshots: capture (process list and files), delete",
+        "snapshots: capture (process list and files), delete; kept files (upload at pause)",
         bind_durable(t.SNAPSHOTTER_PAUSE),
         bind_durable(t.SNAPSHOTTER_SNAPSHOTS),
         bind_durable(t.SNAPSHOTTER_EXPIRY),
@@ -231,17 +250,22 @@ def users() -> list[User]:
         kv_write(t.KV_SANDBOXES),
         kv_read(t.KV_SNAPSHOTS),
         kv_write(t.KV_SNAPSHOTS),
+        # Kubernetes kept files: a `persist: store` pause uploads them; snapshot files
+        object_store(t.OBJ_KEPT_FILES),
         dead_letters(),
     )
     scaler_durables = durables_of(t.SCALER_LIFECYCLE.name, t.SCALER_ON_SNAPSHOTTED.name)
     scaler = service(
         "scaler",
-        "create / scale 0 and 1 / replay / delete workloads; lifecycle events",
+        "create / scale 0 and 1 / replay / delete workloads; lifecycle events; kept files "
+        "(restore, delete)",
         [x for d in scaler_durables for x in bind_durable(d)],
         local_runtime(),
         events(s.EVT_CREATED, s.EVT_PAUSED, s.EVT_RESUMED, s.EVT_KILLED, s.EVT_FAILED, s.EVT_HOOK),
         kv_read(t.KV_SANDBOXES),
         kv_write(t.KV_SANDBOXES),
+        # Kubernetes kept files: a resume restores them into the pod, a kill deletes them
+        object_store(t.OBJ_KEPT_FILES),
         dead_letters(),
     )
     deliverer = service(

@@ -15,6 +15,7 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     KeyValueConfig,
+    ObjectStoreConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -43,6 +44,10 @@ KV_SNAPSHOTS = "torpor_snapshots"  # stored snapshots (create_snapshot, fork); C
 KV_WEBHOOKS = "torpor_webhooks"  # webhook registrations, <owner token>.<webhook id>
 KV_DELIVERIES = "torpor_webhook_deliveries"  # delivery history per (webhook, event); TTL 7 days
 KV_USAGE = "torpor_usage"  # the usage ledger: <owner token>.<sandbox id>, CAS writes only
+# Kept files of sandboxes whose pods lose their disk (Kubernetes ``persist: store``) and of
+# stored snapshots there: tars named ``sandbox.<id>`` / ``snapshot.<id>`` (shared.bus.kept_files).
+OBJ_KEPT_FILES = "torpor_kept_files"
+DEFAULT_KEPT_FILES_MAX_BYTES = 256 * 1024**2
 KV_TEMPLATES = "torpor_templates"  # templates users build, their builds and names; CAS writes
 
 DAY = 86400
@@ -332,8 +337,14 @@ async def ensure_workloads_bucket(js: JetStreamContext) -> None:
             raise
 
 
-async def ensure_topology(js: JetStreamContext, *, replicas: int = 1) -> None:
-    """Create or converge every stream, KV bucket and durable. Safe to call from every replica."""
+async def ensure_topology(
+    js: JetStreamContext,
+    *,
+    replicas: int = 1,
+    kept_files_max_bytes: int = DEFAULT_KEPT_FILES_MAX_BYTES,
+) -> None:
+    """Create or converge every stream, KV bucket, object store and durable. Safe to call from
+    every replica."""
     for cfg in streams(replicas):
         try:
             await js.add_stream(cfg)
@@ -352,5 +363,25 @@ async def ensure_topology(js: JetStreamContext, *, replicas: int = 1) -> None:
             await js.update_stream(
                 replace(info.config, description=kv.description, max_msgs_per_subject=kv.history)
             )
+    await ensure_kept_files(js, replicas=replicas, max_bytes=kept_files_max_bytes)
     for durable in DURABLES:
         await js.add_consumer(durable.stream, durable.config())
+
+
+async def ensure_kept_files(js: JetStreamContext, *, replicas: int, max_bytes: int) -> None:
+    """The kept-files object store, its size bound kept on drift (a full bucket refuses new
+    objects: ``discard: new``, so a pause fails rather than dropping another sandbox's files)."""
+    config = ObjectStoreConfig(
+        bucket=OBJ_KEPT_FILES,
+        description="torpor: kept files (Kubernetes persist: store) and snapshot files",
+        max_bytes=max_bytes,
+        replicas=replicas,
+        storage=StorageType.FILE,
+    )
+    try:
+        await js.create_object_store(OBJ_KEPT_FILES, config)
+    except BadRequestError as e:
+        if e.err_code != _STREAM_EXISTS_DIFFERENT:
+            raise
+        info = await js.stream_info(f"OBJ_{OBJ_KEPT_FILES}")
+        await js.update_stream(replace(info.config, max_bytes=max_bytes))

@@ -41,7 +41,9 @@ class Daemon:
     log: Path
 
 
-def start_daemon(root: Path, log: Path, token: str | None = TOKEN) -> Daemon:
+def start_daemon(
+    root: Path, log: Path, token: str | None = TOKEN, extra: tuple[str, ...] = ()
+) -> Daemon:
     port = free_port()
     args = [
         sys.executable,
@@ -56,6 +58,7 @@ def start_daemon(root: Path, log: Path, token: str | None = TOKEN) -> Daemon:
     ]
     if token:
         args += ["--access-token", token]
+    args += extra
     env = {k: v for k, v in os.environ.items() if k != "ENVD_ACCESS_TOKEN"}
     with log.open("wb") as fh:
         proc = subprocess.Popen(args, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=env)

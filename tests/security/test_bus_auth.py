@@ -164,6 +164,39 @@ async def test_only_the_runtime_services_reach_the_workload_records(
                 await js.key_value(t.KV_WORKLOADS)
 
 
+@pytest.mark.parametrize("user", [u for u in USERS if u != "admin"])
+async def test_only_the_runtime_services_reach_the_kept_files(
+    placeholder_bus: EmbeddedBus, user: str
+) -> None:
+    """The kept-files object store (sandboxes' files while paused on Kubernetes): the
+    snapshotter uploads at pause, the scaler restores and deletes; nobody else reads or writes."""
+    import tempfile
+
+    from shared.bus.kept_files import NatsKeptFiles
+    from shared.ports.kept_files import KeptKey
+
+    async with connect(placeholder_bus, user, inbox_prefix=f"_INBOX_{user}") as (nc, errors):
+        store = NatsKeptFiles(nc.jetstream())
+        key = KeptKey.sandbox(f"iprobe{user}")
+        if user in {"scaler", "snapshotter"}:
+            with tempfile.TemporaryFile() as fh:
+                fh.write(b"kept")
+                fh.seek(0)
+                await store.put(key, fh, limit=100)  # type: ignore[arg-type]
+            with tempfile.TemporaryFile() as out:
+                assert await store.get(key, out)  # type: ignore[arg-type]
+                out.seek(0)
+                assert out.read() == b"kept"
+            await store.delete(key)
+            assert errors.violations() == []
+        else:
+            await nc.publish(f"$O.{t.OBJ_KEPT_FILES}.M.forged", b"{}")
+            await errors.wait_violation(f"$O.{t.OBJ_KEPT_FILES}.M.forged")
+            info = f"$JS.API.STREAM.INFO.OBJ_{t.OBJ_KEPT_FILES}"
+            await nc.publish(info, b"")
+            await errors.wait_violation(info)
+
+
 async def test_platform_publishes_a_pause_command_and_reads_events(
     placeholder_bus: EmbeddedBus,
 ) -> None:

@@ -40,7 +40,9 @@ async def provision() -> None:
     nc = await nats.connect(bus.nats_url.split(","), **options)
     try:
         js = nc.jetstream()
-        await ensure_topology(js, replicas=bus.bus_replicas)
+        await ensure_topology(
+            js, replicas=bus.bus_replicas, kept_files_max_bytes=bus.kept_files_max_bytes
+        )
         print(f"topology converged (replicas={bus.bus_replicas})", flush=True)
         user = os.environ.get("TORPOR_BOOTSTRAP_USER", "").strip()
         secret = os.environ.get("TORPOR_BOOTSTRAP_API_KEY", "").strip()
