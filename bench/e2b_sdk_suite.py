@@ -44,6 +44,19 @@ BACKEND_DIRS = (
     "tests/async/sandbox_async",
 )
 FILES = ("tests", "pytest.ini")
+# Tests that dial outside 127.0.0.0/8 (the network rule): curls from a sandbox to public addresses
+# (1.1.1.1, 8.8.8.8, gstatic), and `get_host()` URLs `https://{port}-{id}.{domain}`, whose name
+# lookup goes to the machine's resolver. Never run; counted as "needs the internet".
+OFFLINE_DESELECT = tuple(
+    f"tests/{mode}/sandbox_{mode}/{test}"
+    for mode in ("sync", "async")
+    for test in (
+        "test_internet_access.py",
+        "test_network.py",
+        "test_host.py",
+        "test_create.py::test_auto_resume_wakes_on_http_request",
+    )
+)
 SDK_VERSION = "2.63.0"  # the SDK torpor's own tests pin (pyproject.toml)
 PLUGINS = (
     f"e2b=={SDK_VERSION}",
@@ -89,6 +102,7 @@ def run_pytest(python: Path, suite: Path, env: dict[str, str], args: argparse.Na
         str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN",
         f"--timeout={args.timeout}", f"--junitxml={report}",
         *(["-k", args.k] if args.k else []),
+        *(f"--deselect={t}" for t in OFFLINE_DESELECT),
         *(args.paths or BACKEND_DIRS),
     ]  # fmt: skip
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "TORPOR_"))}

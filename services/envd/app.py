@@ -12,9 +12,7 @@ Connect-Timeout-Ms is not enforced by connectrpc's server; the Start handler rea
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import hmac
 import json
 import logging
@@ -35,6 +33,7 @@ from services.envd.files_http import (
     send_json,
 )
 from services.envd.processes import ProcessTable
+from services.envd.signing import signature_problem
 from services.envd.startup import Readiness
 from services.envd.telemetry import LogBuffer, Metrics
 from services.envd.users import Users
@@ -198,15 +197,9 @@ class EnvdApp:
                 await send({"type": "http.response.start", "status": 204, "headers": []})
                 await send({"type": "http.response.body", "body": b""})
                 return
-            if not self._authorized(scope):
-                await send_json(
-                    send,
-                    401,
-                    {
-                        "code": "unauthenticated",
-                        "message": "invalid or missing access token (X-Access-Token)",
-                    },
-                )
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await send_json(send, 401, refusal)
                 return
             if path.startswith("/process.Process/"):
                 if path == "/process.Process/Start":  # kept files go in before any process
@@ -236,16 +229,23 @@ class EnvdApp:
             log.exception("unhandled error on %s", path)
             raise
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _refusal(self, scope: Scope) -> dict[str, object] | None:
+        """``None`` when the request may pass; else the 401 body. A signed ``/files`` URL is
+        refused as envd refuses it (``{"code": 401, "message": ...}``, the SDK's users match on
+        the message), anything else for the missing or wrong token."""
         token = self.state.access_token
         if token is None:
-            return True
+            return None
         given = header(scope, b"x-access-token")
         if given and hmac.compare_digest(given.encode(), token.encode()):
-            return True
-        if scope["path"] == "/files":
-            return _valid_signature(scope, token)
-        return False
+            return None
+        if scope["path"] == "/files" and "signature" in query(scope):
+            problem = signature_problem(query(scope), scope["method"], token, time.time())
+            return None if problem is None else {"code": 401, "message": problem}
+        return {
+            "code": "unauthenticated",
+            "message": "invalid or missing access token (X-Access-Token)",
+        }
 
     async def _metrics(self, scope: Scope, send: Send) -> None:
         params = query(scope)
@@ -312,23 +312,3 @@ class EnvdApp:
             os.chdir(self.state.start_cwd)
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
-
-
-def _valid_signature(scope: Scope, token: str) -> bool:
-    """The SDK's signed download/upload URLs: ``v1_`` + b64(sha256(path:op:user:token[:exp]))."""
-    params = query(scope)
-    signature = params.get("signature", "")
-    if not signature.startswith("v1_"):
-        return False
-    operation = "read" if scope["method"] == "GET" else "write"
-    raw = f"{params.get('path', '')}:{operation}:{params.get('username', '')}:{token}"
-    expiration = params.get("signature_expiration")
-    if expiration:
-        try:
-            if int(expiration) < time.time():
-                return False
-        except ValueError:
-            return False
-        raw += f":{expiration}"
-    digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
-    return hmac.compare_digest(signature[3:], digest)

@@ -1,12 +1,13 @@
 """Who may reach a sandbox port through the proxy: another user's API key sees 404, the daemon
-port needs the sandbox's access token (or the owner's API key), and with
-``allowPublicTraffic=false`` the user ports need the traffic access token. Refusals are
-``RefusedError`` (status and message of the JSON error body)."""
+port needs the sandbox's access token (or the owner's API key, or for ``/files`` a signed URL,
+which the daemon checks), and with ``allowPublicTraffic=false`` the user ports need the traffic
+access token. Refusals are ``RefusedError`` (status and message of the JSON error body)."""
 
 from __future__ import annotations
 
 import hmac
 from typing import Protocol
+from urllib.parse import parse_qs
 
 from starlette.types import Scope
 
@@ -34,6 +35,17 @@ def header(scope: Scope, name: bytes) -> str | None:
         if k.lower() == name:
             return str(v.decode("latin-1"))
     return None
+
+
+def signed_files_request(scope: Scope) -> bool:
+    """A signed ``/files`` URL (the SDK's ``download_url``/``upload_url``): no header, the
+    signature is in the query and only the daemon holds the token that checks it. Only the
+    daemon's plain file route, never its RPCs; a scope without a path (the relay's
+    header-only check) is not one, so such a request takes the full ASGI path."""
+    if scope.get("path") != "/files" or scope.get("method") not in ("GET", "POST"):
+        return False
+    params = parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
+    return any(v.startswith("v1_") for v in params.get("signature", ()))
 
 
 async def authorise(
@@ -70,6 +82,8 @@ def authorise_by_token(
     if envd_token and hmac.compare_digest(given.encode(), envd_token.encode()):
         return True
     if target.is_daemon or not public_ports:
+        if envd_token and target.is_daemon and signed_files_request(scope):
+            return False  # the daemon checks the signature with its token (it answers 401)
         if envd_token:
             raise RefusedError(401, "invalid or missing X-Access-Token for this sandbox")
         return False
