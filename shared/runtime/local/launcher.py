@@ -16,6 +16,7 @@ import os
 import shutil
 import stat
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -57,6 +58,9 @@ SANDBOX_USER_ID = 1000  # `user` in the rootfs (deploy/sandbox-base/configure.sh
 _LAYER_NOTE = "layer.json"
 # cgroup ``cpu.weight`` of a warm pod until it is claimed (100: every other pod's).
 POOL_CPU_WEIGHT = 10
+# Each pod start is a boot of the sandbox: its own boot id, as a VM's (E2B's suite tells a
+# cold resume from a memory restore by it). Without this every pod read the host's.
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 DEFAULT_CPU_WEIGHT = 100
 
 
@@ -147,6 +151,9 @@ class PodLauncher:
                 address=record.address,
                 accounts=False,
             )
+            boot_id = pod_dir / "boot_id"
+            await asyncio.to_thread(boot_id.write_text, f"{uuid.uuid4()}\n")
+            await asyncio.to_thread(boot_id.chmod, 0o444)
             launch = bwrap.PodLaunch(
                 bwrap=self._bwrap,
                 uid=uid,
@@ -154,7 +161,7 @@ class PodLauncher:
                 runtime_root=self._data_dir,
                 workspace=root,
                 workdir=template.workdir,
-                mounts=volumes,
+                mounts=[*volumes, bwrap.Mount(boot_id, BOOT_ID, read_only=True)],
                 env=env,
                 command=self._command(template, record),
                 code_dirs=await asyncio.to_thread(bwrap.code_dirs),
