@@ -5,7 +5,10 @@ Phases:
 2. arm: start the scheduler (a subprocess), time until it has armed every schedule;
 3. idle: scheduler CPU and RSS over a quiet window while N schedules wait in NATS;
 4. fire: deadlines spread uniformly over [--spread-min, --spread-max] s after arming; lateness
-   of every command = JetStream store time of the command - the record's deadline.
+   of every command = JetStream store time of the command - the record's deadline. Split in two:
+   when NATS stored the fired timer (``fire_vs_deadline``: negative when the schedule fires
+   ahead on purpose, ``TORPOR_SCHEDULER_FIRE_LEAD_SECONDS``) and the command's time after that
+   fire (``command_after_fire``: the fetch, a held early fire's wait, the handler).
 
 Writes bench/results/scheduler.json and prints a table.
 ``.venv/bin/python bench/scheduler_bench.py --sandboxes 100000``
@@ -18,6 +21,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +44,7 @@ from shared.bus.topology import (  # noqa: E402
     SCHEDULER_LIFECYCLE,
     SNAPSHOTTER_PAUSE,
     STREAM_CMD,
+    STREAM_TIMERS,
     ensure_topology,
 )
 from shared.domain.record import SandboxRecord, SandboxState  # noqa: E402
@@ -77,6 +82,35 @@ async def publish_all(js, messages, window: int = 1000) -> None:  # type: ignore
             await asyncio.gather(*pending)
             pending = []
     await asyncio.gather(*pending)
+
+
+def spread(name: str, values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {f"{name}_p50_s": None}
+    return {
+        f"{name}_p50_s": round(statistics.median(values), 3),
+        f"{name}_p99_s": round(pct(values, 99), 3),
+        f"{name}_max_s": round(max(values), 3),
+    }
+
+
+async def fire_times(js) -> dict[str, datetime]:  # type: ignore[no-untyped-def]
+    """When NATS stored each sandbox's (last) fired timer: the fired copies stay in the timers
+    stream (limits retention, their own TTL) after the scheduler acked them."""
+    sub = await js.pull_subscribe(
+        subjects.of(subjects.TIMER_FIRED, "*"), stream=STREAM_TIMERS, inbox_prefix=b"_INBOX_bench."
+    )
+    found: dict[str, datetime] = {}
+    while True:
+        try:
+            msgs = await sub.fetch(1000, timeout=2)
+        except (TimeoutError, nats.errors.TimeoutError):
+            break
+        for m in msgs:
+            found[subjects.sandbox_id_of(m.subject)] = m.metadata.timestamp
+        await asyncio.gather(*(m.ack() for m in msgs))
+    await sub.unsubscribe()
+    return found
 
 
 async def consumer_idle(js, stream: str, durable: str) -> bool:  # type: ignore[no-untyped-def]
@@ -223,6 +257,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         rss_peak = sum(mem_kib(p.pid, "VmHWM") for p in procs)
 
         lateness: list[float] = []
+        stored: dict[str, datetime] = {}
         seen: set[str] = set()
         duplicates = 0
         for durable in (SNAPSHOTTER_PAUSE, SCALER_LIFECYCLE):
@@ -239,8 +274,10 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     if sid in seen:
                         duplicates += 1
                     seen.add(sid)
+                    stored[sid] = m.metadata.timestamp
                     lateness.append((m.metadata.timestamp - deadlines[sid]).total_seconds())
                 await asyncio.gather(*(m.ack() for m in msgs))
+        fired_at = await fire_times(js)
         await nc.close()
     finally:
         for p in procs:
@@ -249,7 +286,12 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         for p in procs:
             p.wait(30)
         server.stop()
+    shutil.rmtree(tmp, ignore_errors=True)  # kept when the run failed (the scheduler's log)
 
+    fire_vs_deadline = [(t - deadlines[sid]).total_seconds() for sid, t in fired_at.items()]
+    after_fire = [
+        (t - fired_at[sid]).total_seconds() for sid, t in stored.items() if sid in fired_at
+    ]
     return {
         **result,
         "rss_peak_mib": round(rss_peak / 1024, 1),
@@ -263,6 +305,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "lateness_p99_s": round(pct(lateness, 99), 3) if lateness else None,
         "lateness_max_s": round(max(lateness), 3) if lateness else None,
         "lateness_min_s": round(min(lateness), 3) if lateness else None,
+        **spread("fire_vs_deadline", fire_vs_deadline),
+        **spread("command_after_fire", after_fire),
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 

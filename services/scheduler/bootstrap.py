@@ -37,17 +37,20 @@ def scheduler_host(ctx: Context, settings: SchedulerSettings) -> WorkerHost:
     # Templates say what activity inside a sandbox counts; its daemon says when it was active.
     where = load(RuntimeSettings)
 
+    lead = timedelta(seconds=settings.fire_lead_seconds)
+
     def build(parts: Parts) -> Built:
         js = parts.broker.config.connection_state.stream
         handlers = SchedulerHandlers(
             store=parts.store,
             publisher=parts.publisher,
-            timers=NatsTimers(js, fired_ttl=settings.fired_ttl),
+            timers=NatsTimers(js, fired_ttl=settings.fired_ttl, lead=lead),
             flags=ctx.flags,
             policy=policy_of(settings, ctx.retention),
             templates=partial(read_facts, where.runtime, where.templates_dir),
             envd=ConnectEnvdClient(),
             records_version=partial(bucket_version, js, KV_SANDBOXES),
+            lead=lead,
         )
         pull = partial(
             BatchConsumer,
@@ -60,7 +63,7 @@ def scheduler_host(ctx: Context, settings: SchedulerSettings) -> WorkerHost:
             NatsRouter(),  # no FastStream subscriber: both durables are pulled in batches
             (
                 pull(SCHEDULER_LIFECYCLE, handlers.on_event_batch),
-                pull(SCHEDULER_FIRED, handlers.on_fired_batch),
+                pull(SCHEDULER_FIRED, handlers.on_fired_batch, inflight=settings.fired_in_flight),
             ),
         )
 

@@ -40,6 +40,11 @@ Rules
   is armed ``expiring_notice`` before the deadline.
 - Several replicas: every output has a deterministic message id and every decision re-reads the
   record, so duplicate fires (redelivery, a replica crash) publish nothing new.
+- Early fires are held, not re-armed: nats-server fires a schedule up to ~0.5 s late, so the
+  timers adapter sets it ``lead`` before the timer's ``due`` (``shared.bus.timers``). A fire
+  that arrives before ``due`` by at most ``lead`` plus a second (the slack covers a clock a little
+  behind the server's) is held until ``due`` (``hold_for``), then the record is read and the
+  plan made as for any fire. Earlier than that, the record moved on (or the 7-day cap): ``moved``.
 """
 
 from __future__ import annotations
@@ -158,6 +163,19 @@ def on_fired(
     if timer.kind == "pause_check":
         return _on_pause_check(timer, record, policy=policy, now=now, notice=watch.notice)
     return _on_retention(record, now=now)
+
+
+HOLD_SLACK = timedelta(seconds=1)
+
+
+def hold_for(timer: Timer, now: datetime, lead: timedelta) -> timedelta | None:
+    """How long to hold a fire that came before its ``due`` (see the rules above); ``None``:
+    decide now. Without the hold, a fire a little early would re-arm the very same timer, whose
+    message id the server has just seen: the duplicate would be dropped and the deadline lost."""
+    early = timer.due - now
+    if early <= timedelta(0) or early > lead + HOLD_SLACK:
+        return None
+    return early
 
 
 def needs_watch(record: SandboxRecord | None, now: datetime, notice: timedelta) -> bool:

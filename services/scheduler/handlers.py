@@ -79,6 +79,7 @@ class SchedulerHandlers:
         templates: Callable[[str], TemplateFacts] = unknown_template,
         envd: Envd | None = None,
         records_version: BucketVersion | None = None,
+        lead: timedelta = timedelta(0),
     ) -> None:
         self._store = store
         self._publisher = publisher
@@ -92,6 +93,7 @@ class SchedulerHandlers:
         # The sequence of the records bucket's last write: a batch whose records did not move
         # while it armed needs no re-read per sandbox (see on_event_batch).
         self._records_version = records_version
+        self._lead = lead  # how early the timers adapter has schedules fire (expiry.hold_for)
 
     def _activity_policy(self, record: SandboxRecord | None) -> ActivityPolicy:
         """The template's activity policy (templates re-read at most every few seconds)."""
@@ -137,8 +139,13 @@ class SchedulerHandlers:
 
     async def on_fired(self, body: bytes) -> str:
         timer = Timer.model_validate_json(body)  # a ValidationError dead-letters the message
+        hold = expiry.hold_for(timer, self._clock(), self._lead)
+        if hold is not None:  # fired early on purpose: decide at the due time, on a fresh read
+            await asyncio.sleep(hold.total_seconds())
         record = await self._store.get(timer.sandbox_id)
-        now = self._clock()
+        # After a hold it is due, even if the clock reads a hair earlier: "moved" would re-arm
+        # this very timer, an id the server just saw (the duplicate would be dropped).
+        now = self._clock() if hold is None else max(self._clock(), timer.due)
         watch = await self._watch(timer, record, now)
         plan = expiry.on_fired(
             timer, record, flags=self._flags, policy=self._policy, now=now, watch=watch

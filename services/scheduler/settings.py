@@ -56,3 +56,9 @@ class SchedulerSettings(SettingsBase):
         ),
     )
     """Longest wait of an idle pull (bounds the extra latency of a lone fired timer)."""
+    fire_lead_seconds: float = Field(default=2.0, ge=0, le=10)
+    """How early a timer's NATS schedule fires; the scheduler holds such a fire until the timer is
+    due (nats-server fires up to ~0.5 s late: its schedule timer runs at most every 250 ms)."""
+    fired_in_flight: int = Field(default=16, ge=1, le=64)
+    """Fired-timer batches handled at once per replica (a batch holds its early fires until they
+    are due, so more are in flight than `max_workers`)."""

@@ -273,3 +273,22 @@ def test_timer_ids_are_deterministic_and_due_is_utc() -> None:
     assert naive.msg_id() == "sched:sbx1:g2:2030-01-01T00:00:00+00:00"
     assert naive.holder_subject() == "sandbox.sched.timeout.sbx1"
     assert fired("retention").holder_subject() == "sandbox.sched.retention.sbx1"
+
+
+@pytest.mark.parametrize(
+    ("early_s", "lead_s", "held_s"),
+    [
+        (0.7, 1.0, 0.7),  # the planned lead: held until due
+        (1.9, 1.0, 1.9),  # the lead plus a clock a little behind the server's
+        (0.4, 0.0, 0.4),  # no lead, a slow clock: held, not re-armed under the same id
+        (2.5, 1.0, None),  # earlier than lead + slack: the record moved, plan now
+        (0.0, 1.0, None),  # on time
+        (-3.0, 1.0, None),  # late
+    ],
+)
+def test_an_early_fire_is_held_until_due_within_the_lead(
+    early_s: float, lead_s: float, held_s: float | None
+) -> None:
+    timer = fired(due=T0)
+    held = expiry.hold_for(timer, T0 - timedelta(seconds=early_s), timedelta(seconds=lead_s))
+    assert held == (None if held_s is None else timedelta(seconds=held_s))
