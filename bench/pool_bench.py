@@ -194,10 +194,12 @@ async def run_local(cycles: int) -> dict[str, Any]:
             shutil.rmtree(root, ignore_errors=True)
 
 
-async def run_kubernetes(cycles: int) -> dict[str, Any]:
+async def run_kubernetes(cycles: int, persist: str = "none") -> dict[str, Any]:
     """The same on the test rig (kube-apiserver + controller-manager, the test kubelet running
-    bubblewrap pods). Pools serve ``persist: none`` templates only on Kubernetes: the stack's
-    ``sandbox-base`` is overridden with that annotation; the cold reference is the packaged one."""
+    bubblewrap pods). Pools serve ``persist: none`` and ``persist: store`` templates on
+    Kubernetes (``store``: the pause uploads the files to the kept-files store, the resume
+    imports them into the warm pod before the replay): the stack's ``sandbox-base`` is
+    overridden with that annotation; the cold reference is the packaged one."""
     import yaml
 
     from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime
@@ -208,7 +210,7 @@ async def run_kubernetes(cycles: int) -> dict[str, Any]:
     templates.mkdir()
     doc: dict[str, Any] = yaml.safe_load((DEFAULT_TEMPLATES / f"{TEMPLATE}.yaml").read_text())
     doc["template"].setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_PERSIST] = (
-        "none"
+        persist
     )
     (templates / f"{TEMPLATE}.yaml").write_text(yaml.safe_dump(doc))
     try:
@@ -237,7 +239,7 @@ async def run_kubernetes(cycles: int) -> dict[str, Any]:
                     result = await measure(stack, raw, None, cycles, warm)
                 finally:
                     await observer.close()
-        result["control_plane"] = f"{KUBERNETES_RIG}; template sandbox-base with persist: none"
+        result["control_plane"] = f"{KUBERNETES_RIG}; template sandbox-base with persist: {persist}"
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -273,12 +275,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--runtime", choices=("local", "kubernetes"), default="local")
+    parser.add_argument(
+        "--persist",
+        choices=("none", "store"),
+        default="none",
+        help="kubernetes: the pooled template's torpor.dev/persist (default %(default)s)",
+    )
     args = parser.parse_args()
-    runner = run_local if args.runtime == "local" else run_kubernetes
-    result = {"runtime": args.runtime, **asyncio.run(runner(args.cycles))}
-    result["command"] = f"bench/pool_bench.py --runtime {args.runtime} --cycles {args.cycles}"
+    if args.runtime == "local":
+        measured = asyncio.run(run_local(args.cycles))
+    else:
+        measured = asyncio.run(run_kubernetes(args.cycles, args.persist))
+    result = {"runtime": args.runtime, **measured}
+    suffix = f" --persist {args.persist}" if args.runtime == "kubernetes" else ""
+    result["command"] = (
+        f"bench/pool_bench.py --runtime {args.runtime} --cycles {args.cycles}{suffix}"
+    )
     report(result)
-    path = write_result(f"pools_{args.runtime}", result)
+    name = f"pools_{args.runtime}" + ("_store" if args.persist == "store" else "")
+    path = write_result(name, result)
     print(f"wrote {path}")
 
 

@@ -8,7 +8,9 @@ from shared.lifecycle.entry import WorkerSpec, run_worker
 from shared.settings import load
 
 # The scaler supervises the local runtime's pods (one reconciler per machine).
-SPEC = WorkerSpec("scaler", lambda: load(ScalerSettings), scaler_host, runtime="supervise")
+SPEC = WorkerSpec(
+    "scaler", lambda: load(ScalerSettings), scaler_host, runtime="supervise", kept_files=True
+)
 
 
 def main(argv: list[str] | None = None) -> int:

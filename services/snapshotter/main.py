@@ -8,7 +8,11 @@ from shared.lifecycle.entry import WorkerSpec, run_worker
 from shared.settings import load
 
 SPEC = WorkerSpec(
-    "snapshotter", lambda: load(SnapshotterSettings), snapshotter_host, runtime="client"
+    "snapshotter",
+    lambda: load(SnapshotterSettings),
+    snapshotter_host,
+    runtime="client",
+    kept_files=True,
 )
 
 

@@ -6,7 +6,11 @@ Order of effects, each safe to repeat:
 3. Patch the workload: the snapshot annotation, and the replay key of the pod it was captured
    from (that pod already runs these processes).
 4. CAS the snapshot (a full copy of the annotation value) into the record.
-5. Publish ``snapshotted`` (id ``snapshotted:<sid>:g<gen>``): the scaler scales to 0 only after
+5. ``Runtime.keep_files``: the files the pod's disk would lose go to the kept-files store
+   (Kubernetes ``persist: store``; a no-op elsewhere). Repeated on a redelivery (the newer copy
+   replaces the older). If it fails, nothing is published: the pod keeps running and the pause
+   fails (``failed`` with the reason, after the retries).
+6. Publish ``snapshotted`` (id ``snapshotted:<sid>:g<gen>``): the scaler scales to 0 only after
    checking the workload carries exactly this stored snapshot.
 
 Before step 2, the ``prePause`` hooks run (``shared.lifecycle.hooks``: the template's, then the
@@ -106,6 +110,10 @@ class Snapshotter:
                 log.info("pause_refused", reason=describe(refused), reason_by=cmd.reason)
                 return "refused"
             record, ref = await self._capture(record, cmd_msg_id, endpoint)
+        # After the capture, before the scaler may stop the pod (it waits for ``snapshotted``):
+        # files the pod's disk would lose go to the kept-files store (Kubernetes ``persist:
+        # store``). A failure fails the pause here, with the pod still running.
+        await self._runtime.keep_files(sid)
         await emit(
             self._publisher,
             SandboxSnapshotted(

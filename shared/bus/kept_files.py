@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import nats
 import structlog
@@ -43,7 +43,9 @@ class NatsKeptFiles:
         self._lock = asyncio.Lock()
 
     @classmethod
-    def connecting(cls, url: str, options: Mapping[str, Any] | None = None) -> NatsKeptFiles:
+    def connecting(
+        cls, url: str, options: Mapping[str, Any] | None = None, *, bucket: str = OBJ_KEPT_FILES
+    ) -> NatsKeptFiles:
         """One connection of its own, opened on first use (``close`` ends it)."""
         holder: dict[str, Client] = {}
 
@@ -52,7 +54,7 @@ class NatsKeptFiles:
             holder["nc"] = nc
             return nc.jetstream()
 
-        store = cls(open_js)
+        store = cls(open_js, bucket=bucket)
         store._holder = holder
         return store
 
@@ -71,7 +73,7 @@ class NatsKeptFiles:
                     raise Unavailable(msg) from e
             return self._store
 
-    async def put(self, key: KeptKey, source: BinaryIO, *, limit: int) -> int:
+    async def put(self, key: KeptKey, source: IO[bytes], *, limit: int) -> int:
         start = source.tell()
         size = os.fstat(source.fileno()).st_size - start
         if size > limit:
@@ -87,7 +89,7 @@ class NatsKeptFiles:
         log.info("kept_files_stored", key=key.name, bytes=info.size)
         return int(info.size or 0)
 
-    async def get(self, key: KeptKey, into: BinaryIO) -> bool:
+    async def get(self, key: KeptKey, into: IO[bytes]) -> bool:
         store = await self._bucket_store()
         try:
             await store.get(key.name, writeinto=into)  # type: ignore[arg-type]

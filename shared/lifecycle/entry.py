@@ -50,7 +50,9 @@ class WorkerSpec(Generic[S]):
     settings: Callable[[], S]  # reads the service's own settings (ConfigError: exit 2)
     host: Callable[[Context, S], WorkerHost]
     runtime: RuntimeUse = "none"
-    health_port: int = 8080  # when neither TORPOR_HEALTH_PORT nor --health-port is given
+    health_port: int = 8080
+    # Moves kept files (Kubernetes ``persist: store``): its NATS user may use the object store.
+    kept_files: bool = False  # when neither TORPOR_HEALTH_PORT nor --health-port is given
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,7 @@ async def _open_pods(spec: WorkerSpec[S], config: _Config[S]) -> tuple[Runtime |
         nats_options={**connect_options(config.bus), "inbox_prefix": f"_INBOX_{spec.service}"},
         supervise=spec.runtime == "supervise",
         local=config.local,
+        kept_files=spec.kept_files,
     )
     return runtime, ConnectEnvdClient()
 

@@ -10,7 +10,7 @@ from a request string), so no sandbox can name another's. The adapter is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import BinaryIO, Literal, Protocol
+from typing import IO, Literal, Protocol
 
 from shared.ids import is_valid_sandbox_id
 from shared.models.snapshot_records import is_snapshot_id
@@ -46,17 +46,21 @@ class KeptKey:
 
 
 class KeptFiles(Protocol):
-    async def put(self, key: KeptKey, source: BinaryIO, *, limit: int) -> int:
+    async def put(self, key: KeptKey, source: IO[bytes], *, limit: int) -> int:
         """Store ``source`` (read from its current position to its end) as ``key``, replacing
         what was there only once all of it is stored; the bytes stored. ``SnapshotTooLarge``
         over ``limit`` bytes (nothing stored); ``Unavailable`` when the store cannot take it
         (down, bucket full)."""
         ...
 
-    async def get(self, key: KeptKey, into: BinaryIO) -> bool:
+    async def get(self, key: KeptKey, into: IO[bytes]) -> bool:
         """Write the object into ``into``; False when there is none."""
         ...
 
     async def delete(self, key: KeptKey) -> None:
         """Remove the object (idempotent)."""
+        ...
+
+    async def close(self) -> None:
+        """Release the connection (if the adapter opened one)."""
         ...

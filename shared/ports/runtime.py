@@ -61,6 +61,14 @@ class Runtime(Protocol):
         """Workloads whose labels include ``labels`` (all torpor workloads when ``None``)."""
         ...
 
+    async def keep_files(self, name: str) -> int:
+        """Before a pause scales the workload to 0 (its processes captured): keep the files its
+        pod's disk would lose, so its next pod (cold or warm) gets them back before any process
+        is replayed; the bytes kept. 0 where the disk outlives the pod (the local runtime, a
+        Kubernetes claim) or nothing is kept (``persist: none``). Raises (the pause fails, the
+        pod keeps running) when they cannot be kept: never a pod stopped with files lost."""
+        ...
+
     # ---- files of stored snapshots (E2B create_snapshot / fork) ----------------------------
 
     async def save_files(self, name: str, snapshot_id: str) -> int:

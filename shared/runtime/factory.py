@@ -43,6 +43,7 @@ async def open_runtime(
     supervise: bool,
     nats_options: Mapping[str, Any] | None = None,
     local: LocalRuntimeSettings | None = None,
+    kept_files: bool = False,
 ) -> Runtime:
     """A started runtime; the caller ``close()``s it.
 
@@ -50,8 +51,13 @@ async def open_runtime(
     scaler supervises; the snapshotter only reads and patches workloads. Pods never stop when a
     service exits (``stop_pods_on_close=False``): a restarted or crashed service must not take
     the sandboxes with it.
+
+    ``kept_files``: the Kubernetes runtime moves ``persist: store`` sandboxes' files through the
+    kept-files store (the snapshotter's and the scaler's); without it such a sandbox's pause or
+    resume is ``Unsupported`` and a delete leaves no object behind it to remove.
     """
     if settings.runtime == "kubernetes":
+        from shared.bus.kept_files import NatsKeptFiles
         from shared.runtime.kubernetes.runtime import KubernetesRuntime
         from shared.runtime.kubernetes.templates import DEFAULT_TEMPLATES, PodTemplates
 
@@ -67,6 +73,9 @@ async def open_runtime(
             control_plane_namespace=settings.control_plane_namespace,
             storage_class=settings.storage_class,
             pools=settings.pool_sizes,
+            # persist: store templates' files while paused (its own connection, on first use);
+            # only for services whose NATS user may use the bucket (snapshotter, scaler)
+            kept_files=NatsKeptFiles.connecting(nats_url, nats_options) if kept_files else None,
         )
         if supervise:  # the scaler keeps the pools filled; every runtime may claim from them
             kube.start_pools(claim_timeout=settings.pool_claim_timeout)

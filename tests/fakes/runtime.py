@@ -32,6 +32,8 @@ class FakeRuntime:
         self.networks: dict[str, NetworkPolicy] = {}
         self.snapshot_files: dict[str, str] = {}  # snapshot id -> the workload it came from
         self.restored: list[tuple[str, str]] = []
+        self.kept: list[str] = []  # keep_files calls (a pause's kept files)
+        self.keep_failure: Exception | None = None  # keep_files raises this
         self.warm_pods = 0  # a scale to 1 takes one of these (a warm pool's pod) while any are left
         self._warm: set[str] = set()  # pod uids that came from the pool
 
@@ -136,6 +138,13 @@ class FakeRuntime:
 
     async def delete_snapshot_files(self, snapshot_id: str) -> None:
         self.snapshot_files.pop(snapshot_id, None)
+
+    async def keep_files(self, name: str) -> int:
+        self._require(name)
+        if self.keep_failure is not None:
+            raise self.keep_failure
+        self.kept.append(name)
+        return 0
 
     async def close(self) -> None:
         return None

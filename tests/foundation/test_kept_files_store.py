@@ -86,8 +86,7 @@ async def test_a_full_bucket_refuses_and_keeps_the_old(store: NatsKeptFiles) -> 
 
 
 async def test_an_unreachable_bucket_is_unavailable(server: EmbeddedNats) -> None:
-    kept = NatsKeptFiles.connecting(server.url)
-    kept._bucket = "torpor_no_such_bucket"
+    kept = NatsKeptFiles.connecting(server.url, bucket="torpor_no_such_bucket")
     try:
         with pytest.raises(Unavailable, match="not reachable"):
             await kept.get(KeptKey.sandbox("ikept4"), io.BytesIO())  # type: ignore[arg-type]

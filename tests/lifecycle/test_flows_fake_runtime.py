@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shared.domain.states import SandboxState
-from shared.errors import IllegalTransition, NotFound, RuntimeFailure
+from shared.errors import IllegalTransition, NotFound, RuntimeFailure, SnapshotTooLarge
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.ports.lifecycle import CreateRequest
 from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
@@ -148,6 +148,27 @@ async def test_snapshot_too_large_fails_the_pause_without_retrying(system: Syste
         await system.lifecycle.pause("sbx-big", owner="alice", wait=10)
     assert runtime.workloads["sbx-big"].pod_uid == rec.pod_uid
     assert ("sbx-big", 0) not in runtime.scale_calls
+
+
+async def test_kept_files_that_cannot_be_stored_fail_the_pause_and_keep_the_pod(
+    system: System,
+) -> None:
+    """A ``persist: store`` pause whose upload is refused (the store too small for the files)
+    never stops the pod; the next pause, with room again, keeps them and pauses."""
+    runtime: FakeRuntime = system.runtime  # type: ignore[assignment]
+    rec = await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-keep"))
+    runtime.keep_failure = SnapshotTooLarge("kept files of sbx-keep are over the disk size")
+    with pytest.raises(RuntimeFailure, match="over the disk size"):
+        await system.lifecycle.pause("sbx-keep", owner="alice", wait=10)
+    assert runtime.workloads["sbx-keep"].pod_uid == rec.pod_uid
+    assert ("sbx-keep", 0) not in runtime.scale_calls
+    runtime.keep_failure = None
+    result = await system.lifecycle.resume("sbx-keep", owner="alice", wait=10)  # from failed
+    assert result.record.state == SandboxState.RUNNING
+    paused = await system.lifecycle.pause("sbx-keep", owner="alice", wait=10)
+    assert paused.state == SandboxState.PAUSED
+    assert runtime.kept == ["sbx-keep"]
+    assert ("sbx-keep", 0) in runtime.scale_calls
 
 
 async def test_failing_process_is_reported_and_sandbox_still_resumes(system: System) -> None:

@@ -135,7 +135,9 @@ def rerendered_pod_template(rs: Any, fresh: dict[str, Any]) -> dict[str, Any] | 
 # its pods: a pause (scale to 0) and resume (scale to 1) find the files again.
 DATA_VOLUME = "sandbox-data"
 ANNOTATION_PERSIST = "torpor.dev/persist"
-PERSIST_MODES = ("layer", "none")  # as the local runtime's template option ``persist``
+# ``store``: the data volume stays an emptyDir and the files go to the kept-files store at pause
+# (``.kept``), so a warm pool pod can take them back; ``layer``, ``none`` as the local runtime's.
+PERSIST_MODES = ("layer", "none", "store")
 CLAIM_PREFIX = "torpor-data-"
 DEFAULT_CLAIM_SIZE = "2Gi"
 
@@ -174,9 +176,10 @@ def check_volumes(pod_template: Mapping[str, Any]) -> None:
 
 def with_sandbox_data(pod_template: dict[str, Any], sandbox_id: str) -> dict[str, Any]:
     """``pod_template`` with its data volume on the sandbox's claim (``persist: layer``, the
-    default) or left an emptyDir (``persist: none``: a fresh disk for every pod)."""
+    default) or left an emptyDir (``persist: none``: a fresh disk for every pod; ``persist:
+    store``: one the kept files are imported into)."""
     check_volumes(pod_template)
-    if persist_mode(pod_template) == "none":
+    if persist_mode(pod_template) in ("none", "store"):
         return pod_template
     for i, volume in enumerate((pod_template.get("spec") or {}).get("volumes") or []):
         if volume.get("name") == DATA_VOLUME:

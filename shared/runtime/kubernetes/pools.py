@@ -13,8 +13,9 @@ the version (digest) of the pod template it was made from: one of another versio
 claimed, and the refill deletes it and makes one of the template as it is now.
 
 What does not work: a pool pod cannot have a sandbox's PersistentVolumeClaim mounted in advance
-(a running pod gets no new volume), so pools serve only templates with ``persist: none``; for
-others the runtime starts pods cold. The pod's hostname stays its pool name.
+(a running pod gets no new volume), so pools serve templates with ``persist: none`` and
+``persist: store`` (kept files imported by the daemon after the claim, ``.kept``); for
+``persist: layer`` the runtime starts pods cold. The pod's hostname stays its pool name.
 """
 
 from __future__ import annotations
@@ -98,10 +99,11 @@ def pool_pod_body(
 
 def poolable(pod_template: Mapping[str, Any]) -> bool:
     """Whether warm pods can serve this template: nothing of a sandbox may be decided when the
-    pod starts. Not with ``persist: layer`` (the sandbox's claim), nor with a ``subPathExpr``
+    pod starts. ``persist: none`` and ``store`` (its files are imported after the claim, see
+    ``.kept``); not ``persist: layer`` (the sandbox's claim), nor with a ``subPathExpr``
     (expanded from the pod's labels at start: a pool pod has no sandbox's labels then, and would
     mount the volume's root, every sandbox's files)."""
-    if persist_mode(pod_template) != "none":
+    if persist_mode(pod_template) == "layer":
         return False
     spec = pod_template.get("spec") or {}
     for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:

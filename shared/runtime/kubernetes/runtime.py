@@ -33,6 +33,7 @@ from shared.errors import (
     Unsupported,
 )
 from shared.models.network import NetworkPolicy
+from shared.ports.kept_files import KeptFiles, KeptKey
 from shared.ports.workloads import (
     ANNOTATION_NETWORK,
     ENVD_PORT,
@@ -45,8 +46,10 @@ from shared.ports.workloads import (
 )
 from shared.runtime.kubernetes.built_templates import BuiltTemplates
 from shared.runtime.kubernetes.errors import api_errors
+from shared.runtime.kubernetes.kept import KeptFilesMover
 from shared.runtime.kubernetes.objects import (
     ACCESS_TOKEN_ENV,
+    ANNOTATION_PERSIST,
     ANNOTATION_SANDBOX_ENV,
     LABEL_TEMPLATE,
     Pod,
@@ -59,6 +62,7 @@ from shared.runtime.kubernetes.objects import (
     is_ready,
     is_terminating,
     network_policy_body,
+    persist_mode,
     ready_endpoint,
     replica_set_body,
     rerendered_pod_template,
@@ -84,6 +88,7 @@ from shared.runtime.kubernetes.pools import (
 )
 from shared.runtime.kubernetes.templates import PodTemplates
 from shared.runtime.readiness import not_ready_reason
+from shared.runtime.templates import parse_bytes
 
 log = structlog.get_logger()
 MERGE_PATCH = "application/merge-patch+json"
@@ -111,6 +116,7 @@ class KubernetesRuntime:
         control_plane_namespace: str | None = None,
         storage_class: str | None = None,
         pools: Mapping[str, int] | None = None,
+        kept_files: KeptFiles | None = None,
     ) -> None:
         self._api = api
         self._apps = k8s.AppsV1Api(api)
@@ -129,6 +135,8 @@ class KubernetesRuntime:
         self._pools = {t: n for t, n in (pools or {}).items() if n > 0}
         self._pool_task: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
+        # ``persist: store`` sandboxes' files while paused (None: such templates cannot pause).
+        self._kept = KeptFilesMover(kept_files) if kept_files is not None else None
 
     @classmethod
     async def from_kubeconfig(
@@ -141,6 +149,7 @@ class KubernetesRuntime:
         control_plane_namespace: str | None = None,
         storage_class: str | None = None,
         pools: Mapping[str, int] | None = None,
+        kept_files: KeptFiles | None = None,
     ) -> KubernetesRuntime:
         """From a kubeconfig file, or the in-cluster ServiceAccount when ``path`` is None."""
         try:
@@ -162,6 +171,7 @@ class KubernetesRuntime:
             control_plane_namespace=control_plane_namespace,
             storage_class=storage_class,
             pools=pools,
+            kept_files=kept_files,
         )
 
     @property
@@ -326,9 +336,16 @@ class KubernetesRuntime:
         rs_uid = rs.metadata.uid
         try:
             async with asyncio.timeout(timeout):
-                return await self._wait_pods(name, lambda pods: _ready_bound(pods, rs_uid))
+                endpoint = await self._wait_pods(name, lambda pods: _ready_bound(pods, rs_uid))
         except TimeoutError:
             pass
+        else:
+            # Its kept files before anyone gets the pod (``persist: store``; see .kept).
+            template = rs.spec.template if rs.spec else None
+            meta = template.metadata if template else None
+            if ((meta.annotations if meta else None) or {}).get(ANNOTATION_PERSIST) == "store":
+                await self._restore_kept(name, endpoint)
+            return endpoint
         waiting = await self._ready_command_failure(name, rs_uid)
         if waiting is not None:
             # Up, but its ready command kept failing: waiting longer will not heal it.
@@ -382,6 +399,8 @@ class KubernetesRuntime:
         # The kept files go with the sandbox (the garbage collector would delete the owned claim
         # too; this does not wait for it, and covers a claim whose owner is already gone).
         await self._delete_claim(name)
+        if self._kept is not None:  # whatever the template says now
+            await self._kept.forget(KeptKey.sandbox(name))
         try:
             with api_errors(f"delete NetworkPolicy {self._ns}/{name}"):
                 await self._net.delete_namespaced_network_policy(name, self._ns)
@@ -401,6 +420,51 @@ class KubernetesRuntime:
             to_workload(rs, by_sandbox.get(rs.metadata.name or "", []) if rs.metadata else [])
             for rs in sets.items
         ]
+
+    # ---- kept files of persist: store (see .kept) ----------------------------------------
+
+    async def keep_files(self, name: str) -> int:
+        found = await self._store_parts(name)
+        if found is None:
+            return 0  # not persist: store: a claim keeps them, or nothing is kept
+        kept, token, limit = found
+        pods, _ = await self._pods(sandbox_selector(name))
+        rs = await self._read(name)
+        endpoint = ready_endpoint(pods, rs.metadata.uid if rs and rs.metadata else None)
+        if endpoint is None:
+            msg = f"{self._ns}/{name} has no running pod to take its kept files from"
+            raise RuntimeFailure(msg)
+        return await kept.export(endpoint, token, KeptKey.sandbox(name), limit=limit)
+
+    async def _restore_kept(self, name: str, endpoint: Endpoint) -> None:
+        found = await self._store_parts(name)
+        if found is not None:
+            kept, token, limit = found
+            await kept.restore(endpoint, token, KeptKey.sandbox(name), limit=limit)
+
+    async def _store_parts(self, name: str) -> tuple[KeptFilesMover, str, int] | None:
+        """For a ``persist: store`` workload: the mover, its daemon's token and its disk size;
+        None for any other. ``Unsupported`` without a kept-files store."""
+        rs = await self._read_raw(name)
+        pod_template = (rs.get("spec") or {}).get("template") or {}
+        if persist_mode(pod_template) != "store":
+            return None
+        if self._kept is None:
+            msg = f"template of {name} keeps files in a store (persist: store): none configured"
+            raise Unsupported(msg)
+        env = sandbox_env(pod_template, json.dumps([ACCESS_TOKEN_ENV]))
+        token = env.get(ACCESS_TOKEN_ENV, "")
+        return self._kept, token, parse_bytes(claim_size(pod_template))
+
+    async def _read_raw(self, name: str) -> dict[str, Any]:
+        with api_errors(f"read ReplicaSet {self._ns}/{name}"):
+            resp = await self._apps.read_namespaced_replica_set_without_preload_content(
+                name, self._ns
+            )
+            try:
+                return await _json_or_raise(resp)
+            finally:
+                resp.release()
 
     # ---- files of stored snapshots ------------------------------------------------------
 
@@ -422,6 +486,8 @@ class KubernetesRuntime:
                 await self._pool_task
         if self._http is not None:
             await self._http.aclose()
+        if self._kept is not None:
+            await self._kept.close()
         await self._api.close()  # type: ignore[no-untyped-call]
 
     # ---- warm pools (see .pools) ----------------------------------------------------------

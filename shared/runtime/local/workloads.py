@@ -587,6 +587,10 @@ class LocalRuntime:
     async def delete_snapshot_files(self, snapshot_id: str) -> None:
         await asyncio.to_thread(snapshot_files.delete, self._data_dir, snapshot_id)
 
+    async def keep_files(self, name: str) -> int:
+        del name  # a pod's layer outlives it (persist: layer), or nothing is kept (none)
+        return 0
+
     # ---- views and helpers -----------------------------------------------------------
 
     def _view(self, record: WorkloadRecord, revision: int) -> Workload:

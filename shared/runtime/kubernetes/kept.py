@@ -1,0 +1,102 @@
+"""Kept files of ``torpor.dev/persist: store`` sandboxes: between a pod's daemon
+(``/kept-files``, ``services.envd.archive``) and the kept-files store (``shared.ports.kept_files``).
+
+Why a store and not the sandbox's claim: a running pod's volumes cannot change, so a warm pool
+pod can never mount a sandbox's claim; the daemon can take a tar of its files instead. The data
+volume stays the template's emptyDir. At pause the snapshotter (``Runtime.keep_files``) has the
+daemon export ``/home/user`` and ``/workspace`` into the store (a temporary file on the way, at
+most the template's disk size); at every ``wait_ready`` the runtime imports the sandbox's object,
+if it has one, into the pod before it returns it, so nothing is replayed before the files are in.
+The daemon imports only once and only before a process was started through its API; a repeat
+(a redelivered resume on the same pod) is its 409, which is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import AsyncIterator
+from typing import IO
+
+import httpx
+import structlog
+
+from shared.errors import RuntimeFailure, SnapshotTooLarge
+from shared.ports.kept_files import KeptFiles, KeptKey
+from shared.ports.workloads import Endpoint
+
+log = structlog.get_logger()
+
+CHUNK = 256 * 1024
+
+
+class KeptFilesMover:
+    def __init__(self, store: KeptFiles, *, timeout: float = 300.0) -> None:
+        self._store = store
+        self._http = httpx.AsyncClient(timeout=timeout, trust_env=False)
+
+    async def export(self, endpoint: Endpoint, token: str, key: KeptKey, *, limit: int) -> int:
+        """The pod's files into the store as ``key`` (replacing the older copy only once all of
+        the new one is stored); the bytes stored."""
+        with tempfile.TemporaryFile() as fh:
+            size = 0
+            try:
+                async with self._http.stream(
+                    "GET", f"{endpoint.base_url}/kept-files", headers={"X-Access-Token": token}
+                ) as response:
+                    if response.status_code != 200:
+                        body = (await response.aread()).decode(errors="replace")[:300]
+                        code = response.status_code
+                        msg = f"the pod's daemon refused the export ({code}): {body}"
+                        raise RuntimeFailure(msg)
+                    async for chunk in response.aiter_bytes(CHUNK):
+                        size += len(chunk)
+                        if size > limit:
+                            msg = f"kept files of {key.ident} are over the disk size ({limit} B)"
+                            raise SnapshotTooLarge(msg)
+                        await asyncio.to_thread(fh.write, chunk)
+            except httpx.HTTPError as e:
+                msg = f"export of {key.ident}'s files failed: {type(e).__name__}: {e}"[:500]
+                raise RuntimeFailure(msg) from e
+            await asyncio.to_thread(fh.seek, 0)
+            stored = await self._store.put(key, fh, limit=limit)
+        log.info("k8s_kept_files_exported", name=key.ident, bytes=stored)
+        return stored
+
+    async def restore(self, endpoint: Endpoint, token: str, key: KeptKey, *, limit: int) -> bool:
+        """The stored object into the pod; False when there is none. A pod that imported
+        already (or started a process: the control plane imports before it does) is done."""
+        with tempfile.TemporaryFile() as fh:
+            if not await self._store.get(key, fh):
+                return False
+            await asyncio.to_thread(fh.seek, 0)
+            try:
+                response = await self._http.post(
+                    f"{endpoint.base_url}/kept-files",
+                    params={"limit": str(limit)},
+                    content=_chunks(fh),
+                    headers={"X-Access-Token": token, "Content-Type": "application/x-tar"},
+                )
+            except httpx.HTTPError as e:
+                msg = f"import of {key.ident}'s files failed: {type(e).__name__}: {e}"[:500]
+                raise RuntimeFailure(msg) from e
+        if response.status_code == 409:
+            log.info("k8s_kept_files_already_in", name=key.ident, pod_uid=endpoint.pod_uid)
+            return True
+        if response.status_code != 200:
+            msg = f"the pod refused {key.ident}'s files ({response.status_code}): {response.text}"
+            raise RuntimeFailure(msg[:500])
+        log.info("k8s_kept_files_restored", name=key.ident, pod_uid=endpoint.pod_uid)
+        return True
+
+    async def forget(self, key: KeptKey) -> None:
+        await self._store.delete(key)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+        await self._store.close()
+
+
+async def _chunks(fh: IO[bytes]) -> AsyncIterator[bytes]:
+    while chunk := await asyncio.to_thread(fh.read, CHUNK):
+        yield chunk
