@@ -1,5 +1,7 @@
 """Proxied traffic is activity: ``touch`` the sandbox at most once per interval per replica,
-in the background, so the hot path never waits for the KV write."""
+in the background, so the hot path never waits for the KV write. Except the daemon's
+``/health`` (the SDK's ``is_running()``): asking whether a sandbox is up must not keep it up,
+and must not move the ``endAt`` an E2B client just read."""
 
 from __future__ import annotations
 
@@ -10,6 +12,14 @@ from typing import Protocol
 import structlog
 
 log = structlog.get_logger()
+
+
+HEALTH = "/health"
+
+
+def is_activity(is_daemon: bool, path: str) -> bool:
+    """Whether a request to a sandbox (the daemon's port or another) counts as its activity."""
+    return not (is_daemon and path == HEALTH)
 
 
 class Toucher(Protocol):

@@ -30,7 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from services.proxy import access
 from services.proxy.access import Authenticator, RefusedError
-from services.proxy.activity import ActivityThrottle, Toucher
+from services.proxy.activity import ActivityThrottle, Toucher, is_activity
 from services.proxy.forwarding import (
     RequestBody,
     UpstreamFailedError,
@@ -316,7 +316,8 @@ class ProxyApp:
                 scope, send, 502, f"The sandbox {target.sandbox_id} was not found: {e}"
             )
             return
-        self.activity.seen(target.sandbox_id)
+        if is_activity(target.is_daemon, scope["path"]):
+            self.activity.seen(target.sandbox_id)
         host = upstream_host(record)
         # Nothing is sent upstream before a connection exists, so a refused connect can be
         # retried while a just-resumed sandbox's processes start listening again.

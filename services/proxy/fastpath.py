@@ -33,6 +33,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from services.proxy.activity import is_activity
 from services.proxy.forwarding import HOP_BY_HOP, request_head
 from services.proxy.routing import BadTargetError, target_of
 from services.proxy.upstream import (
@@ -170,7 +171,8 @@ async def _exchange(
         raise _NotFast from None  # the ASGI path answers the 429
     try:
         assert proxy.activity is not None
-        proxy.activity.seen(target.sandbox_id)
+        if is_activity(target.is_daemon, scope["path"]):
+            proxy.activity.seen(target.sandbox_id)
         body = bytes(cycle.body)
         if cycle.more_body:  # the head came first (as most clients write it): wait for the rest
             read = await _read_body(proxy, cycle)

@@ -40,6 +40,7 @@ import httptools
 import structlog
 
 from services.proxy.access import RefusedError
+from services.proxy.activity import is_activity
 from services.proxy.app import upstream_host
 from services.proxy.fastpath import FAST_BODY_BYTES, fast_protocol, response_head
 from services.proxy.forwarding import HOP_BY_HOP, PRIVATE
@@ -300,7 +301,8 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
             self._host = upstream_host(record)
             self._port = target.port
             self._wait = _BUSY
-            proxy.activity.seen(target.sandbox_id)
+            if is_activity(target.is_daemon, self._url.split(b"?", 1)[0].decode("latin-1")):
+                proxy.activity.seen(target.sandbox_id)
 
         def _body_complete(self) -> None:
             head_size = self._head_size
