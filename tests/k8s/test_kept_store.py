@@ -22,7 +22,7 @@ from kubernetes.aio import client as k8s
 from shared.bus.kept_files import NatsKeptFiles
 from shared.bus.server import EmbeddedNats
 from shared.bus.topology import ensure_kept_files
-from shared.errors import Unavailable
+from shared.errors import NotFound, Unavailable
 from shared.ports.kept_files import KeptKey
 from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
@@ -121,13 +121,17 @@ async def pause(rt: KubernetesRuntime, name: str) -> None:
     await rt.wait_stopped(name, timeout=60)
 
 
-async def stored(bus: EmbeddedNats, name: str) -> bool:
+async def stored_key(bus: EmbeddedNats, key: KeptKey) -> bool:
     store = NatsKeptFiles.connecting(bus.url)
     try:
         with tempfile.TemporaryFile() as fh:
-            return await store.get(KeptKey.sandbox(name), fh)
+            return await store.get(key, fh)
     finally:
         await store.close()
+
+
+async def stored(bus: EmbeddedNats, name: str) -> bool:
+    return await stored_key(bus, KeptKey.sandbox(name))
 
 
 async def test_kept_files_come_back_into_a_warm_and_a_cold_pod(
@@ -197,8 +201,35 @@ async def test_kept_files_come_back_into_a_warm_and_a_cold_pod(
     workload = await cold.get(name)
     assert workload is not None
     assert workload.replicas == 1
+    assert workload.ready_replicas == 1
     assert workload.pod_uid == third.pod_uid
     assert await get(third, "/home/user/notes/today.txt") == b"changed while running warm"
+
+    # Snapshots and forks: a running sandbox's files through its daemon, a paused one's object
+    # copied; a sandbox made from the snapshot gets them in its first pod.
+    running_snap, paused_snap = "snap-" + "r" * 20, "snap-" + "p" * 20
+    assert await cold.save_files(name, running_snap) > 0
+    fork = "sbx-store-fork"
+    await cold.create(
+        WorkloadSpec(
+            name=fork, owner="alice", template=TEMPLATE, access_token="tok-fork", replicas=0
+        )
+    )
+    await cold.restore_files(running_snap, fork)
+    await cold.scale(fork, 1)
+    forked = await cold.wait_ready(fork, timeout=90)
+    assert (
+        await get(forked, "/home/user/notes/today.txt", "tok-fork") == b"changed while running warm"
+    )
+    await cold.delete_snapshot_files(running_snap)
+    with pytest.raises(NotFound):
+        await cold.restore_files(running_snap, fork)
+    await cold.delete(fork)
+    await pause(cold, name)
+    assert await cold.save_files(name, paused_snap) > 0
+    assert await stored_key(bus, KeptKey.snapshot(paused_snap))
+    await cold.delete_snapshot_files(paused_snap)
+    assert not await stored_key(bus, KeptKey.snapshot(paused_snap))
 
     # Deleting the sandbox deletes its object.
     assert await stored(bus, name)

@@ -28,6 +28,7 @@ from shared.ports.workloads import Endpoint
 log = structlog.get_logger()
 
 CHUNK = 256 * 1024
+EMPTY_TAR = bytes(1024)  # the end-of-archive marker alone
 
 
 class KeptFilesMover:
@@ -88,6 +89,21 @@ class KeptFilesMover:
             raise RuntimeFailure(msg[:500])
         log.info("k8s_kept_files_restored", name=key.ident, pod_uid=endpoint.pod_uid)
         return True
+
+    async def copy(self, source: KeptKey, target: KeptKey, *, limit: int) -> int | None:
+        """The stored ``source`` as ``target`` too; None when there is no ``source``."""
+        with tempfile.TemporaryFile() as fh:
+            if not await self._store.get(source, fh):
+                return None
+            await asyncio.to_thread(fh.seek, 0)
+            return await self._store.put(target, fh, limit=limit)
+
+    async def put_empty(self, key: KeptKey) -> int:
+        """An archive with no files (what a sandbox that keeps nothing has)."""
+        with tempfile.TemporaryFile() as fh:
+            await asyncio.to_thread(fh.write, EMPTY_TAR)
+            await asyncio.to_thread(fh.seek, 0)
+            return await self._store.put(key, fh, limit=len(EMPTY_TAR))
 
     async def forget(self, key: KeptKey) -> None:
         await self._store.delete(key)

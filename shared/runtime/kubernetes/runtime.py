@@ -100,7 +100,7 @@ T = TypeVar("T")
 
 
 # Refused openly: a snapshot without its files would start sandboxes that silently lack them.
-FILES_UNSUPPORTED = "snapshots with files need the kept-files storage, not yet on kubernetes"
+FILES_UNSUPPORTED = "snapshots with files need the kept-files store; this runtime has none"
 
 
 class KubernetesRuntime:
@@ -445,16 +445,21 @@ class KubernetesRuntime:
     async def _store_parts(self, name: str) -> tuple[KeptFilesMover, str, int] | None:
         """For a ``persist: store`` workload: the mover, its daemon's token and its disk size;
         None for any other. ``Unsupported`` without a kept-files store."""
-        rs = await self._read_raw(name)
-        pod_template = (rs.get("spec") or {}).get("template") or {}
+        pod_template, token, limit = await self._kept_parts(name)
         if persist_mode(pod_template) != "store":
             return None
         if self._kept is None:
             msg = f"template of {name} keeps files in a store (persist: store): none configured"
             raise Unsupported(msg)
+        return self._kept, token, limit
+
+    async def _kept_parts(self, name: str) -> tuple[dict[str, Any], str, int]:
+        """The workload's pod template, its daemon's token and its disk size."""
+        rs = await self._read_raw(name)
+        pod_template: dict[str, Any] = (rs.get("spec") or {}).get("template") or {}
         env = sandbox_env(pod_template, json.dumps([ACCESS_TOKEN_ENV]))
         token = env.get(ACCESS_TOKEN_ENV, "")
-        return self._kept, token, parse_bytes(claim_size(pod_template))
+        return pod_template, token, parse_bytes(claim_size(pod_template))
 
     async def _read_raw(self, name: str) -> dict[str, Any]:
         with api_errors(f"read ReplicaSet {self._ns}/{name}"):
@@ -468,16 +473,51 @@ class KubernetesRuntime:
 
     # ---- files of stored snapshots ------------------------------------------------------
 
+    # Through the kept-files store too (see .kept): a running pod's daemon exports them (any
+    # persist mode), a paused `store` sandbox's object is copied; a sandbox made from the
+    # snapshot (a `store` template) gets the copy as its own object, imported by its first pod.
+
     async def save_files(self, name: str, snapshot_id: str) -> int:
-        del name, snapshot_id
-        raise Unsupported(FILES_UNSUPPORTED)
+        if self._kept is None:
+            raise Unsupported(FILES_UNSUPPORTED)
+        pod_template, token, limit = await self._kept_parts(name)
+        key = KeptKey.snapshot(snapshot_id)
+        rs = await self._read(name)
+        pods, _ = await self._pods(sandbox_selector(name))
+        endpoint = ready_endpoint(pods, rs.metadata.uid if rs and rs.metadata else None)
+        if endpoint is not None:
+            return await self._kept.export(endpoint, token, key, limit=limit)
+        mode = persist_mode(pod_template)
+        if mode == "store":
+            copied = await self._kept.copy(KeptKey.sandbox(name), key, limit=limit)
+            return copied if copied is not None else await self._kept.put_empty(key)
+        if mode == "none":
+            return await self._kept.put_empty(key)  # a paused persist: none keeps nothing
+        msg = (
+            f"{name} is paused and its files are on its claim (persist: layer), which no pod "
+            "reads: snapshot it while it runs, or use a template with persist: store"
+        )
+        raise Unsupported(msg)
 
     async def restore_files(self, snapshot_id: str, name: str) -> None:
-        del name, snapshot_id
-        raise Unsupported(FILES_UNSUPPORTED)
+        if self._kept is None:
+            raise Unsupported(FILES_UNSUPPORTED)
+        pod_template, _, limit = await self._kept_parts(name)
+        if persist_mode(pod_template) != "store":
+            msg = (
+                "on Kubernetes a sandbox gets a snapshot's files only with a template of "
+                "persist: store (its first pod imports them)"
+            )
+            raise Unsupported(msg)
+        copied = await self._kept.copy(
+            KeptKey.snapshot(snapshot_id), KeptKey.sandbox(name), limit=limit
+        )
+        if copied is None:
+            raise NotFound(f"snapshot {snapshot_id} has no files")
 
     async def delete_snapshot_files(self, snapshot_id: str) -> None:
-        del snapshot_id  # nothing was ever stored here
+        if self._kept is not None:
+            await self._kept.forget(KeptKey.snapshot(snapshot_id))
 
     async def close(self) -> None:
         if self._pool_task is not None:
