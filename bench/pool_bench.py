@@ -242,7 +242,10 @@ async def run_kubernetes(cycles: int, persist: str = "none") -> dict[str, Any]:
         result["control_plane"] = f"{KUBERNETES_RIG}; template sandbox-base with persist: {persist}"
         return result
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if os.environ.get("TORPOR_BENCH_KEEP"):
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def report(result: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from typing import IO
 
@@ -67,9 +68,11 @@ class KeptFilesMover:
     async def restore(self, endpoint: Endpoint, token: str, key: KeptKey, *, limit: int) -> bool:
         """The stored object into the pod; False when there is none. A pod that imported
         already (or started a process: the control plane imports before it does) is done."""
+        started = time.monotonic()
         with tempfile.TemporaryFile() as fh:
             if not await self._store.get(key, fh):
                 return False
+            fetched = time.monotonic()
             await asyncio.to_thread(fh.seek, 0)
             try:
                 response = await self._http.post(
@@ -87,7 +90,13 @@ class KeptFilesMover:
         if response.status_code != 200:
             msg = f"the pod refused {key.ident}'s files ({response.status_code}): {response.text}"
             raise RuntimeFailure(msg[:500])
-        log.info("k8s_kept_files_restored", name=key.ident, pod_uid=endpoint.pod_uid)
+        log.info(
+            "k8s_kept_files_restored",
+            name=key.ident,
+            pod_uid=endpoint.pod_uid,
+            fetch_ms=round((fetched - started) * 1000),
+            import_ms=round((time.monotonic() - fetched) * 1000),
+        )
         return True
 
     async def copy(self, source: KeptKey, target: KeptKey, *, limit: int) -> int | None:
