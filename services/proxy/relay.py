@@ -112,6 +112,7 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
             self._slots: ExchangeSlots | None = None
             self._in_flight: str | None = None
             self._sandbox = ""
+            self._activity = True
             self._started = 0.0
             self._retried = False
             self._head_sent = False
@@ -301,8 +302,10 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
             self._host = upstream_host(record)
             self._port = target.port
             self._wait = _BUSY
-            if is_activity(target.is_daemon, self._url.split(b"?", 1)[0].decode("latin-1")):
-                proxy.activity.seen(target.sandbox_id)
+            # touched after the request is written (off its path)
+            self._activity = is_activity(
+                target.is_daemon, self._url.split(b"?", 1)[0].decode("latin-1")
+            )
 
         def _body_complete(self) -> None:
             head_size = self._head_size
@@ -391,6 +394,9 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
                 self._failed(conn, None)  # stale: retried on a new connection right away
                 return
             conn.transport.write(self._request())
+            if self._activity:
+                assert proxy.activity is not None  # checked by _route
+                proxy.activity.seen(self._sandbox)  # after the write: off the request's path
 
         # ---- the sandbox's answer -----------------------------------------------------------
 
@@ -438,17 +444,19 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
                 keep_alive=self._keep_alive and not self._closing,
                 chunked=chunked,
             )
-            proxy.observe_proxied(time.perf_counter() - self._started, fast=True)
+            waited = time.perf_counter() - self._started
             self._head_sent = True
             if conn.finished:  # the common case: all of it is here, one write
                 body = conn.buffered_body()
                 if chunked:
                     body = (b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body)) if body else b"0\r\n\r\n"
                 self._done(conn, head + body, close=False)
-                return
-            assert self.transport is not None
-            self.transport.write(head)
-            self._stream(conn)
+            else:
+                assert self.transport is not None
+                self.transport.write(head)
+                self._stream(conn)
+            # after the write: the client is not kept waiting for the metrics
+            proxy.observe_proxied(waited, fast=True)
 
         def _stream(self, conn: UpstreamConnection) -> None:
             """A response still coming: forward what is buffered, unless the client is slow
