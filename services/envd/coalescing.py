@@ -4,16 +4,17 @@ Why: uvicorn writes a response's head when the app sends ``http.response.start``
 when the app sends ``http.response.body``: two ``send`` syscalls, two TCP segments, and on the
 other end (the proxy, or the client) two wake-ups and two reads for one answer. Here the writes
 made within one event-loop step are joined and sent at the end of that step, so an answer the
-app produces without waiting in between (every unary answer) leaves in one segment, while a
-streamed answer still goes out as it is produced (a step later at most: nothing waits for
-more data). A large write is never held: past ``FLUSH_BYTES`` the pending bytes go at once, so
-uvicorn's flow control (``pause_writing`` from the real transport) works as before.
+app produces without waiting in between (every unary answer) leaves in one segment as soon as
+it is complete, while a streamed answer still goes out as it is produced (a step later at
+most: nothing waits for more data). A large write is never held: past ``FLUSH_BYTES`` the
+pending bytes go at once, so uvicorn's flow control (``pause_writing`` from the real
+transport) works as before.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -80,3 +81,9 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    def on_response_complete(self) -> None:
+        # The answer is whole: send it now, not at the end of the step (which still has the
+        # app's return and uvicorn's bookkeeping to run first).
+        cast(CoalescingTransport, self.transport).flush()
+        super().on_response_complete()
