@@ -30,6 +30,7 @@ from shared.errors import (
     PodNotReady,
     ReadyFailed,
     RuntimeFailure,
+    Unavailable,
     Unsupported,
 )
 from shared.models.network import NetworkPolicy
@@ -381,6 +382,11 @@ class KubernetesRuntime:
     async def delete(self, name: str, *, pods_gone_timeout: float = 60.0) -> None:
         """Delete the ReplicaSet and wait (watch) until its pods are gone too: the port promises
         the pods are deleted, and the garbage collector removes them asynchronously."""
+        kept_in_store: bool | None = None  # None: no ReplicaSet any more (a repeated delete)
+        if self._kept is not None:
+            with contextlib.suppress(NotFound):
+                template = (await self._read_raw(name)).get("spec", {}).get("template") or {}
+                kept_in_store = persist_mode(template) == "store"
         try:
             with api_errors(f"delete ReplicaSet {self._ns}/{name}"):
                 await self._apps.delete_namespaced_replica_set(
@@ -399,8 +405,13 @@ class KubernetesRuntime:
         # The kept files go with the sandbox (the garbage collector would delete the owned claim
         # too; this does not wait for it, and covers a claim whose owner is already gone).
         await self._delete_claim(name)
-        if self._kept is not None:  # whatever the template says now
-            await self._kept.forget(KeptKey.sandbox(name))
+        if self._kept is not None and kept_in_store is not False:
+            try:
+                await self._kept.forget(KeptKey.sandbox(name))
+            except Unavailable:
+                if kept_in_store:
+                    raise  # its files must go: the delete is retried
+                log.warning("k8s_kept_files_not_forgotten", name=name)  # a repeat: best effort
         try:
             with api_errors(f"delete NetworkPolicy {self._ns}/{name}"):
                 await self._net.delete_namespaced_network_policy(name, self._ns)
