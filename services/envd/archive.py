@@ -12,13 +12,14 @@ blocks the daemon's event loop:
   walks with directory descriptors, never following a symlink (``os.fwalk``, ``O_NOFOLLOW``):
   a process swapping a folder for a link mid-walk cannot make it read outside. Regular files,
   folders and symlinks only; a file that shrinks while read is padded, one that grows cut.
-- **import** runs as the sandbox's user (files land owned by it, and nothing the user could
-  not write is writable), with ``tarfile``'s ``data`` filter (no absolute names, no ``..``, no
-  link leaving its folder, no device or fifo, setuid/setgid/sticky and group/other write bits
-  dropped), plus: only names under the two folders, no hard links, no sparse members, the sum
-  of member sizes at most ``limit``. The first refused member stops the import (4xx JSON).
-  Allowed once per daemon, and only until a process is started through the API: the control
-  plane imports before it replays anything.
+- **import** runs as the sandbox's user (the child drops to it before reading the tar: files
+  land owned by it, and nothing the user could not write is writable), with ``tarfile``'s
+  ``data`` filter (no absolute names, no ``..``, no link leaving its folder, no device or
+  fifo, setuid/setgid/sticky and group/other write bits dropped), plus: only names under the
+  two folders, no hard links, no sparse members, the sum of member sizes at most ``limit``.
+  The first refused member stops the import (4xx JSON). Allowed once per daemon, and only
+  until a process is started through the API: the control plane imports before it replays
+  anything.
 """
 
 from __future__ import annotations
@@ -65,14 +66,18 @@ class KeptFilesApi:
             await send_error(send, 405, "kept-files: GET exports, POST imports")
 
     async def _export(self, send: Send) -> None:
-        proc = await asyncio.create_subprocess_exec(
-            *_child("export", self._kept_root),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=_child_env(),
-            cwd="/",
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *_child("export", self._kept_root),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=_child_env(),
+                cwd="/",
+            )
+        except OSError as e:
+            await send_error(send, 500, f"kept-files export could not start: {e.strerror}")
+            return
         assert proc.stdout is not None
         assert proc.stderr is not None
         first = await proc.stdout.read(CHUNK)
@@ -131,18 +136,20 @@ class KeptFilesApi:
         await send_json(send, 200, result)
 
     async def _run_import(self, identity: Identity, limit: int, receive: Receive) -> Any:
-        switch: dict[str, Any] = {}
-        if not identity.is_self:
-            switch = {"user": identity.uid, "group": identity.gid, "extra_groups": []}
-        proc = await asyncio.create_subprocess_exec(
-            *_child("import", self._kept_root, str(limit)),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=_child_env(),
-            cwd="/",
-            **switch,
-        )
+        # The child drops to the user itself, once its code is loaded: the daemon's code may
+        # be readable by the daemon only (a bubblewrap pod binds it from the host).
+        ids = ["-", "-"] if identity.is_self else [str(identity.uid), str(identity.gid)]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *_child("import", self._kept_root, str(limit), *ids),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=_child_env(),
+                cwd="/",
+            )
+        except OSError as e:
+            raise Refused(500, f"kept-files import could not start: {e.strerror}") from None
         assert proc.stdin is not None
         assert proc.stdout is not None
         assert proc.stderr is not None

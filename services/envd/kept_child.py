@@ -1,7 +1,8 @@
-"""The child process of ``/kept-files`` (``services.envd.archive``): run by path as
-``python -I -S kept_child.py export|import KEPT_ROOT [LIMIT]``, standard library only, so it
-starts in a few tens of milliseconds (a resume into a warm pod waits for the import). See
-``services.envd.archive`` for what each mode does and why.
+"""The child process of ``/kept-files`` (``services.envd.archive``), run by path as
+``python -I -S kept_child.py export KEPT_ROOT`` or ``... import KEPT_ROOT LIMIT UID|- GID|-``:
+standard library only, so it starts in a few tens of milliseconds (a resume into a warm pod
+waits for the import). The import drops to UID/GID itself once its code is loaded (the daemon's
+code may be readable by root only). See ``services.envd.archive`` for what each mode does.
 
 Import answers one JSON line on stdout: ``{"ok": true, "files": n, "bytes": b}`` or
 ``{"ok": false, "status": 4xx, "message": ...}``; export writes the tar to stdout and only
@@ -35,6 +36,10 @@ def child_main(argv: list[str]) -> int:
         sys.stdout.flush()
         return 0
     limit = int(argv[2])
+    if argv[3] != "-":  # the sandbox's user, before reading a byte of the tar
+        os.setgroups([])
+        os.setgid(int(argv[4]))
+        os.setuid(int(argv[3]))
     try:
         files, total = _import_tar(sys.stdin.buffer, kept_root, limit)
     except Refused as e:

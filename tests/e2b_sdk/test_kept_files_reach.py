@@ -39,3 +39,42 @@ def test_a_sandbox_cannot_use_its_daemons_kept_files(stack: Stack) -> None:
         assert not sbx.files.exists("/home/user/t")
     finally:
         Sandbox.kill(sbx.sandbox_id, **opts)
+
+
+def test_an_import_lands_as_the_sandbox_user_and_only_before_a_process(stack: Stack) -> None:
+    """What the control plane does on Kubernetes, here on a bubblewrap pod whose daemon is the
+    sandbox's root: the import runs as ``user`` (files its, setuid dropped, even for a member
+    root owned), once, and never after a process has run."""
+    import io
+    import tarfile
+
+    import httpx
+
+    opts = stack.sdk_opts("alice")
+    sbx = Sandbox.create(template="base", timeout=120, **opts)
+    try:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, mode in (("home/user/imported.txt", 0o644), ("workspace/suid", 0o4755)):
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.uid, info.uname = 2, mode, 0, "root"
+                tar.addfile(info, io.BytesIO(b"ok"))
+        headers = {
+            "E2b-Sandbox-Id": sbx.sandbox_id,
+            "E2b-Sandbox-Port": "49983",
+            "X-Access-Token": str(sbx._envd_access_token),
+        }
+        url = f"{stack.proxy_url}/kept-files"
+        r = httpx.post(url, params={"limit": "100000"}, content=buf.getvalue(), headers=headers)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"files": 2, "bytes": 4}
+        info = sbx.files.get_info("/home/user/imported.txt")
+        assert info.owner == "user"
+        assert sbx.files.get_info("/workspace/suid").owner == "user"
+        mode = sbx.commands.run("stat -c %a /workspace/suid").stdout.strip()
+        assert mode == "755"
+        again = httpx.post(url, params={"limit": "100000"}, content=buf.getvalue(), headers=headers)
+        assert again.status_code == 409
+        assert "fresh pod" in again.json()["message"]
+    finally:
+        Sandbox.kill(sbx.sandbox_id, **opts)
