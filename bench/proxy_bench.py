@@ -152,14 +152,14 @@ def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its live children so far (load-independent, unlike
-    latency on a busy box; socat forks one child per connection)."""
+    """User + system CPU of a process, its reaped and its live children so far (load-independent,
+    unlike latency on a busy box; socat forks one child per connection)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except (FileNotFoundError, ProcessLookupError):
         return 0.0  # a socat child gone with its connection
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime..cstime
     return own + sum(cpu_seconds(int(c)) for c in children)
 
 
