@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,10 +49,12 @@ def main() -> int:
     checkouts = {"this": REPO, "baseline": args.baseline.resolve()}
     procs: dict[str, subprocess.Popen[bytes]] = {}
     sides: list[tuple[str, str, dict[str, str], str, str | None]] = []
+    roots: list[str] = []
     try:
         for name, checkout in checkouts.items():
             host, port, proxy_port = HOSTS[name], free_port(HOSTS[name]), free_port()
             root = tempfile.mkdtemp(prefix="envd-answer-bench-")
+            roots.append(root)
             command = ["-m", "services.envd", "--listen", f"{host}:{port}"]
             command += ["--access-token", TOKEN, "--root", root]
             procs[name] = subprocess.Popen([sys.executable, *command], cwd=checkout)
@@ -97,6 +100,8 @@ def main() -> int:
                 proc.wait(10)
             if proc.poll() is None:
                 proc.kill()
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
     rows = []
     for label, results in got.items():
         row = {"side": label, "rounds": len(results)}
