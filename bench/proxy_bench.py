@@ -271,6 +271,7 @@ def overhead(
     base_port = free_port()
     pump_port = free_port()
     pump_dir = Path(tempfile.mkdtemp(prefix="proxy-bench-pump-"))
+    envd_root = Path(tempfile.mkdtemp(prefix="envd-bench-"))
     procs = [
         subprocess.Popen(
             [
@@ -282,7 +283,7 @@ def overhead(
                 "--access-token",
                 TOKEN,
                 "--root",
-                tempfile.mkdtemp(prefix="envd-bench-"),
+                str(envd_root),
             ],
             cwd=REPO,
         ),
@@ -428,6 +429,7 @@ def overhead(
             if proc.poll() is None:
                 proc.kill()
         shutil.rmtree(pump_dir, ignore_errors=True)
+        shutil.rmtree(envd_root, ignore_errors=True)
     return rows
 
 
