@@ -31,6 +31,10 @@ def build_upstream(state: UpstreamState) -> Starlette:
                 "path": request.url.path,
                 "query": request.url.query,
                 "headers": dict(request.headers.items()),
+                # in order, repeats kept: which of a repeated header arrived
+                "header_list": [
+                    [k.decode("latin-1"), v.decode("latin-1")] for k, v in request.headers.raw
+                ],
                 "method": request.method,
             }
         )
