@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from typing import Protocol
 
 import structlog
@@ -23,7 +24,7 @@ def is_activity(is_daemon: bool, path: str) -> bool:
 
 
 class Toucher(Protocol):
-    async def touch(self, sandbox_id: str) -> None: ...
+    async def touch(self, sandbox_id: str, *, seen_at: datetime | None = None) -> None: ...
 
 
 class ActivityThrottle:
@@ -41,13 +42,14 @@ class ActivityThrottle:
         if len(self._last) > 100_000:  # forget sandboxes idle for long
             cutoff = now - 10 * max(self._interval, 1.0)
             self._last = {k: v for k, v in self._last.items() if v > cutoff}
-        task = asyncio.create_task(self._touch(sandbox_id))
+        # The time it was seen goes along: a deadline a client set after it must hold.
+        task = asyncio.create_task(self._touch(sandbox_id, datetime.now(UTC)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _touch(self, sandbox_id: str) -> None:
+    async def _touch(self, sandbox_id: str, seen_at: datetime) -> None:
         try:
-            await self._lifecycle.touch(sandbox_id)
+            await self._lifecycle.touch(sandbox_id, seen_at=seen_at)
         except Exception as e:
             log.warning("touch_failed", sandbox_id=sandbox_id, error=repr(e))
             self._last.pop(sandbox_id, None)

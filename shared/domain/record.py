@@ -62,6 +62,9 @@ class SandboxRecord(BaseModel):
     created_at: datetime
     started_at: datetime  # last time it became running (create or resume)
     deadline: datetime | None = None  # None while paused / killed
+    # When a client last set the deadline (set_timeout, connect, refresh): activity seen before
+    # it (a proxied request whose touch lands late) does not move that deadline.
+    deadline_set_at: datetime | None = None
     paused_at: datetime | None = None
     retain_until: datetime | None = None  # paused sandboxes are deleted after this
     snapshot: SnapshotRef | None = None

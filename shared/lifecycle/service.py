@@ -286,14 +286,17 @@ class SandboxLifecycle:
         await self.get(sandbox_id, owner=owner)
         return await self._move_deadline(sandbox_id, timeout=timeout, only_later=True)
 
-    async def touch(self, sandbox_id: str) -> None:
+    async def touch(self, sandbox_id: str, *, seen_at: datetime | None = None) -> None:
         record = await self._store.get(sandbox_id)
         if record is None or not states.is_running(record.state):
             return
         # The deadline moves in KV; an ``activity`` event (not ``timeout_set``) tells the scheduler.
         updated = await self._move_deadline(
-            sandbox_id, timeout=None, only_later=True, announce=False
+            sandbox_id, timeout=None, only_later=True, announce=False, seen_at=seen_at
         )
+        set_at = updated.deadline_set_at
+        if seen_at is not None and set_at is not None and seen_at < set_at:
+            return  # no event either: the scheduler would extend by it as the record refused to
         bucket = int(time.time())  # one activity event per sandbox per second at most
         await emit(
             self._publisher,
@@ -302,12 +305,20 @@ class SandboxLifecycle:
         )
 
     async def _move_deadline(
-        self, sandbox_id: str, *, timeout: int | None, only_later: bool, announce: bool = True
+        self,
+        sandbox_id: str,
+        *,
+        timeout: int | None,
+        only_later: bool,
+        announce: bool = True,
+        seen_at: datetime | None = None,
     ) -> SandboxRecord:
         """Running: deadline = now + timeout (the new timeout is kept for later activity).
         Not running: only the timeout is stored; it applies from the next resume.
         ``timeout=0`` (E2B's ``set_timeout(0)``): the deadline is now, so the scheduler expires
-        the sandbox at once by its usual rule; the stored inactivity timeout is kept."""
+        the sandbox at once by its usual rule; the stored inactivity timeout is kept.
+        ``timeout=None`` is activity seen at ``seen_at``: void when a client set the deadline
+        since (its touch landed late: ``set_timeout(0)`` right after a request must hold)."""
         changed = False
 
         def mutate(record: SandboxRecord) -> SandboxRecord:
@@ -318,11 +329,21 @@ class SandboxLifecycle:
                 if timeout is None or only_later or timeout == 0:
                     return record
                 return record.model_copy(update={"timeout": effective})
-            deadline = deadline_after(_now(), effective)
+            if (
+                timeout is None
+                and seen_at is not None
+                and record.deadline_set_at is not None
+                and seen_at < record.deadline_set_at
+            ):
+                return record
+            now = _now()
+            deadline = deadline_after(now, effective)
             if only_later and deadline <= record.deadline:
                 return record
             changed = True
             update: dict[str, object] = {"deadline": deadline}
+            if timeout is not None:
+                update["deadline_set_at"] = now
             if not only_later and effective > 0:
                 update["timeout"] = effective
             return record.model_copy(update=update)

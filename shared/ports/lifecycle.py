@@ -11,6 +11,7 @@ Errors: ``NotFound``; ``IllegalTransition`` (409, e.g. pausing a paused sandbox)
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -97,6 +98,7 @@ class Lifecycle(Protocol):
         (``sandbox.cmd.network``). Returns without waiting for the runtime."""
         ...
 
-    async def touch(self, sandbox_id: str) -> None:
-        """Activity (throttled by the caller): pushes the deadline by the sandbox's timeout."""
+    async def touch(self, sandbox_id: str, *, seen_at: datetime | None = None) -> None:
+        """Activity (throttled by the caller) seen at ``seen_at`` (default now): pushes the
+        deadline by the sandbox's timeout, unless a client set the deadline after it."""
         ...

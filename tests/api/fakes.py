@@ -182,7 +182,7 @@ class FakeLifecycle:
         record = await self.get(sandbox_id, owner=owner)
         return self._put(record, network=policy)
 
-    async def touch(self, sandbox_id: str) -> None:
+    async def touch(self, sandbox_id: str, *, seen_at: datetime | None = None) -> None:
         self.touches.append(sandbox_id)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -223,6 +224,23 @@ async def test_timeouts_move_the_deadline_and_announce_it(system: InMemorySystem
     assert announced.deadline == shorter.deadline
     (activity,) = system.publisher.of_type(SandboxActivity)
     assert activity.generation == touched.generation
+
+
+async def test_activity_seen_before_a_set_timeout_does_not_undo_it(system: InMemorySystem) -> None:
+    """A proxied request's touch lands after the client's ``set_timeout(0)``: the sandbox still
+    expires now (it came back 60 s later, E2B's test_keep_memory_none... waited in vain)."""
+    await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-late", timeout=60))
+    seen = datetime.now(UTC)
+    expired = await system.lifecycle.set_timeout("sbx-late", owner="alice", timeout=0)
+    await system.lifecycle.touch("sbx-late", seen_at=seen)
+    assert (await system.lifecycle.get("sbx-late", owner="alice")).deadline == expired.deadline
+    # Nor an activity event: the scheduler would extend the deadline by it.
+    assert system.publisher.of_type(SandboxActivity) == []
+    # Activity seen after it counts again.
+    await system.lifecycle.touch("sbx-late", seen_at=datetime.now(UTC) + timedelta(seconds=1))
+    later = await system.lifecycle.get("sbx-late", owner="alice")
+    assert later.deadline is not None and expired.deadline is not None
+    assert later.deadline > expired.deadline
 
 
 async def test_unknown_template_fails_the_create_at_once(system: InMemorySystem) -> None:
