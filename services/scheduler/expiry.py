@@ -350,6 +350,10 @@ def on_event(
 def _on_activity(event: Activity, record: SandboxRecord, notice: timedelta) -> Plan:
     if not states.is_running(record.state):
         return Plan("ignored")
+    if record.deadline_set_at is not None and event.at < record.deadline_set_at:
+        # Activity from before a client set the deadline (its event came after: set_timeout(0)
+        # right after a request) never undoes that deadline.
+        return Plan("unchanged")
     wanted = deadline_after(event.at, record.timeout)
     if record.deadline is None:
         # No deadline at all: set one and arm it (the only activity that publishes a schedule).

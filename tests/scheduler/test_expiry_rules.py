@@ -265,6 +265,17 @@ def test_activity_only_extends_in_kv() -> None:
     assert old.outcome == "unchanged"  # never shortens
 
 
+def test_activity_from_before_a_client_set_the_deadline_never_undoes_it() -> None:
+    """set_timeout(0) right after a request: that request's activity event comes after it."""
+    expired_now = rec(deadline=T0, deadline_set_at=T0, timeout=60)
+    late = expiry.on_event(
+        expiry.Activity(at=T0 - timedelta(milliseconds=5)), expired_now, policy=POLICY, now=T0
+    )
+    assert (late.outcome, late.mutate) == ("unchanged", None)
+    after = expiry.on_event(expiry.Activity(at=T0), expired_now, policy=POLICY, now=T0)
+    assert after.outcome == "extended"  # activity since counts again
+
+
 def test_timer_ids_are_deterministic_and_due_is_utc() -> None:
     naive = Timer.model_validate(
         {"kind": "timeout", "sandbox_id": "sbx1", "generation": 2, "due": "2030-01-01T00:00:00"}
