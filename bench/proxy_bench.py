@@ -91,7 +91,7 @@ def serve_proxy(port: int, pod_host: str) -> None:
         ) -> ResumeResult:
             return ResumeResult(record=record, resumed=False)
 
-        async def touch(self, sandbox_id: str) -> None:
+        async def touch(self, sandbox_id: str, *, seen_at: datetime | None = None) -> None:
             pass
 
     configure(LoggingSettings(log_level="warning"), service="proxy")  # as in production
