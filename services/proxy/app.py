@@ -291,7 +291,9 @@ class ProxyApp:
             if scope["type"] == "http":
                 check_declared(scope, self.settings.max_body_bytes)  # 413 before waking
             if self.waker.needs_waking(record):
-                if not known and not self.settings.anonymous_wake:
+                # A signed URL is unverified here (only the daemon can check it): no wake.
+                unverified = record.envd_access_token and access.signed_files_request(scope)
+                if not known and (unverified or not self.settings.anonymous_wake):
                     raise NotRunningError(
                         f"The sandbox {target.sandbox_id} was not found: it is "
                         f"{record.state.value} (anonymous requests do not resume sandboxes)"

@@ -128,3 +128,25 @@ def test_another_sandboxs_signed_url_is_refused(
     url = bobs.download_url("secret.txt", "user", 120)
     _refused(_send(http, alice, url))
     assert _send(http, bobs, url).status_code == 404  # his own sandbox has no such file
+
+
+def test_a_signed_url_never_wakes_a_paused_sandbox(stack: Stack, http: httpx.Client) -> None:
+    """The proxy cannot check a signature (only the daemon holds the token), so a signed URL,
+    valid or forged, is anonymous there: it must not resume an auto-resume sandbox."""
+    opts = stack.sdk_opts("alice")
+    s = Sandbox.create(
+        template="base",
+        timeout=300,
+        secure=True,
+        lifecycle={"on_timeout": "pause", "auto_resume": True},
+        **opts,
+    )
+    try:
+        url = s.download_url("secret.txt", "user", 120)
+        s.pause()
+        r = _send(http, s, url)
+        assert r.status_code == 502, r.text
+        assert "not found" in r.json()["message"]
+        assert Sandbox.get_info(s.sandbox_id, **opts).state.value == "paused"
+    finally:
+        Sandbox.kill(s.sandbox_id, **opts)
