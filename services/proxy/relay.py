@@ -44,7 +44,7 @@ from services.proxy.activity import is_activity
 from services.proxy.app import upstream_host
 from services.proxy.fastpath import FAST_BODY_BYTES, fast_protocol, response_head
 from services.proxy.forwarding import HOP_BY_HOP, PRIVATE
-from services.proxy.routing import BadTargetError, target_of
+from services.proxy.routing import BadTargetError, Target, target_from
 from services.proxy.upstream import UpstreamConnection, UpstreamError
 from shared.web.protocol import per_client_counts, refusal
 
@@ -62,6 +62,8 @@ _NOT_FORWARDED = HOP_BY_HOP | PRIVATE | {b"expect"}
 # Request headers that send the exchange to uvicorn (its framing, 100-continue, upgrades).
 _NOT_RELAYED = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 _NO_BODY_STATUS = frozenset({204, 304})
+# Request headers that route or authorise; the head's one scan keeps the first of each.
+_ROUTING = frozenset({b"e2b-sandbox-id", b"e2b-sandbox-port", b"host", b"x-api-key"})
 
 _tasks: set[asyncio.Task[None]] = set()  # strong references to the few spawned tasks
 
@@ -107,6 +109,11 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
             self._body_by = 0.0
             self._host = ""
             self._port = 0
+            # the first value of each of _ROUTING in the current head
+            self._routing: dict[bytes, bytes] = {}
+            # the last routing headers' target: a connection names the same sandbox each time
+            self._target_key: tuple[bytes | None, bytes | None, bytes | None] | None = None
+            self._target: Target | None = None
             self._keep_alive = True
             self._conn: UpstreamConnection | None = None
             self._slots: ExchangeSlots | None = None
@@ -247,13 +254,18 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
             if method == b"HEAD":
                 raise _Handover
             length = 0
+            routing: dict[bytes, bytes] = {}
             for name, value in headers:
-                if name == b"content-length":
+                if name in _ROUTING:
+                    if name not in routing:
+                        routing[name] = value
+                elif name == b"content-length":
                     if not value.isdigit() or len(value) > 18:
                         raise _Handover
                     length = int(value)
                 elif name in _NOT_RELAYED:
                     raise _Handover
+            self._routing = routing
             if length > FAST_BODY_BYTES or length > proxy.settings.max_body_bytes:
                 raise _Handover
             if length == 0 and not self._message_done:
@@ -278,19 +290,27 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
             wiring = proxy.wiring
             if wiring is None or proxy.waker is None or proxy.activity is None:
                 raise _Handover
-            try:
-                target = target_of(headers)
-            except BadTargetError:
-                raise _Handover from None
+            routing = self._routing
+            key = (
+                routing.get(b"e2b-sandbox-id"),
+                routing.get(b"e2b-sandbox-port"),
+                routing.get(b"host"),
+            )
+            if key == self._target_key:
+                target = self._target
+            else:
+                try:
+                    target = target_from(*key)
+                except BadTargetError:
+                    raise _Handover from None
+                self._target_key, self._target = key, target
             if target is None:
                 raise _Handover
             record = wiring.records.peek(target.sandbox_id)
             if record is None or proxy.waker.needs_waking(record):
                 raise _Handover
-            if wiring.keys is not None:
-                for name, _ in headers:
-                    if name == b"x-api-key":
-                        raise _Handover
+            if wiring.keys is not None and b"x-api-key" in routing:
+                raise _Handover
             try:
                 proxy.authorise_by_token({"headers": headers}, target, record)
             except RefusedError:

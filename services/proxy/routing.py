@@ -28,13 +28,6 @@ class BadTargetError(ValueError):
     """The request names a sandbox, but not in a usable way."""
 
 
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
-    for key, value in headers:
-        if key.lower() == name:
-            return value.decode("latin-1").strip()
-    return None
-
-
 def _port(raw: str) -> int:
     if not _PORT.match(raw) or not 0 < int(raw) < 65536:
         msg = f"invalid E2b-Sandbox-Port {raw[:16]!r}: a port number 1-65535"
@@ -43,18 +36,36 @@ def _port(raw: str) -> int:
 
 
 def target_of(headers: list[tuple[bytes, bytes]]) -> Target | None:
-    """The target; ``None`` when the request names no sandbox; ``BadTargetError`` if garbled."""
-    sandbox_id = _header(headers, b"e2b-sandbox-id")
-    if sandbox_id:
-        if not is_valid_sandbox_id(sandbox_id):
-            msg = f"invalid sandbox id {sandbox_id[:80]!r}"
+    """The target; ``None`` when the request names no sandbox; ``BadTargetError`` if garbled.
+    The first of a repeated routing header counts (tests/proxy/test_repeated_headers.py)."""
+    return target_from(
+        _first(headers, b"e2b-sandbox-id"),
+        _first(headers, b"e2b-sandbox-port"),
+        _first(headers, b"host"),
+    )
+
+
+def _first(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
+
+
+def target_from(sandbox_id: bytes | None, port: bytes | None, host: bytes | None) -> Target | None:
+    """``target_of`` from the first value of each routing header (``None``: absent). A pure
+    function of these three, so the relay reuses its answer while they stay the same."""
+    sid = sandbox_id.decode("latin-1").strip() if sandbox_id is not None else ""
+    if sid:
+        if not is_valid_sandbox_id(sid):
+            msg = f"invalid sandbox id {sid[:80]!r}"
             raise BadTargetError(msg)
-        raw_port = _header(headers, b"e2b-sandbox-port")
-        return Target(sandbox_id, _port(raw_port) if raw_port else ENVD_PORT)
-    host = _header(headers, b"host") or ""
-    first = host.split(":", 1)[0].split(".", 1)
+        raw_port = port.decode("latin-1").strip() if port is not None else ""
+        return Target(sid, _port(raw_port) if raw_port else ENVD_PORT)
+    name = host.decode("latin-1").strip() if host is not None else ""
+    first = name.split(":", 1)[0].split(".", 1)
     if len(first) == 2 and (m := _HOST_LABEL.match(first[0].lower())):
-        sandbox_id = m.group(2)
-        if is_valid_sandbox_id(sandbox_id):
-            return Target(sandbox_id, _port(m.group(1)))
+        sid = m.group(2)
+        if is_valid_sandbox_id(sid):
+            return Target(sid, _port(m.group(1)))
     return None
