@@ -13,10 +13,12 @@ blocks the daemon's event loop:
   a process swapping a folder for a link mid-walk cannot make it read outside. Regular files,
   folders and symlinks only; a file that shrinks while read is padded, one that grows cut.
 - **import** runs as the sandbox's user (the child drops to it before reading the tar: files
-  land owned by it, and nothing the user could not write is writable), with ``tarfile``'s
-  ``data`` filter (no absolute names, no ``..``, no link leaving its folder, no device or
-  fifo, setuid/setgid/sticky and group/other write bits dropped), plus: only names under the
-  two folders, no hard links, no sparse members, the sum of member sizes at most ``limit``.
+  land owned by it, and nothing the user could not write is writable), extracting by hand
+  (the images' python, Debian's 3.11.2, has no ``tarfile`` filters): every folder on the way
+  and the file opened with ``O_NOFOLLOW`` (nothing is written through a link), no absolute
+  names, no ``..``, no link leaving its folder, files, folders and links only,
+  setuid/setgid/sticky and group/other write bits dropped, plus: only names under the two
+  folders, no hard links, no sparse members, the sum of member sizes at most ``limit``.
   The first refused member stops the import (4xx JSON). Allowed once per daemon, and only
   until a process is started through the API: the control plane imports before it replays
   anything.

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import skip_or_fail
 from tests.envd.conftest import TOKEN, Daemon, start_daemon, stop_daemon
 
 AUTH = {"X-Access-Token": TOKEN}
@@ -237,3 +238,71 @@ def test_a_started_process_closes_imports(tmp_path: Path) -> None:
         assert not (tmp_path / "kept/home/user/late").exists()
     finally:
         stop_daemon(d)
+
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")  # Debian bookworm's 3.11.2: the images' python
+CHILD = Path(__file__).resolve().parents[2] / "services/envd/kept_child.py"
+
+
+def _system_python_without_filters() -> str:
+    import subprocess
+
+    if not SYSTEM_PYTHON.exists():
+        skip_or_fail(f"{SYSTEM_PYTHON} is missing (the sandbox images' python)")
+    probe = "import tarfile; print(hasattr(tarfile, 'FilterError'))"
+    out = subprocess.run(
+        [SYSTEM_PYTHON, "-I", "-S", "-c", probe], capture_output=True, text=True, check=True
+    )
+    if out.stdout.strip() != "False":
+        skip_or_fail(f"{SYSTEM_PYTHON} has tarfile's extraction filters: nothing to prove")
+    return str(SYSTEM_PYTHON)
+
+
+def test_the_child_imports_on_a_python_without_tarfile_filters(tmp_path: Path) -> None:
+    """The sandbox images run the child on Debian's python 3.11.2, older than tarfile's
+    ``filter=`` (3.11.4): an import there was a 500 on every real container. The child runs on
+    it as it is: a tree comes back (file, folder, link, modes neutralised), and a link is
+    still never written through."""
+    import json
+    import subprocess
+
+    python = _system_python_without_filters()
+    kept = tmp_path / "kept"
+    for top in ("home/user", "workspace"):
+        (kept / top).mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+
+    def run(body: bytes) -> dict[str, object]:
+        done = subprocess.run(
+            [python, "-I", "-S", str(CHILD), "import", str(kept), str(1 << 20), "-", "-"],
+            input=body,
+            check=False,
+            capture_output=True,
+            timeout=30,
+        )
+        assert done.stderr == b"", done.stderr
+        answer: dict[str, object] = json.loads(done.stdout.decode().splitlines()[-1])
+        return answer
+
+    refused = run(_tar(_link("home/user/esc", "../../outside"), _file("home/user/esc/pwn")))
+    assert refused["ok"] is False and refused["status"] == 400, refused
+    escape = run(_tar(_file("home/user/../../outside/pwn")))
+    assert escape["ok"] is False and escape["status"] == 400, escape
+    assert list((tmp_path / "outside").iterdir()) == []
+
+    folder = tarfile.TarInfo("home/user/notes")
+    folder.type, folder.mode = tarfile.DIRTYPE, 0o2777
+    answer = run(
+        _tar(
+            (folder, None),
+            _file("home/user/notes/today.txt", b"kept", mode=0o4755),
+            _link("home/user/rel", "notes/today.txt"),
+            _file("workspace/deep/f.bin", bytes(range(256))),
+        )
+    )
+    assert answer == {"ok": True, "files": 4, "bytes": 260}, answer
+    assert (kept / "home/user/notes/today.txt").read_bytes() == b"kept"
+    assert (kept / "workspace/deep/f.bin").read_bytes() == bytes(range(256))
+    assert os.readlink(kept / "home/user/rel") == "notes/today.txt"
+    assert stat.S_IMODE((kept / "home/user/notes/today.txt").stat().st_mode) == 0o755
+    assert stat.S_IMODE((kept / "home/user/notes").stat().st_mode) == 0o755

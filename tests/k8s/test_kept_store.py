@@ -3,11 +3,19 @@ kept-files store (a real nats-server's object store) at pause and come back into
 before it is served, on the warm-pool path and the cold path; a pool pod that served one
 sandbox never carries its files into another; an upload that fails leaves the pod running; a
 delete removes the object. Real apiserver and controller manager, the test kubelet running
-the real daemon. One system for the module's one test (~60-90 s)."""
+the real daemon. One system for the module's one test (~60-90 s).
+
+``[real-node]``: the same round trip in real containers (kubelet + containerd + runc, the
+``sandbox-base`` image, daemon and files as the image's ``user``): a file written by a process
+as ``user`` comes back owned by ``user`` in a warm pool container and a cold one, and hostile
+tars imported into a real container write nothing outside home/user and workspace."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -29,6 +37,7 @@ from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodT
 from shared.runtime.kubernetes.objects import ANNOTATION_PERSIST
 from shared.runtime.kubernetes.pools import LABEL_POOL
 from tests.k8s.kubelet import TestKubelet
+from tests.k8s.realnode import RealNodeAccess
 from tests.k8s.rig import ClusterAccess
 from tests.k8s.test_runtime_kubernetes import pods_of
 
@@ -63,33 +72,40 @@ async def runtimes(
     k8s_namespace: str,
 ) -> AsyncIterator[tuple[KubernetesRuntime, KubernetesRuntime]]:
     """The scaler's runtime with a pool of one, and one without pools (every pod cold)."""
+    made = await make_runtimes(bus, Path(k8s_cluster.kubeconfig), k8s_namespace, tmp_path, 30)
+    yield made
+    for runtime in made:
+        await runtime.close()
+
+
+async def make_runtimes(
+    bus: EmbeddedNats, kubeconfig: Path, namespace: str, folder: Path, claim_timeout: float
+) -> tuple[KubernetesRuntime, KubernetesRuntime]:
     nc = await nats.connect(bus.url)
     await ensure_kept_files(nc.jetstream(), replicas=1, max_bytes=64 * 1024**2)
     await nc.close()
-    templates = PodTemplates(write_template(tmp_path), DEFAULT_TEMPLATES)
+    templates = PodTemplates(write_template(folder), DEFAULT_TEMPLATES)
     made = []
     for pools in ({TEMPLATE: 1}, {}):
         made.append(
             await KubernetesRuntime.from_kubeconfig(
-                Path(k8s_cluster.kubeconfig),
-                namespace=k8s_namespace,
+                kubeconfig,
+                namespace=namespace,
                 templates=templates,
                 pools=pools,
                 kept_files=NatsKeptFiles.connecting(bus.url),
             )
         )
-    made[0].start_pools(interval=0.2, claim_timeout=30)
-    yield made[0], made[1]
-    for runtime in made:
-        await runtime.close()
+    made[0].start_pools(interval=0.2, claim_timeout=claim_timeout)
+    return made[0], made[1]
 
 
-async def until_warm(rt: KubernetesRuntime) -> None:
-    for _ in range(600):
+async def until_warm(rt: KubernetesRuntime, timeout: float = 120) -> None:
+    for _ in range(int(timeout * 5)):
         if await rt.warm_pods(TEMPLATE) >= 1:
             return
         await asyncio.sleep(0.2)
-    pytest.fail("no warm pod within 120 s")
+    pytest.fail(f"no warm pod within {timeout} s")
 
 
 async def put(ep: Endpoint, path: str, data: bytes, token: str = TOKEN) -> None:
@@ -114,11 +130,11 @@ async def get(ep: Endpoint, path: str, token: str = TOKEN) -> bytes | None:
     return r.content
 
 
-async def pause(rt: KubernetesRuntime, name: str) -> None:
+async def pause(rt: KubernetesRuntime, name: str, timeout: float = 60) -> None:
     """What a pause does: the snapshotter keeps the files, then the scaler scales to 0."""
     assert await rt.keep_files(name) > 0
     await rt.scale(name, 0)
-    await rt.wait_stopped(name, timeout=60)
+    await rt.wait_stopped(name, timeout=timeout)
 
 
 async def stored_key(bus: EmbeddedNats, key: KeptKey) -> bool:
@@ -242,3 +258,153 @@ async def test_kept_files_come_back_into_a_warm_and_a_cold_pod(
         if LABEL_POOL in (p.metadata.labels or {})
     ]
     assert all(p.metadata.uid != first.pod_uid for p in pools)
+
+
+def tar_of(*members: tuple[tarfile.TarInfo, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            info.size = len(data) if info.isreg() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return out.getvalue()
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, *, link: str = "", mode: int = 0o644) -> Any:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode, info.uid, info.gid = kind, link, mode, 0, 0
+    return info
+
+
+def pax_named(name: str) -> Any:
+    info = member("home/user/plain")
+    info.pax_headers = {"path": name}  # a PAX record keeps the NUL (a ustar field cuts there)
+    return info
+
+
+# Each one alone is refused with 400 and writes nothing outside home/user and workspace.
+HOSTILE_TARS = [
+    [(member("home/user/../../../tmp/evil-dotdot"), b"x")],
+    [(member("workspace/../tmp/evil-ws"), b"x")],
+    [(member("/tmp/evil-abs"), b"x")],
+    [(member("tmp/evil-top"), b"x")],
+    [
+        (member("home/user/esc", tarfile.SYMTYPE, link="/tmp"), b""),
+        (member("home/user/esc/evil-abslink"), b"x"),
+    ],
+    [
+        (member("home/user/up", tarfile.SYMTYPE, link="../../../tmp"), b""),
+        (member("home/user/up/evil-rellink"), b"x"),
+    ],
+    [(member("home/user/hard", tarfile.LNKTYPE, link="/etc/passwd"), b"")],
+    [(pax_named("home/user/a\x00/../../../tmp/evil-nul"), b"x")],
+    [(member("home/user/dev", tarfile.CHRTYPE), b"")],
+]
+
+
+@pytest.mark.realnode
+@pytest.mark.timeout(1200)  # the first realnode test pays for the session's node start
+async def test_kept_files_of_a_real_container_come_back_owned_by_user(
+    bus: EmbeddedNats, real_node: RealNodeAccess, real_namespace: str, tmp_path: Path
+) -> None:
+    """In real containers (the image's ``user``, uid 1000, no capabilities): a file written by a
+    process in /home/user, paused, comes back in a warm pool container and then a cold one,
+    still ``user``'s with its mode; a fresh container refuses hostile tars (nothing lands outside
+    home/user and workspace) and imports a root-owned setuid member as ``user``'s, setuid gone."""
+    from tests.k8s.plugin import admin_client
+    from tests.k8s.test_realnode import run_in_pod
+
+    ns = real_namespace
+    pooled, cold = await make_runtimes(bus, Path(real_node.cluster.kubeconfig), ns, tmp_path, 120)
+    name, fresh = "sbx-rn-store", "sbx-rn-hostile"
+    show = "stat -c '%U %u %a' /home/user/notes/today.txt; cat /home/user/notes/today.txt"
+    try:
+        await until_warm(pooled, timeout=300)
+        await pooled.create(
+            WorkloadSpec(name=name, owner="alice", template=TEMPLATE, access_token=TOKEN)
+        )
+        first = await pooled.wait_ready(name, timeout=180)
+        assert first.warm
+        out, code = await run_in_pod(
+            first,
+            [
+                "/bin/sh",
+                "-c",
+                "mkdir /home/user/notes && echo kept > /home/user/notes/today.txt"
+                " && chmod 640 /home/user/notes/today.txt && echo w > /workspace/w.txt && " + show,
+            ],
+            token=TOKEN,
+        )
+        assert (code, out.split()) == (0, ["user", "1000", "640", "kept"])
+
+        # Warm: into another pool container, the files in before it is served.
+        await pause(pooled, name, timeout=120)
+        await until_warm(pooled, timeout=300)
+        await pooled.scale(name, 1)
+        second = await pooled.wait_ready(name, timeout=180)
+        assert second.warm and second.pod_uid != first.pod_uid
+        out, code = await run_in_pod(second, ["/bin/sh", "-c", show], token=TOKEN)
+        assert (code, out.split()) == (0, ["user", "1000", "640", "kept"])
+
+        # Cold: a container of its own (no pool), the same.
+        await pause(cold, name, timeout=120)
+        await cold.scale(name, 1)
+        third = await cold.wait_ready(name, timeout=300)
+        assert not third.warm and third.pod_uid not in {first.pod_uid, second.pod_uid}
+        out, code = await run_in_pod(
+            third, ["/bin/sh", "-c", show + "; cat /workspace/w.txt"], token=TOKEN
+        )
+        assert (code, out.split()) == (0, ["user", "1000", "640", "kept", "w"])
+        await cold.delete(name)
+
+        # A fresh container (no process ran yet: imports are open) against hostile tars.
+        await cold.create(
+            WorkloadSpec(name=fresh, owner="mallory", template=TEMPLATE, access_token="tok-m")
+        )
+        ep = await cold.wait_ready(fresh, timeout=300)
+        headers = {"X-Access-Token": "tok-m", "Content-Type": "application/x-tar"}
+        post = {"params": {"limit": str(1 << 20)}, "headers": headers}
+        async with httpx.AsyncClient(trust_env=False, timeout=60) as c:
+            for members in HOSTILE_TARS:
+                r = await c.post(f"{ep.base_url}/kept-files", content=tar_of(*members), **post)
+                assert r.status_code == 400, (members[-1][0].name, r.status_code, r.text)
+                words = r.json()["message"]
+                assert any(w in words for w in ("refused", "not under", "NUL", "hard links")), words
+            ok = tar_of(
+                (member("home/user/suid", mode=0o4777), b"#!/bin/sh\n"),
+                (member("workspace/deep/er/f.txt"), b"f"),
+            )
+            r = await c.post(f"{ep.base_url}/kept-files", content=ok, **post)
+            assert r.status_code == 200, r.text
+            assert r.json()["files"] == 2
+        out, code = await run_in_pod(
+            ep,
+            [
+                "/bin/sh",
+                "-c",
+                "stat -c '%U %a' /home/user/suid /workspace/deep/er/f.txt;"
+                " ls -A /tmp /home/user /workspace; find / -xdev -name 'evil*' 2>/dev/null; true",
+            ],
+            token="tok-m",
+        )
+        assert code == 0, out
+        lines = out.splitlines()
+        assert lines[:2] == ["user 755", "user 644"], out  # user's, setuid and o+w gone
+        assert "evil" not in out, out
+        assert not any(entry in {"esc", "up", "hard", "dev"} for entry in out.split()), out
+    finally:
+        for rt, n in ((cold, name), (cold, fresh)):
+            with contextlib.suppress(Exception):
+                await rt.delete(n)
+        for rt in (pooled, cold):
+            await rt.close()
+        # The node is the session's: leave no pool container holding its cpu.
+        api = await admin_client(real_node.cluster)
+        try:
+            core = k8s.CoreV1Api(api)
+            await core.delete_collection_namespaced_pod(ns, label_selector=LABEL_POOL)
+            for _ in range(600):  # bounded: until their containers are gone from the node
+                if not (await core.list_namespaced_pod(ns)).items:
+                    break
+                await asyncio.sleep(0.2)
+        finally:
+            await api.close()  # type: ignore[no-untyped-call]
