@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import socket
 import statistics
 import subprocess
@@ -217,6 +218,7 @@ def throughput(
     from bench.loadgen import drive_in_processes
 
     port = free_port()
+    root = tempfile.mkdtemp(prefix="envd-bench-")
     daemon = subprocess.Popen(
         [
             sys.executable,
@@ -227,7 +229,7 @@ def throughput(
             "--access-token",
             TOKEN,
             "--root",
-            tempfile.mkdtemp(prefix="envd-bench-"),
+            root,
         ],
         cwd=REPO,
     )
@@ -301,6 +303,7 @@ def throughput(
     finally:
         daemon.terminate()
         daemon.wait(10)
+        shutil.rmtree(root, ignore_errors=True)
     summary_rows = _summarise(rows, cases=[c[0] for c in cases], clients=clients)
     path_out = REPO / "bench" / "results" / "envd_throughput.json"
     path_out.write_text(
@@ -443,6 +446,7 @@ def main() -> int:
     finally:
         daemon.terminate()
         daemon.wait(10)
+        shutil.rmtree(root, ignore_errors=True)
     rows = {name: summary(values) for name, values in results.items()}
     print(f"envd bench: n={args.n}, daemon ready after {ready * 1000:.0f} ms")
     print(f"{'operation':<20}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}{'max ms':>10}")
