@@ -41,7 +41,7 @@ from shared.ports.bus import Publisher
 from shared.settings import BusSettings, FeatureFlags
 from tests.scheduler.conftest import Bus, now
 
-LEAD = timedelta(seconds=1)
+LEAD = timedelta(seconds=2)  # the default
 
 
 class FailingOnce:
@@ -198,12 +198,11 @@ async def test_a_record_changed_while_its_fire_is_held_is_decided_as_it_is_then(
     kept, paused, extended = "sbx-kept", "sbx-paused", "sbx-extended"
     for sid in (kept, paused, extended):
         await bus.put(sid, timeout=1, announce=False)
-    due = now() + timedelta(seconds=1.5)  # within lead + slack: every fire of the batch is held
+    due = now() + timedelta(seconds=2.5)  # within lead + slack: every fire of the batch is held
     handling = asyncio.create_task(
         replica.handlers.on_fired_batch([_fire(sid, due) for sid in (kept, paused, extended)])
     )
-    await asyncio.sleep(0.1)
-    later = now() + timedelta(seconds=5)
+    later = now() + timedelta(seconds=8)
     await bus.store.update(
         paused,
         lambda r: r.model_copy(
