@@ -47,10 +47,12 @@ from common import (
 from resume_vs_podstart import (
     COMMANDS,
     KUBERNETES_RIG,
+    REAL_NODE,
     interleaved,
     kubernetes_rig,
     raw_kubernetes,
     raw_local,
+    real_node_rig,
 )
 
 from shared.envd.client import ConnectEnvdClient
@@ -194,37 +196,48 @@ async def run_local(cycles: int) -> dict[str, Any]:
             shutil.rmtree(root, ignore_errors=True)
 
 
-async def run_kubernetes(cycles: int, persist: str = "none") -> dict[str, Any]:
+async def run_kubernetes(cycles: int, persist: str = "none", node: str = "test") -> dict[str, Any]:
     """The same on the test rig (kube-apiserver + controller-manager, the test kubelet running
     bubblewrap pods). Pools serve ``persist: none`` and ``persist: store`` templates on
     Kubernetes (``store``: the pause uploads the files to the kept-files store, the resume
     imports them into the warm pod before the replay): the stack's ``sandbox-base`` is
-    overridden with that annotation; the cold reference is the packaged one."""
+    overridden with that annotation; the cold reference is a bare workload of the same template
+    on an emptyDir. ``node="real"``: the same on the real node (kubelet + containerd + runc, the
+    sandbox-base image)."""
     import yaml
 
     from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime
     from shared.runtime.kubernetes.objects import ANNOTATION_PERSIST
 
     work = Path(tempfile.mkdtemp(prefix="torpor-bench-pools-k8s-"))
-    templates = work / "templates"
-    templates.mkdir()
-    doc: dict[str, Any] = yaml.safe_load((DEFAULT_TEMPLATES / f"{TEMPLATE}.yaml").read_text())
-    doc["template"].setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_PERSIST] = (
-        persist
-    )
-    (templates / f"{TEMPLATE}.yaml").write_text(yaml.safe_dump(doc))
+
+    def annotated(folder: str, mode: str) -> Path:
+        doc: dict[str, Any] = yaml.safe_load((DEFAULT_TEMPLATES / f"{TEMPLATE}.yaml").read_text())
+        annotations = doc["template"].setdefault("metadata", {}).setdefault("annotations", {})
+        annotations[ANNOTATION_PERSIST] = mode
+        (work / folder).mkdir()
+        (work / folder / f"{TEMPLATE}.yaml").write_text(yaml.safe_dump(doc))
+        return work / folder
+
+    templates = annotated("templates", persist)
+    # The cold reference: a bare pod of the same template on an emptyDir (the runtime alone has
+    # no kept-files store, and the real node no volume provisioner for a claim).
+    raw_templates = annotated("raw-templates", "none")
     try:
-        async with kubernetes_rig(work) as kubeconfig:
+        rig = real_node_rig(work / "node") if node == "real" else kubernetes_rig(work)
+        async with rig as kubeconfig:
             env = {
                 "TORPOR_KUBECONFIG": str(kubeconfig),
                 "TORPOR_NAMESPACE": "torpor-sandboxes",
-                "TORPOR_READY_TIMEOUT": "120",
+                "TORPOR_READY_TIMEOUT": "180" if node == "real" else "120",
                 "TORPOR_TEMPLATES_DIR": str(templates),
                 "TORPOR_POOLS": f"{TEMPLATE}=1",
             }
             async with (
                 torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
-                raw_kubernetes(kubeconfig, "bench-raw") as raw,
+                raw_kubernetes(
+                    kubeconfig, "bench-raw", PodTemplates(raw_templates, DEFAULT_TEMPLATES)
+                ) as raw,
             ):
                 observer = await KubernetesRuntime.from_kubeconfig(
                     kubeconfig,
@@ -239,7 +252,9 @@ async def run_kubernetes(cycles: int, persist: str = "none") -> dict[str, Any]:
                     result = await measure(stack, raw, None, cycles, warm)
                 finally:
                     await observer.close()
-        result["control_plane"] = f"{KUBERNETES_RIG}; template sandbox-base with persist: {persist}"
+        plane = REAL_NODE if node == "real" else KUBERNETES_RIG
+        result["control_plane"] = f"{plane}; template sandbox-base with persist: {persist}"
+        result["node"] = node
         return result
     finally:
         if os.environ.get("TORPOR_BENCH_KEEP"):
@@ -284,18 +299,29 @@ def main() -> None:
         default="none",
         help="kubernetes: the pooled template's torpor.dev/persist (default %(default)s)",
     )
+    parser.add_argument(
+        "--node",
+        choices=("test", "real"),
+        default="test",
+        help="kubernetes: the test kubelet or the real node (kubelet + containerd; root, "
+        "scripts/build-k8s.sh and scripts/build-images.sh)",
+    )
     args = parser.parse_args()
     if args.runtime == "local":
         measured = asyncio.run(run_local(args.cycles))
     else:
-        measured = asyncio.run(run_kubernetes(args.cycles, args.persist))
+        measured = asyncio.run(run_kubernetes(args.cycles, args.persist, args.node))
     result = {"runtime": args.runtime, **measured}
-    suffix = f" --persist {args.persist}" if args.runtime == "kubernetes" else ""
+    suffix = f" --persist {args.persist} --node {args.node}" if args.runtime == "kubernetes" else ""
     result["command"] = (
         f"bench/pool_bench.py --runtime {args.runtime} --cycles {args.cycles}{suffix}"
     )
     report(result)
-    name = f"pools_{args.runtime}" + ("_store" if args.persist == "store" else "")
+    name = (
+        f"pools_{args.runtime}"
+        + ("_realnode" if args.runtime == "kubernetes" and args.node == "real" else "")
+        + ("_store" if args.persist == "store" else "")
+    )
     path = write_result(name, result)
     print(f"wrote {path}")
 

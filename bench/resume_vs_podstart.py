@@ -93,10 +93,14 @@ async def raw_local(stack: Stack) -> AsyncIterator[RawCycle]:
 
 
 @contextlib.asynccontextmanager
-async def raw_kubernetes(kubeconfig: Path, namespace: str) -> AsyncIterator[RawCycle]:
+async def raw_kubernetes(
+    kubeconfig: Path, namespace: str, templates: Any = None
+) -> AsyncIterator[RawCycle]:
+    """Bare workloads of ``templates`` (a ``PodTemplates``; the packaged ones when ``None``)."""
     from shared.runtime.kubernetes import KubernetesRuntime
 
-    runtime = await KubernetesRuntime.from_kubeconfig(kubeconfig, namespace=namespace)
+    extra = {} if templates is None else {"templates": templates}
+    runtime = await KubernetesRuntime.from_kubeconfig(kubeconfig, namespace=namespace, **extra)
     try:
         async with _raw_cycles(runtime) as cycle:
             yield cycle
@@ -310,13 +314,21 @@ async def run_local(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, 
         return await measure(stack, raw, cycles, sandboxes, gap)
 
 
-async def run_real_node(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, Any]:
-    """The same measurement on the real node: kubelet + containerd + runc, sandbox-base image
-    (tests/k8s/realnode.py; needs root, scripts/build-k8s.sh and scripts/build-images.sh)."""
+REAL_NODE = (
+    "etcd + kube-apiserver + kube-controller-manager + kube-scheduler, REAL NODE: "
+    "kubelet v1.36.3 + containerd 1.6 + runc + CNI bridge, sandbox-base image "
+    "(tests/k8s/realnode.py)"
+)
+
+
+@contextlib.asynccontextmanager
+async def real_node_rig(work: Path) -> AsyncIterator[Path]:
+    """The real node: kubelet + containerd + runc, sandbox-base image (tests/k8s/realnode.py;
+    needs root, scripts/build-k8s.sh and scripts/build-images.sh), with namespaces
+    ``torpor-sandboxes`` and ``bench-raw``; yields its kubeconfig."""
     from tests.k8s.plugin import admin_client, create_namespace
     from tests.k8s.realnode import RealNode, ensure_images, ensure_node_binaries
 
-    work = Path(tempfile.mkdtemp(prefix="torpor-bench-rn-"))
     node = RealNode(
         bin_dir=ensure_node_binaries(build=False),
         workdir=work,
@@ -331,25 +343,30 @@ async def run_real_node(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[s
                 await create_namespace(admin, ns)
         finally:
             await admin.close()  # type: ignore[no-untyped-call]
-        env = {
-            "TORPOR_KUBECONFIG": str(kubeconfig),
-            "TORPOR_NAMESPACE": "torpor-sandboxes",
-            "TORPOR_READY_TIMEOUT": "180",
-        }
-        async with (
-            torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
-            raw_kubernetes(kubeconfig, "bench-raw") as raw,
-        ):
-            result = await measure(stack, raw, cycles, sandboxes, gap)
-        result["control_plane"] = (
-            "etcd + kube-apiserver + kube-controller-manager + kube-scheduler, REAL NODE: "
-            "kubelet v1.36.3 + containerd 1.6 + runc + CNI bridge, sandbox-base image "
-            "(tests/k8s/realnode.py)"
-        )
+        yield kubeconfig
+    finally:
+        await asyncio.to_thread(node.stop)
+
+
+async def run_real_node(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, Any]:
+    """The same measurement on the real node."""
+    work = Path(tempfile.mkdtemp(prefix="torpor-bench-rn-"))
+    try:
+        async with real_node_rig(work) as kubeconfig:
+            env = {
+                "TORPOR_KUBECONFIG": str(kubeconfig),
+                "TORPOR_NAMESPACE": "torpor-sandboxes",
+                "TORPOR_READY_TIMEOUT": "180",
+            }
+            async with (
+                torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
+                raw_kubernetes(kubeconfig, "bench-raw") as raw,
+            ):
+                result = await measure(stack, raw, cycles, sandboxes, gap)
+        result["control_plane"] = REAL_NODE
         result["node"] = "real"
         return result
     finally:
-        await asyncio.to_thread(node.stop)
         if not os.environ.get("TORPOR_BENCH_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
 
