@@ -350,42 +350,29 @@ async def real_node_rig(work: Path) -> AsyncIterator[Path]:
 
 async def run_real_node(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, Any]:
     """The same measurement on the real node."""
-    work = Path(tempfile.mkdtemp(prefix="torpor-bench-rn-"))
+    return await run_kubernetes(cycles, sandboxes, gap, node="real")
+
+
+async def run_kubernetes(
+    cycles: int, sandboxes: int, gap: float = 0.0, node: str = "test"
+) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"torpor-bench-k8s-{node}-"))
     try:
-        async with real_node_rig(work) as kubeconfig:
+        rig = real_node_rig(work / "node") if node == "real" else kubernetes_rig(work)
+        async with rig as kubeconfig:
             env = {
                 "TORPOR_KUBECONFIG": str(kubeconfig),
                 "TORPOR_NAMESPACE": "torpor-sandboxes",
-                "TORPOR_READY_TIMEOUT": "180",
+                "TORPOR_READY_TIMEOUT": "180" if node == "real" else "120",
             }
             async with (
                 torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
                 raw_kubernetes(kubeconfig, "bench-raw") as raw,
             ):
                 result = await measure(stack, raw, cycles, sandboxes, gap)
-        result["control_plane"] = REAL_NODE
-        result["node"] = "real"
-        return result
-    finally:
-        if not os.environ.get("TORPOR_BENCH_KEEP"):
-            shutil.rmtree(work, ignore_errors=True)
-
-
-async def run_kubernetes(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="torpor-bench-k8s-"))
-    try:
-        async with kubernetes_rig(work) as kubeconfig:
-            env = {
-                "TORPOR_KUBECONFIG": str(kubeconfig),
-                "TORPOR_NAMESPACE": "torpor-sandboxes",
-                "TORPOR_READY_TIMEOUT": "120",
-            }
-            async with (
-                torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
-                raw_kubernetes(kubeconfig, "bench-raw") as raw,
-            ):
-                result = await measure(stack, raw, cycles, sandboxes, gap)
-        result["control_plane"] = KUBERNETES_RIG
+        result["control_plane"] = REAL_NODE if node == "real" else KUBERNETES_RIG
+        if node == "real":
+            result["node"] = "real"
         return result
     finally:
         if not os.environ.get("TORPOR_BENCH_KEEP"):

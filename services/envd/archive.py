@@ -69,14 +69,7 @@ class KeptFilesApi:
 
     async def _export(self, send: Send) -> None:
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *_child("export", self._kept_root),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=_child_env(),
-                cwd="/",
-            )
+            proc = await _spawn(("export", self._kept_root), stdin=asyncio.subprocess.DEVNULL)
         except OSError as e:
             await send_error(send, 500, f"kept-files export could not start: {e.strerror}")
             return
@@ -142,13 +135,8 @@ class KeptFilesApi:
         # be readable by the daemon only (a bubblewrap pod binds it from the host).
         ids = ["-", "-"] if identity.is_self else [str(identity.uid), str(identity.gid)]
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *_child("import", self._kept_root, str(limit), *ids),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=_child_env(),
-                cwd="/",
+            proc = await _spawn(
+                ("import", self._kept_root, str(limit), *ids), stdin=asyncio.subprocess.PIPE
             )
         except OSError as e:
             raise Refused(500, f"kept-files import could not start: {e.strerror}") from None
@@ -207,6 +195,18 @@ def _limit(raw: str | None) -> int:
     if not 1 <= value <= MAX_IMPORT_BYTES:
         raise Refused(400, f"limit must be an integer from 1 to {MAX_IMPORT_BYTES}")
     return value
+
+
+async def _spawn(args: tuple[str, ...], *, stdin: int) -> asyncio.subprocess.Process:
+    """The archive child with ``args``; its stdout and stderr piped to the daemon."""
+    return await asyncio.create_subprocess_exec(
+        *_child(*args),
+        stdin=stdin,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_child_env(),
+        cwd="/",
+    )
 
 
 def _child(*args: str) -> list[str]:
