@@ -59,7 +59,12 @@ from shared.bus.schedules import Holder, Timer
 from shared.domain import states
 from shared.domain.record import Mutation, SandboxRecord
 from shared.domain.states import SandboxState
-from shared.domain.timing import deadline_after, is_retained, retained_until
+from shared.domain.timing import (
+    deadline_after,
+    is_retained,
+    predates_client_deadline,
+    retained_until,
+)
 from shared.models.lifecycle import ActivityPolicy
 from shared.models.messages import (
     KillSandbox,
@@ -82,12 +87,20 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class Earned:
+    """A deadline earned by activity inside the sandbox, and when that activity was (our clock)."""
+
+    deadline: datetime
+    seen_at: datetime
+
+
+@dataclass(frozen=True)
 class Watch:
     """The template's part in a timeout: how long before the deadline to warn, and the deadline
     that activity inside the sandbox earned (asked of its daemon by the handler), if any."""
 
     notice: timedelta = timedelta(0)
-    earned: datetime | None = None
+    earned: Earned | None = None
 
 
 NO_WATCH = Watch()
@@ -190,22 +203,26 @@ def needs_watch(record: SandboxRecord | None, now: datetime, notice: timedelta) 
 
 def earned_deadline(
     record: SandboxRecord, activity: ActivityPolicy, seen: InnerActivity | None, now: datetime
-) -> datetime | None:
+) -> Earned | None:
     """The deadline that activity inside the sandbox earns by the template's policy: its last
     activity by a counted signal plus the timeout, capped at ``started_at + max_lifetime``;
-    ``None`` when that is no later than the current deadline (or nothing counted)."""
+    ``None`` when that is no later than the current deadline, nothing counted, or the activity
+    came before a client last set the deadline."""
     if seen is None or not activity.signals or record.deadline is None:
         return None
     times = [t for s in activity.signals if (t := seen.last.get(s)) is not None]
     if not times:
         return None
     age = max(seen.now - max(times), timedelta(0))  # the daemon's clock: no skew
-    wanted = deadline_after(now - age, record.timeout)
+    seen_at = now - age
+    if predates_client_deadline(record, seen_at):
+        return None
+    wanted = deadline_after(seen_at, record.timeout)
     cap = record.started_at + timedelta(seconds=activity.max_lifetime)
     wanted = min(wanted, cap)
     if wanted <= record.deadline or wanted <= now:
         return None
-    return wanted
+    return Earned(deadline=wanted, seen_at=seen_at)
 
 
 def _on_timeout(
@@ -223,8 +240,8 @@ def _on_timeout(
     if watch.earned is not None:
         return Plan(
             "kept_busy",
-            mutate=extend_deadline(watch.earned),
-            arm=(_timeout_at(record, watch.earned - watch.notice),),
+            mutate=extend_deadline(watch.earned.deadline, watch.earned.seen_at),
+            arm=(_timeout_at(record, watch.earned.deadline - watch.notice),),
         )
     if record.deadline > now:  # within the notice: warn once, then wait for the deadline itself
         return Plan(
@@ -350,22 +367,20 @@ def on_event(
 def _on_activity(event: Activity, record: SandboxRecord, notice: timedelta) -> Plan:
     if not states.is_running(record.state):
         return Plan("ignored")
-    if record.deadline_set_at is not None and event.at < record.deadline_set_at:
-        # Activity from before a client set the deadline (its event came after: set_timeout(0)
-        # right after a request) never undoes that deadline.
+    if predates_client_deadline(record, event.at):
         return Plan("unchanged")
     wanted = deadline_after(event.at, record.timeout)
     if record.deadline is None:
         # No deadline at all: set one and arm it (the only activity that publishes a schedule).
         return Plan(
             "deadline_set",
-            mutate=extend_deadline(wanted),
+            mutate=extend_deadline(wanted, event.at),
             arm=(_timeout_at(record, wanted - notice),),
         )
     if wanted <= record.deadline:
         return Plan("unchanged")
     # Lazy: the pending schedule fires at the old deadline and re-arms at the record's.
-    return Plan("extended", mutate=extend_deadline(wanted))
+    return Plan("extended", mutate=extend_deadline(wanted, event.at))
 
 
 def _on_failed_pause(pending: Timer | None, record: SandboxRecord, *, now: datetime) -> Plan:
@@ -490,9 +505,12 @@ def _kill(record: SandboxRecord, reason: Literal["timeout", "retention"]) -> Out
     return Outgoing.of(KillSandbox(sandbox_id=sid, generation=gen, reason=reason))
 
 
-def extend_deadline(wanted: datetime) -> Mutation:
+def extend_deadline(wanted: datetime, seen_at: datetime) -> Mutation:
+    """Activity seen at ``seen_at`` earns ``wanted``; applied to the record as it is then (a
+    client may have set the deadline since the plan was made from an older read)."""
+
     def mutate(record: SandboxRecord) -> SandboxRecord:
-        if not states.is_running(record.state):
+        if not states.is_running(record.state) or predates_client_deadline(record, seen_at):
             return record
         if record.deadline is not None and record.deadline >= wanted:
             return record

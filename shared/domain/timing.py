@@ -14,6 +14,13 @@ def deadline_after(at: datetime, timeout: int) -> datetime:
     return at + timedelta(seconds=timeout)
 
 
+def predates_client_deadline(record: SandboxRecord, seen_at: datetime | None) -> bool:
+    """Activity seen before a client last set the deadline (``set_timeout``, connect) never
+    moves it: its report may land after, so ``set_timeout(0)`` right after a request holds."""
+    set_at = record.deadline_set_at
+    return seen_at is not None and set_at is not None and seen_at < set_at
+
+
 def retained_until(at: datetime, retention: timedelta) -> datetime:
     """A paused sandbox (or one whose create failed) is deleted ``retention`` after ``at``."""
     return at + retention

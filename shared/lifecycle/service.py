@@ -27,7 +27,7 @@ from shared.domain import states
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
-from shared.domain.timing import deadline_after
+from shared.domain.timing import deadline_after, predates_client_deadline
 from shared.errors import Conflict, IllegalTransition, NotFound, PauseRefused, RuntimeFailure
 from shared.ids import is_valid_sandbox_id
 from shared.lifecycle.hooks import describe
@@ -294,13 +294,16 @@ class SandboxLifecycle:
         updated = await self._move_deadline(
             sandbox_id, timeout=None, only_later=True, announce=False, seen_at=seen_at
         )
-        set_at = updated.deadline_set_at
-        if seen_at is not None and set_at is not None and seen_at < set_at:
+        if predates_client_deadline(updated, seen_at):
             return  # no event either: the scheduler would extend by it as the record refused to
         bucket = int(time.time())  # one activity event per sandbox per second at most
+        # ``at`` is when it was seen, not now: a client may set the deadline between the two,
+        # and the scheduler must then refuse this event as the record did.
         await emit(
             self._publisher,
-            SandboxActivity(sandbox_id=sandbox_id, generation=updated.generation, at=_now()),
+            SandboxActivity(
+                sandbox_id=sandbox_id, generation=updated.generation, at=seen_at or _now()
+            ),
             str(bucket),
         )
 
@@ -329,12 +332,7 @@ class SandboxLifecycle:
                 if timeout is None or only_later or timeout == 0:
                     return record
                 return record.model_copy(update={"timeout": effective})
-            if (
-                timeout is None
-                and seen_at is not None
-                and record.deadline_set_at is not None
-                and seen_at < record.deadline_set_at
-            ):
+            if timeout is None and predates_client_deadline(record, seen_at):
                 return record
             now = _now()
             deadline = deadline_after(now, effective)

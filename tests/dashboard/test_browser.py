@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import skip_or_fail
 from tests.support.env import REPO
 from tests.support.stack import Stack
+from tests.support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -171,3 +172,29 @@ def test_sign_in_pause_resume_and_expiry_in_chromium(
     for name in (web, auto):
         _api(up, "alice", "DELETE", f"/api/v1/sandbox/{name}")
     assert (ARTIFACTS / "dashboard-user.png").stat().st_size > 10_000
+
+
+def test_signing_out_while_answers_are_on_the_way_shows_nothing_of_the_session(
+    up: Stack, browser: Any
+) -> None:
+    """The sandbox list, usage and user list answered while signed in but arrive after the
+    sign-out (CI saw the usage answer read ``state.me.user`` of a null session)."""
+    held: list[Any] = []
+    with _page(browser, up) as page:
+        _sign_in(page, up.keys["root"])
+        page.wait_for_selector("#users tbody tr[data-user=alice]")
+        for path in ("/dashboard/api/sandboxes", "/dashboard/api/usage", "/dashboard/api/users"):
+            page.route(f"**{path}", lambda route: held.append(route))
+        page.evaluate("refresh(); loadUsage(); loadUsers(); null")
+        # Route handlers run while Playwright waits (not while the test sleeps).
+        until(lambda: page.wait_for_timeout(100) or len(held) >= 3, 30, "three loads held")
+        answers = [(route, route.fetch()) for route in held]  # answered for the live session
+        assert [a.status for _, a in answers] == [200, 200, 200]
+        page.click("#logout")
+        page.wait_for_selector("#login-form", state="visible")
+        for route, answer in answers:
+            route.fulfill(response=answer)
+        page.wait_for_timeout(500)  # the answers' continuations run now (errors fail _page)
+        assert page.is_hidden("#app")
+        assert page.locator("#sandboxes tbody tr").count() == 0
+        assert page.locator("#users tbody tr").count() == 0

@@ -10,7 +10,9 @@ from services.scheduler import expiry
 from shared.bus.schedules import Timer
 from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
+from shared.models.lifecycle import ActivityPolicy
 from shared.models.messages import KillSandbox, PauseSandbox, SandboxExpired
+from shared.ports.envd import InnerActivity
 from shared.settings import FeatureFlags
 
 pytestmark = pytest.mark.unit
@@ -274,6 +276,40 @@ def test_activity_from_before_a_client_set_the_deadline_never_undoes_it() -> Non
     assert (late.outcome, late.mutate) == ("unchanged", None)
     after = expiry.on_event(expiry.Activity(at=T0), expired_now, policy=POLICY, now=T0)
     assert after.outcome == "extended"  # activity since counts again
+
+
+def test_an_activity_plan_made_before_a_set_timeout_does_not_undo_it_when_applied() -> None:
+    """The scheduler planned from a read taken before the client's ``set_timeout(0)``; the
+    mutation runs on the record as it is then, and keeps the client's deadline (CI saw the
+    sandbox stay up for its whole timeout)."""
+    before = rec(deadline=T0 + timedelta(seconds=10), timeout=60)
+    plan = expiry.on_event(
+        expiry.Activity(at=T0 - timedelta(milliseconds=5)), before, policy=POLICY, now=T0
+    )
+    assert plan.outcome == "extended" and plan.mutate is not None
+    set_to_now = rec(deadline=T0, deadline_set_at=T0, timeout=60)
+    assert plan.mutate(set_to_now) == set_to_now
+
+
+def test_inner_activity_from_before_a_set_timeout_earns_nothing() -> None:
+    busy = ActivityPolicy(signals=("cpu",), max_lifetime=900, expiring_notice=0)
+    now = T0 + timedelta(seconds=1)
+    seen = InnerActivity(now=now, last={"cpu": now - timedelta(seconds=2)})  # before T0
+    set_to_now = rec(deadline=T0, deadline_set_at=T0, timeout=60)
+    assert expiry.earned_deadline(set_to_now, busy, seen, now) is None
+    # A plan from an older read, applied after the client's set: refused by the mutation.
+    earned = expiry.earned_deadline(rec(deadline=T0, timeout=60), busy, seen, now)
+    assert earned is not None
+    plan = expiry.on_fired(
+        fired(),
+        rec(deadline=T0, timeout=60),
+        flags=ON,
+        policy=POLICY,
+        now=now,
+        watch=expiry.Watch(earned=earned),
+    )
+    assert plan.outcome == "kept_busy" and plan.mutate is not None
+    assert plan.mutate(set_to_now) == set_to_now
 
 
 def test_timer_ids_are_deterministic_and_due_is_utc() -> None:

@@ -30,7 +30,9 @@ def seen(**last: float) -> InnerActivity:
 
 def test_activity_by_a_counted_signal_earns_a_deadline() -> None:
     earned = expiry.earned_deadline(rec(), BUSY, seen(cpu=2), DEADLINE)
-    assert earned == DEADLINE - timedelta(seconds=2) + timedelta(seconds=300)
+    assert earned is not None
+    assert earned.seen_at == DEADLINE - timedelta(seconds=2)
+    assert earned.deadline == DEADLINE - timedelta(seconds=2) + timedelta(seconds=300)
 
 
 def test_signals_the_template_does_not_count_earn_nothing() -> None:
@@ -47,7 +49,8 @@ def test_inside_activity_never_passes_the_max_lifetime() -> None:
     """A sandbox busy for ever is still paused ``maxLifetime`` after it started."""
     cap = T0 + timedelta(seconds=900)
     late = rec(deadline=cap - timedelta(seconds=100))
-    assert expiry.earned_deadline(late, BUSY, seen(cpu=0), cap - timedelta(seconds=100)) == cap
+    earned = expiry.earned_deadline(late, BUSY, seen(cpu=0), cap - timedelta(seconds=100))
+    assert earned is not None and earned.deadline == cap
     at_cap = rec(deadline=cap)
     assert expiry.earned_deadline(at_cap, BUSY, seen(cpu=0), cap) is None
     # Resumed later: the lifetime counts from the new start.
@@ -57,10 +60,11 @@ def test_inside_activity_never_passes_the_max_lifetime() -> None:
 
 
 def test_an_earned_deadline_moves_the_timer_before_any_warning() -> None:
-    watch = expiry.Watch(notice=timedelta(seconds=30), earned=DEADLINE + timedelta(seconds=60))
+    earned = expiry.Earned(deadline=DEADLINE + timedelta(seconds=60), seen_at=DEADLINE)
+    watch = expiry.Watch(notice=timedelta(seconds=30), earned=earned)
     plan = expiry.on_fired(fired(), rec(), flags=ON, policy=POLICY, now=DEADLINE, watch=watch)
     assert plan.outcome == "kept_busy" and not plan.publish
-    assert plan.mutate is not None and plan.mutate(rec()).deadline == watch.earned
+    assert plan.mutate is not None and plan.mutate(rec()).deadline == earned.deadline
     assert [t.due for t in plan.arm] == [DEADLINE + timedelta(seconds=30)]
 
 

@@ -243,6 +243,18 @@ async def test_activity_seen_before_a_set_timeout_does_not_undo_it(system: InMem
     assert later.deadline > expired.deadline
 
 
+async def test_a_touch_applied_before_a_set_timeout_reports_when_it_was_seen(
+    system: InMemorySystem,
+) -> None:
+    """The touch lands first, the client's ``set_timeout(0)`` next, then the activity event goes
+    out: it carries the time the request was seen (not now), so the scheduler refuses it."""
+    await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-ev", timeout=60))
+    seen = datetime.now(UTC) - timedelta(milliseconds=50)
+    await system.lifecycle.touch("sbx-ev", seen_at=seen)
+    (activity,) = system.publisher.of_type(SandboxActivity)
+    assert activity.at == seen
+
+
 async def test_unknown_template_fails_the_create_at_once(system: InMemorySystem) -> None:
     with pytest.raises(RuntimeFailure, match="template missing not found"):
         await system.lifecycle.create(

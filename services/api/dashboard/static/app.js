@@ -69,6 +69,15 @@ async function boot() {
 
 function showLogin(message) {
   stopLive();
+  clearInterval(state.timer);
+  // Nothing of the last session stays in the page (a shared screen, the next user).
+  state.sandboxes = [];
+  for (const sel of ["#sandboxes tbody", "#users tbody", "#usage tbody tr", "#events tbody",
+                     "#snapshot tbody", "#user", "#usage-asof", "#count", "#flag", "#status"]) {
+    const node = $(sel);
+    if (node) node.replaceChildren();
+  }
+  $("#detail").hidden = true;
   $("#app").hidden = true;
   $("#who").hidden = true;
   $("#login").hidden = false;
@@ -132,12 +141,15 @@ async function refresh() {
     do {
       again = false;
       const q = state.owner ? "?owner=" + encodeURIComponent(state.owner) : "";
+      let listed;
       try {
-        state.sandboxes = await api("/dashboard/api/sandboxes" + q);
+        listed = await api("/dashboard/api/sandboxes" + q);
       } catch (e) {
         if (e.status === 401) return showLogin("Your session ended; sign in again.");
         say(e.message, true);
       }
+      if (!state.me) return;  // signed out while it loaded: show nothing of that session
+      if (listed) state.sandboxes = listed;
       render();
       loadUsage();
     } while (again);
@@ -156,6 +168,7 @@ async function loadUsage() {
     $("#usage-panel").hidden = e.status === 501;  // no ledger on this deployment
     return;
   }
+  if (!state.me) return;  // signed out while it loaded
   const t = usage.totals;
   const cells = [
     t.sandboxes, hours(t.runningSeconds), hours(t.pausedSeconds),
@@ -171,6 +184,7 @@ async function loadUsage() {
 async function loadUsers() {
   let users = [];
   try { users = await api("/dashboard/api/users"); } catch (e) { return say(e.message, true); }
+  if (!state.me) return;  // signed out while it loaded
   const body = $("#users tbody");
   body.replaceChildren();
   const select = $("#owner-filter");
