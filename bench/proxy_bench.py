@@ -3,7 +3,7 @@ sandbox (auto-resume).
 
     .venv/bin/python bench/proxy_bench.py [--requests 2000] [--concurrency 32] [--no-resume]
         [--rounds 3] [--client httpx|lean] [--baseline <checkout of another commit>]
-        [--pump haproxy|socat|none] [--out NAME.json]
+        [--pump haproxy|socat|haproxy-http|none] [--out NAME.json]
 
 Part 1 runs the real in-sandbox daemon (``python -m services.envd``) on its own loopback
 address and the proxy (``ProxyApp``, the production ASGI app under uvicorn) in a separate
@@ -16,8 +16,11 @@ writes bench/results/proxy_bench.json. Loopback only; every loop is bounded.
 ``--pump`` adds a reference side: a TCP byte pump written in C (haproxy in ``mode tcp`` or socat;
 no HTTP parsing, no auth, no routing) between the same client and the same daemon, measured in
 the same rounds. It is the physical limit of one proxy hop on this machine: what any proxy
-costs before it does anything of its own. Benchmark reference only, never a product
-dependency: when the binary is missing the benchmark says so and measures without it.
+costs before it does anything of its own. ``--pump haproxy-http`` is the L7 reference instead:
+haproxy in ``mode http`` parsing every request, routing on the sandbox header, checking the
+access token, dropping torpor's headers and adding X-Forwarded-For, as the relay does, in C.
+Benchmark references only, never a product dependency: when the binary is missing the
+benchmark says so and measures without it.
 """
 
 from __future__ import annotations
@@ -163,12 +166,16 @@ def cpu_seconds(pid: int) -> float:
     return own + sum(cpu_seconds(int(c)) for c in children)
 
 
-PUMPS = ("haproxy", "socat")
+PUMPS = ("haproxy", "socat", "haproxy-http")
+# The L7 reference parses every request as the relay does: routes on the sandbox header, checks
+# the access token, drops torpor's headers, adds X-Forwarded-For, reuses upstream connections.
+_L7 = "haproxy-http"
 
 
 def pump_command(pump: str, port: int, upstream: str, tmp: Path) -> list[str] | None:
     """The reference L4 pump's command line, or None when its binary is not installed."""
-    binary = shutil.which(pump, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    name = "haproxy" if pump == _L7 else pump
+    binary = shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
     if binary is None:
         return None
     host, upstream_port = upstream.rsplit(":", 1)
@@ -178,7 +185,24 @@ def pump_command(pump: str, port: int, upstream: str, tmp: Path) -> list[str] | 
             f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,nodelay,backlog=4096",
             f"TCP:{host}:{upstream_port},nodelay",
         ]
-    config = tmp / "haproxy.cfg"  # one thread, epoll, TCP mode: no HTTP parsing at all
+    config = tmp / "haproxy.cfg"
+    if pump == _L7:  # one thread, HTTP mode: what the relay does, written in C
+        config.write_text(
+            "global\n  nbthread 1\n  maxconn 4096\n"
+            "defaults\n  mode http\n  option http-keep-alive\n  option forwardfor\n"
+            "  timeout connect 5s\n  timeout client 300s\n  timeout server 300s\n"
+            "  timeout http-keep-alive 75s\n"
+            f"frontend relay\n  bind 127.0.0.1:{port}\n"
+            f"  http-request deny unless {{ req.hdr(e2b-sandbox-id) -m str {SANDBOX} }} "
+            f"{{ req.hdr(x-access-token) -m str {TOKEN} }}\n"
+            "  http-request del-header e2b-sandbox-id\n"
+            "  http-request del-header e2b-sandbox-port\n"
+            "  default_backend sandbox\n"
+            "backend sandbox\n  http-reuse always\n"
+            f"  server envd {host}:{upstream_port}\n"
+        )
+        return [binary, "-db", "-f", str(config)]
+    # one thread, epoll, TCP mode: no HTTP parsing at all
     config.write_text(
         "global\n  nbthread 1\n  maxconn 4096\n"
         "defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 300s\n"
@@ -329,7 +353,7 @@ def overhead(
             wait_http(f"{based}/health", route, timeout=120)
         pumped = f"http://127.0.0.1:{pump_port}"
         if pump_index is not None:
-            wait_http(f"{pumped}/health", auth, timeout=30)
+            wait_http(f"{pumped}/health", route if pump == _L7 else auth, timeout=30)
         rpc = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
         cases = [
             ("GET /health", "GET", "/health", None, {}),
@@ -339,7 +363,7 @@ def overhead(
         if baseline is not None:
             sides["baseline"] = (based, route, 2)
         if pump_index is not None:  # L4: the daemon's own headers, nothing to route on
-            sides["pump"] = (pumped, {**auth}, pump_index)
+            sides["pump"] = (pumped, route if pump == _L7 else {**auth}, pump_index)
         per_request = 1e6 / (n + 50)  # the warm-up requests count too
         for name, method, path, body, extra in cases:
             for conc in (1, concurrency):

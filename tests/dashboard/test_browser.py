@@ -180,11 +180,15 @@ def test_signing_out_while_answers_are_on_the_way_shows_nothing_of_the_session(
     """The sandbox list, usage and user list answered while signed in but arrive after the
     sign-out (CI saw the usage answer read ``state.me.user`` of a null session)."""
     held: list[Any] = []
+
+    def hold(route: Any) -> None:  # a function: Playwright tags its handler (not a builtin)
+        held.append(route)
+
     with _page(browser, up) as page:
         _sign_in(page, up.keys["root"])
         page.wait_for_selector("#users tbody tr[data-user=alice]")
         for path in ("/dashboard/api/sandboxes", "/dashboard/api/usage", "/dashboard/api/users"):
-            page.route(f"**{path}", lambda route: held.append(route))
+            page.route(f"**{path}", hold)
         page.evaluate("refresh(); loadUsage(); loadUsers(); null")
         # Route handlers run while Playwright waits (not while the test sleeps).
         until(lambda: page.wait_for_timeout(100) or len(held) >= 3, 30, "three loads held")
