@@ -269,17 +269,9 @@ async def connect_sandbox(
         record = await w.lifecycle.extend_timeout(sandbox_id, owner=caller.scope, timeout=timeout)
         response.status_code = status.HTTP_200_OK
         return sandbox_out(record, w.settings, template_ids=await template_ids(w.builds, [record]))
-    await admit_resume(w, record)
-    result = await w.lifecycle.resume(
-        sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
-    )
-    response.status_code = status.HTTP_201_CREATED if result.resumed else status.HTTP_200_OK
-    return sandbox_out(
-        result.record,
-        w.settings,
-        resumed=result.resumed,
-        template_ids=await template_ids(w.builds, [result.record]),
-    )
+    resumed, out = await _resume(w, caller, record, timeout)
+    response.status_code = status.HTTP_201_CREATED if resumed else status.HTTP_200_OK
+    return out
 
 
 @router.post(
@@ -295,16 +287,24 @@ async def resume_sandbox(
     record = await _get(w, caller, sandbox_id)
     refuse_resume_if_up(record, sandbox_id)
     timeout = _timeout(w, body.timeout if body else None, default=record.timeout)
+    return (await _resume(w, caller, record, timeout))[1]
+
+
+async def _resume(
+    w: WiringDep, caller: CallerDep, record: SandboxRecord, timeout: int
+) -> tuple[bool, SandboxOut]:
+    """Resume (admitted by the caller's quota and rate first); whether it resumed, and the view."""
     await admit_resume(w, record)
     result = await w.lifecycle.resume(
-        sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
+        record.sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
     )
-    return sandbox_out(
+    out = sandbox_out(
         result.record,
         w.settings,
         resumed=result.resumed,
         template_ids=await template_ids(w.builds, [result.record]),
     )
+    return result.resumed, out
 
 
 @router.post(
