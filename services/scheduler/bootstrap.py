@@ -12,7 +12,7 @@ from functools import partial
 
 from faststream.nats import NatsRouter
 
-from services.scheduler import expiry
+from services.scheduler import plans
 from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.settings import SchedulerSettings
 from shared.bus.batches import BatchConsumer
@@ -25,8 +25,8 @@ from shared.runtime.template_facts import read_facts
 from shared.settings import RetentionSettings, RuntimeSettings, load
 
 
-def policy_of(settings: SchedulerSettings, retention: RetentionSettings) -> expiry.Policy:
-    return expiry.Policy(
+def policy_of(settings: SchedulerSettings, retention: RetentionSettings) -> plans.Policy:
+    return plans.Policy(
         retention=retention.retention,
         pause_check=timedelta(seconds=settings.pause_check_seconds),
         pause_attempts=settings.pause_attempts,

@@ -49,15 +49,35 @@ Rules
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
 
-from pydantic import BaseModel
-
+from services.scheduler.effects import (
+    clear_retention,
+    expired,
+    expiring,
+    extend_deadline,
+    kill,
+    pause_check_timer,
+    retention_timer,
+    set_retention,
+    timeout_at,
+    timeout_timer,
+)
+from services.scheduler.plans import (
+    NO_WATCH,
+    Activity,
+    Changed,
+    Decision,
+    Earned,
+    FailedPause,
+    Outgoing,
+    Plan,
+    Policy,
+    Watch,
+)
 from shared.bus.schedules import Holder, Timer
 from shared.domain import states
-from shared.domain.record import Mutation, SandboxRecord
+from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
 from shared.domain.timing import (
     deadline_after,
@@ -66,89 +86,9 @@ from shared.domain.timing import (
     retained_until,
 )
 from shared.models.lifecycle import ActivityPolicy
-from shared.models.messages import (
-    KillSandbox,
-    PauseSandbox,
-    SandboxExpired,
-    SandboxExpiring,
-    address,
-)
+from shared.models.messages import PauseSandbox
 from shared.ports.envd import InnerActivity
 from shared.settings import FeatureFlags
-
-Decision = Literal["pause", "kill"]
-
-
-@dataclass(frozen=True)
-class Policy:
-    retention: timedelta
-    pause_check: timedelta
-    pause_attempts: int
-
-
-@dataclass(frozen=True)
-class Earned:
-    """A deadline earned by activity inside the sandbox, and when that activity was (our clock)."""
-
-    deadline: datetime
-    seen_at: datetime
-
-
-@dataclass(frozen=True)
-class Watch:
-    """The template's part in a timeout: how long before the deadline to warn, and the deadline
-    that activity inside the sandbox earned (asked of its daemon by the handler), if any."""
-
-    notice: timedelta = timedelta(0)
-    earned: Earned | None = None
-
-
-NO_WATCH = Watch()
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    subject: str
-    message: BaseModel
-    msg_id: str
-
-    @classmethod
-    def of(cls, message: BaseModel, *id_extra: str) -> Outgoing:
-        """Addressed by the message itself (``shared.models.messages.address``)."""
-        subject, mid = address(message, *id_extra)
-        return cls(subject, message, mid)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What to do, in this order: change the record, publish, cancel, arm."""
-
-    outcome: str  # for logs and metrics: expired, stale, moved, retried, ...
-    publish: tuple[Outgoing, ...] = ()
-    arm: tuple[Timer, ...] = ()
-    cancel: tuple[Holder, ...] = ()
-    mutate: Mutation | None = None
-    decision: Decision | None = None
-    deadline: datetime | None = None  # the deadline that expired (lateness metric)
-
-
-@dataclass(frozen=True)
-class FailedPause:
-    """A ``sandbox.evt.failed`` for op ``pause``, with the pending timeout-holder timer."""
-
-    pending: Timer | None
-
-
-@dataclass(frozen=True)
-class Activity:
-    at: datetime
-
-
-@dataclass(frozen=True)
-class Changed:
-    """Any other lifecycle event: bring the timers in line with the record."""
-
-    pending: Timer | None = field(default=None)
 
 
 def decide(record: SandboxRecord, flags: FeatureFlags) -> Decision:
@@ -241,13 +181,13 @@ def _on_timeout(
         return Plan(
             "kept_busy",
             mutate=extend_deadline(watch.earned.deadline, watch.earned.seen_at),
-            arm=(_timeout_at(record, watch.earned.deadline - watch.notice),),
+            arm=(timeout_at(record, watch.earned.deadline - watch.notice),),
         )
     if record.deadline > now:  # within the notice: warn once, then wait for the deadline itself
         return Plan(
             "expiring",
-            publish=(_expiring(record, decide(record, flags), now, watch.notice),),
-            arm=(_timeout_at(record, record.deadline),),
+            publish=(expiring(record, decide(record, flags), now, watch.notice),),
+            arm=(timeout_at(record, record.deadline),),
         )
     decision = decide(record, flags)
     sid, gen = record.sandbox_id, record.generation
@@ -257,11 +197,11 @@ def _on_timeout(
         check = pause_check_timer(record, attempt=1, due=now + check_delay(policy, 1))
         arm: tuple[Timer, ...] = (check,)
     else:
-        command = _kill(record, "timeout")
+        command = kill(record, "timeout")
         arm = ()
     return Plan(
         "expired",
-        publish=(_expired(record, decision, now, command), command),
+        publish=(expired(record, decision, now, command), command),
         arm=arm,
         decision=decision,
         deadline=record.deadline,
@@ -328,10 +268,10 @@ def _failed_our_pause(record: SandboxRecord, timer: Timer) -> bool:
 
 
 def _give_up(record: SandboxRecord, now: datetime, outcome: str) -> Plan:
-    kill = _kill(record, "timeout")
+    command = kill(record, "timeout")
     return Plan(
         outcome,
-        publish=(_expired(record, "kill", now, kill, "kill"), kill),
+        publish=(expired(record, "kill", now, command, "kill"), command),
         decision="kill",
     )
 
@@ -341,7 +281,7 @@ def _on_retention(record: SandboxRecord, *, now: datetime) -> Plan:
         return Plan("stale")
     if record.retain_until > now:
         return Plan("moved", arm=(retention_timer(record, record.retain_until),))
-    return Plan("retention_expired", publish=(_kill(record, "retention"),))
+    return Plan("retention_expired", publish=(kill(record, "retention"),))
 
 
 # ---- lifecycle events ----------------------------------------------------------------------
@@ -375,7 +315,7 @@ def _on_activity(event: Activity, record: SandboxRecord, notice: timedelta) -> P
         return Plan(
             "deadline_set",
             mutate=extend_deadline(wanted, event.at),
-            arm=(_timeout_at(record, wanted - notice),),
+            arm=(timeout_at(record, wanted - notice),),
         )
     if wanted <= record.deadline:
         return Plan("unchanged")
@@ -415,7 +355,7 @@ def sync(
     if states.is_running(record.state):
         # retain_until is set exactly while a retention timer may be pending (see below).
         retained = record.retain_until is not None
-        clear = _clear_retention if retained else None
+        clear = clear_retention if retained else None
         cancel: tuple[Holder, ...] = ("retention",) if retained else ()
         if record.deadline is None:
             return Plan("no_deadline", cancel=cancel, mutate=clear)
@@ -434,101 +374,3 @@ def sync(
         )
     # creating, pausing, resuming, failed (but not a failed create): the next event settles it
     return Plan("transitional")
-
-
-# ---- helpers -------------------------------------------------------------------------------
-
-
-def timeout_timer(record: SandboxRecord, notice: timedelta = timedelta(0)) -> Timer:
-    """Due at the deadline, or ``notice`` before it (the template warns before expiry)."""
-    assert record.deadline is not None
-    return _timeout_at(record, record.deadline - notice)
-
-
-def _timeout_at(record: SandboxRecord, due: datetime) -> Timer:
-    return Timer(
-        kind="timeout", sandbox_id=record.sandbox_id, generation=record.generation, due=due
-    )
-
-
-def pause_check_timer(record: SandboxRecord, *, attempt: int, due: datetime) -> Timer:
-    return Timer(
-        kind="pause_check",
-        sandbox_id=record.sandbox_id,
-        generation=record.generation,
-        due=due,
-        attempt=attempt,
-    )
-
-
-def retention_timer(record: SandboxRecord, due: datetime) -> Timer:
-    return Timer(
-        kind="retention", sandbox_id=record.sandbox_id, generation=record.generation, due=due
-    )
-
-
-def _expired(
-    record: SandboxRecord, decision: Decision, now: datetime, command: Outgoing, *id_extra: str
-) -> Outgoing:
-    return Outgoing.of(
-        SandboxExpired(
-            sandbox_id=record.sandbox_id,
-            generation=record.generation,
-            at=now,
-            decision=decision,
-            deadline=record.deadline or now,
-            command=f"{command.subject} {command.msg_id}",
-        ),
-        *id_extra,
-    )
-
-
-def _expiring(
-    record: SandboxRecord, decision: Decision, now: datetime, notice: timedelta
-) -> Outgoing:
-    assert record.deadline is not None
-    return Outgoing.of(
-        SandboxExpiring(
-            sandbox_id=record.sandbox_id,
-            generation=record.generation,
-            at=now,
-            decision=decision,
-            deadline=record.deadline,
-            notice_seconds=int(notice.total_seconds()),
-        ),
-        record.deadline.strftime("%Y%m%dT%H%M%S%f"),  # once per deadline
-    )
-
-
-def _kill(record: SandboxRecord, reason: Literal["timeout", "retention"]) -> Outgoing:
-    sid, gen = record.sandbox_id, record.generation
-    return Outgoing.of(KillSandbox(sandbox_id=sid, generation=gen, reason=reason))
-
-
-def extend_deadline(wanted: datetime, seen_at: datetime) -> Mutation:
-    """Activity seen at ``seen_at`` earns ``wanted``; applied to the record as it is then (a
-    client may have set the deadline since the plan was made from an older read)."""
-
-    def mutate(record: SandboxRecord) -> SandboxRecord:
-        if not states.is_running(record.state) or predates_client_deadline(record, seen_at):
-            return record
-        if record.deadline is not None and record.deadline >= wanted:
-            return record
-        return record.model_copy(update={"deadline": wanted})
-
-    return mutate
-
-
-def set_retention(retain_until: datetime) -> Mutation:
-    def mutate(record: SandboxRecord) -> SandboxRecord:
-        if not is_retained(record) or record.retain_until is not None:
-            return record
-        return record.model_copy(update={"retain_until": retain_until})
-
-    return mutate
-
-
-def _clear_retention(record: SandboxRecord) -> SandboxRecord:
-    if is_retained(record):
-        return record
-    return record.model_copy(update={"retain_until": None})

@@ -17,7 +17,7 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from services.scheduler import expiry, metrics
+from services.scheduler import expiry, metrics, plans
 from shared.bus import subjects
 from shared.bus.batches import Delivery, Outcome
 from shared.bus.schedules import Holder, Timer
@@ -74,7 +74,7 @@ class SchedulerHandlers:
         publisher: Publisher,
         timers: Timers,
         flags: FeatureFlags,
-        policy: expiry.Policy,
+        policy: plans.Policy,
         clock: Clock = _utcnow,
         templates: Callable[[str], TemplateFacts] = unknown_template,
         envd: Envd | None = None,
@@ -113,7 +113,7 @@ class SchedulerHandlers:
 
     async def _watch(
         self, timer: Timer, record: SandboxRecord | None, now: datetime
-    ) -> expiry.Watch:
+    ) -> plans.Watch:
         policy = self._activity_policy(record)
         notice = timedelta(seconds=policy.expiring_notice)
         if (
@@ -124,7 +124,7 @@ class SchedulerHandlers:
             or not (record.host and record.pod_uid)
             or not expiry.needs_watch(record, now, notice)
         ):
-            return expiry.Watch(notice=notice)
+            return plans.Watch(notice=notice)
         try:
             seen = await self._envd.activity(
                 Endpoint(host=record.host, pod_uid=record.pod_uid),
@@ -135,7 +135,7 @@ class SchedulerHandlers:
             log.info("activity_unknown", sandbox_id=record.sandbox_id, error=str(e))
             seen = None
         earned = expiry.earned_deadline(record, policy, seen, now)
-        return expiry.Watch(notice=notice, earned=earned)
+        return plans.Watch(notice=notice, earned=earned)
 
     async def on_fired(self, body: bytes) -> str:
         timer = Timer.model_validate_json(body)  # a ValidationError dead-letters the message
@@ -225,22 +225,20 @@ class SchedulerHandlers:
         name = subject.rsplit(".", 2)[-2]
         record = await self._store.get(sandbox_id)
         now = self._clock()
-        event: expiry.Activity | expiry.FailedPause | expiry.Changed
+        event: plans.Activity | plans.FailedPause | plans.Changed
         if subject.startswith(subjects.EVT_ACTIVITY + "."):
-            event = expiry.Activity(at=SandboxActivity.model_validate_json(body).at)
+            event = plans.Activity(at=SandboxActivity.model_validate_json(body).at)
         elif subject.startswith(subjects.EVT_FAILED + "."):
             failed = SandboxFailed.model_validate_json(body)
             if failed.op != "pause":
-                event = expiry.Changed()
+                event = plans.Changed()
             else:
-                event = expiry.FailedPause(
-                    pending=await self._timers.pending(sandbox_id, "timeout")
-                )
+                event = plans.FailedPause(pending=await self._timers.pending(sandbox_id, "timeout"))
         else:
             pending = None
             if expiry.needs_pending(record, now):
                 pending = await self._timers.pending(sandbox_id, "timeout")
-            event = expiry.Changed(pending=pending)
+            event = plans.Changed(pending=pending)
         plan = expiry.on_event(
             event, record, policy=self._policy, now=now, notice=self._notice(record)
         )
@@ -249,7 +247,7 @@ class SchedulerHandlers:
         log.debug("event_handled", sandbox_id=sandbox_id, kind=name, outcome=plan.outcome)
         return plan.outcome, ((sandbox_id, record, plan) if (plan.arm or plan.cancel) else None)
 
-    async def _settle(self, sandbox_id: str, seen: SandboxRecord | None, plan: expiry.Plan) -> None:
+    async def _settle(self, sandbox_id: str, seen: SandboxRecord | None, plan: plans.Plan) -> None:
         """Concurrent handlers may arm from different versions of the record; the last publish
         wins. Re-read after arming and sync again until the record stops moving under us."""
         expected = plan.mutate(seen) if (plan.mutate and seen) else seen
@@ -262,7 +260,7 @@ class SchedulerHandlers:
             if expiry.needs_pending(latest, now):
                 pending = await self._timers.pending(sandbox_id, "timeout")
             again = expiry.on_event(
-                expiry.Changed(pending=pending),
+                plans.Changed(pending=pending),
                 latest,
                 policy=self._policy,
                 now=now,
@@ -271,7 +269,7 @@ class SchedulerHandlers:
             await self._execute(sandbox_id, again)
             expected = again.mutate(latest) if (again.mutate and latest) else latest
 
-    async def _execute(self, sandbox_id: str, plan: expiry.Plan) -> None:
+    async def _execute(self, sandbox_id: str, plan: plans.Plan) -> None:
         if plan.mutate is not None:
             try:
                 await self._store.update(sandbox_id, plan.mutate)
@@ -287,7 +285,7 @@ class SchedulerHandlers:
             metrics.ARMED.labels(timer.kind).inc()
 
 
-_Settle = tuple[str, SandboxRecord | None, expiry.Plan]
+_Settle = tuple[str, SandboxRecord | None, plans.Plan]
 _T = TypeVar("_T")
 
 

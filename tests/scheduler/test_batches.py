@@ -23,7 +23,7 @@ from typing import Any
 import nats
 import pytest
 
-from services.scheduler import expiry
+from services.scheduler import plans
 from services.scheduler.handlers import SchedulerHandlers
 from shared.bus import subjects
 from shared.bus.batches import BatchConsumer, BatchHandler, Delivery, Outcome
@@ -123,7 +123,7 @@ async def in_process(bus: Bus) -> AsyncIterator[SchedulerHandlers]:
         publisher=BrokerPublisher(broker),
         timers=NatsTimers(bus.js),
         flags=FeatureFlags(PAUSE_RESUME="true"),
-        policy=expiry.Policy(
+        policy=plans.Policy(
             retention=timedelta(hours=1),
             pause_check=timedelta(seconds=60),
             pause_attempts=3,

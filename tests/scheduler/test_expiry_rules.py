@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.scheduler import expiry
+from services.scheduler import expiry, plans
 from shared.bus.schedules import Timer
 from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
@@ -18,7 +18,7 @@ from shared.settings import FeatureFlags
 pytestmark = pytest.mark.unit
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
-POLICY = expiry.Policy(
+POLICY = plans.Policy(
     retention=timedelta(days=30), pause_check=timedelta(seconds=30), pause_attempts=3
 )
 ON = FeatureFlags(PAUSE_RESUME="true")
@@ -182,10 +182,10 @@ def test_activity_revives_a_sandbox_whose_pause_never_started() -> None:
 def test_failed_event_kills_only_when_the_pause_was_ours() -> None:
     failed = rec(state=SandboxState.FAILED, generation=5, failure="pause: boom")
     ours = expiry.on_event(
-        expiry.FailedPause(pending=fired("pause_check", attempt=1)), failed, policy=POLICY, now=T0
+        plans.FailedPause(pending=fired("pause_check", attempt=1)), failed, policy=POLICY, now=T0
     )
     assert ours.outcome == "pause_failed"
-    user = expiry.on_event(expiry.FailedPause(pending=None), failed, policy=POLICY, now=T0)
+    user = expiry.on_event(plans.FailedPause(pending=None), failed, policy=POLICY, now=T0)
     assert (user.outcome, user.publish) == ("not_ours", ())
 
 
@@ -257,12 +257,12 @@ def test_sync_keeps_a_pending_pause_check_of_an_expired_sandbox() -> None:
 
 def test_activity_only_extends_in_kv() -> None:
     record = rec(deadline=T0 + timedelta(seconds=10), timeout=60)
-    plan = expiry.on_event(expiry.Activity(at=T0), record, policy=POLICY, now=T0)
+    plan = expiry.on_event(plans.Activity(at=T0), record, policy=POLICY, now=T0)
     assert (plan.outcome, plan.arm) == ("extended", ())
     assert plan.mutate is not None
     assert plan.mutate(record).deadline == T0 + timedelta(seconds=60)
     old = expiry.on_event(
-        expiry.Activity(at=T0 - timedelta(minutes=5)), record, policy=POLICY, now=T0
+        plans.Activity(at=T0 - timedelta(minutes=5)), record, policy=POLICY, now=T0
     )
     assert old.outcome == "unchanged"  # never shortens
 
@@ -271,10 +271,10 @@ def test_activity_from_before_a_client_set_the_deadline_never_undoes_it() -> Non
     """set_timeout(0) right after a request: that request's activity event comes after it."""
     expired_now = rec(deadline=T0, deadline_set_at=T0, timeout=60)
     late = expiry.on_event(
-        expiry.Activity(at=T0 - timedelta(milliseconds=5)), expired_now, policy=POLICY, now=T0
+        plans.Activity(at=T0 - timedelta(milliseconds=5)), expired_now, policy=POLICY, now=T0
     )
     assert (late.outcome, late.mutate) == ("unchanged", None)
-    after = expiry.on_event(expiry.Activity(at=T0), expired_now, policy=POLICY, now=T0)
+    after = expiry.on_event(plans.Activity(at=T0), expired_now, policy=POLICY, now=T0)
     assert after.outcome == "extended"  # activity since counts again
 
 
@@ -284,7 +284,7 @@ def test_an_activity_plan_made_before_a_set_timeout_does_not_undo_it_when_applie
     sandbox stay up for its whole timeout)."""
     before = rec(deadline=T0 + timedelta(seconds=10), timeout=60)
     plan = expiry.on_event(
-        expiry.Activity(at=T0 - timedelta(milliseconds=5)), before, policy=POLICY, now=T0
+        plans.Activity(at=T0 - timedelta(milliseconds=5)), before, policy=POLICY, now=T0
     )
     assert plan.outcome == "extended" and plan.mutate is not None
     set_to_now = rec(deadline=T0, deadline_set_at=T0, timeout=60)
@@ -306,7 +306,7 @@ def test_inner_activity_from_before_a_set_timeout_earns_nothing() -> None:
         flags=ON,
         policy=POLICY,
         now=now,
-        watch=expiry.Watch(earned=earned),
+        watch=plans.Watch(earned=earned),
     )
     assert plan.outcome == "kept_busy" and plan.mutate is not None
     assert plan.mutate(set_to_now) == set_to_now

@@ -25,7 +25,7 @@ import nats
 import pytest
 from pydantic import BaseModel
 
-from services.scheduler import expiry
+from services.scheduler import effects, plans
 from services.scheduler.handlers import SchedulerHandlers
 from shared.bus import subjects
 from shared.bus.batches import BatchConsumer, Delivery, Outcome
@@ -90,7 +90,7 @@ async def replicas(bus: Bus) -> AsyncIterator[Any]:
                 publisher=publisher,
                 timers=NatsTimers(js, lead=LEAD),
                 flags=FeatureFlags(PAUSE_RESUME="true"),
-                policy=expiry.Policy(
+                policy=plans.Policy(
                     retention=timedelta(hours=1),
                     pause_check=timedelta(hours=1),
                     pause_attempts=3,
@@ -155,7 +155,7 @@ async def test_the_schedule_fires_a_lead_early_but_nothing_expires_before_the_de
     records = {
         sid: await bus.put(sid, timeout=2 + i % 3, announce=False) for i, sid in enumerate(sids)
     }
-    await asyncio.gather(*(timers.arm(expiry.timeout_timer(r)) for r in records.values()))
+    await asyncio.gather(*(timers.arm(effects.timeout_timer(r)) for r in records.values()))
     holder = await bus.js.get_last_msg(STREAM_TIMERS, holder_subject("timeout", sids[0]))
     fires_at = datetime.fromisoformat((holder.headers or {})["Nats-Schedule"].removeprefix("@at "))
     deadline = records[sids[0]].deadline

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from pydantic import ValidationError
 
-from services.scheduler import expiry
+from services.scheduler import expiry, plans
 from shared.models.lifecycle import ActivityPolicy, TemplateLifecycle
 from shared.models.messages import PauseSandbox, SandboxExpiring
 from shared.ports.envd import InnerActivity
@@ -60,8 +60,8 @@ def test_inside_activity_never_passes_the_max_lifetime() -> None:
 
 
 def test_an_earned_deadline_moves_the_timer_before_any_warning() -> None:
-    earned = expiry.Earned(deadline=DEADLINE + timedelta(seconds=60), seen_at=DEADLINE)
-    watch = expiry.Watch(notice=timedelta(seconds=30), earned=earned)
+    earned = plans.Earned(deadline=DEADLINE + timedelta(seconds=60), seen_at=DEADLINE)
+    watch = plans.Watch(notice=timedelta(seconds=30), earned=earned)
     plan = expiry.on_fired(fired(), rec(), flags=ON, policy=POLICY, now=DEADLINE, watch=watch)
     assert plan.outcome == "kept_busy" and not plan.publish
     assert plan.mutate is not None and plan.mutate(rec()).deadline == earned.deadline
@@ -69,7 +69,7 @@ def test_an_earned_deadline_moves_the_timer_before_any_warning() -> None:
 
 
 def test_expiring_goes_out_within_the_notice_then_the_deadline_expires() -> None:
-    watch = expiry.Watch(notice=timedelta(seconds=30))
+    watch = plans.Watch(notice=timedelta(seconds=30))
     early = DEADLINE - timedelta(seconds=60)
     moved = expiry.on_fired(fired(), rec(), flags=ON, policy=POLICY, now=early, watch=watch)
     assert moved.outcome == "moved" and moved.arm[0].due == DEADLINE - timedelta(seconds=30)

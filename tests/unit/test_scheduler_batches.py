@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from pydantic import ValidationError
 
-from services.scheduler import expiry
+from services.scheduler import plans
 from services.scheduler.handlers import SchedulerHandlers
 from shared.bus import subjects
 from shared.bus.batches import Delivery
@@ -56,7 +56,7 @@ def make(
         publisher=RecordingPublisher(),
         timers=timers,
         flags=FeatureFlags(PAUSE_RESUME="true"),
-        policy=expiry.Policy(
+        policy=plans.Policy(
             retention=timedelta(days=1), pause_check=timedelta(seconds=30), pause_attempts=3
         ),
         clock=clock,

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from services.scheduler import expiry
+from services.scheduler import plans
 from services.scheduler.handlers import SchedulerHandlers
 from shared.bus import subjects
 from shared.domain.record import SandboxRecord
@@ -86,7 +86,7 @@ def scheduler(
         publisher=publisher,
         timers=timers,
         flags=FeatureFlags(PAUSE_RESUME=pause_resume),
-        policy=expiry.Policy(
+        policy=plans.Policy(
             retention=timedelta(seconds=retention),
             pause_check=timedelta(seconds=pause_check),
             pause_attempts=attempts,
