@@ -1,0 +1,137 @@
+"""Claiming a warm pool pod (see ``.pools``) for a sandbox, at its create or its resume: one
+winner per pod, its daemon bound to the sandbox, then adopted by the sandbox's ReplicaSet."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import structlog
+
+from shared.errors import Conflict, NotFound, RuntimeFailure
+from shared.ports.workloads import ENVD_PORT
+from shared.runtime.kubernetes.errors import api_errors
+from shared.runtime.kubernetes.namespace import MERGE_PATCH, json_or_raise, lost_race
+from shared.runtime.kubernetes.objects import (
+    ACCESS_TOKEN_ENV,
+    ANNOTATION_SANDBOX_ENV,
+    LABEL_TEMPLATE,
+    selector,
+)
+from shared.runtime.kubernetes.pool_filling import PoolFilling
+from shared.runtime.kubernetes.pools import (
+    ANNOTATION_BOUND,
+    ANNOTATION_CLAIMED_AT,
+    ANNOTATION_SECRET,
+    claim_patch,
+    claimable,
+    pool_selector,
+    poolable,
+    sandbox_env,
+)
+
+log = structlog.get_logger()
+
+
+class PoolClaiming(PoolFilling):
+    def _serves(self, template_name: str, pod_template: Mapping[str, Any]) -> bool:
+        return template_name in self._pools and poolable(pod_template)
+
+    async def _warm_resume(self, name: str) -> dict[str, Any] | None:
+        """What a claim for stopped workload ``name`` needs, or None when it takes no warm pod."""
+        with api_errors(f"read ReplicaSet {self._ns}/{name}"):
+            resp = await self._apps.read_namespaced_replica_set_without_preload_content(
+                name, self._ns
+            )
+            try:
+                rs = await json_or_raise(resp)
+            finally:
+                resp.release()
+        meta, spec = rs.get("metadata") or {}, rs.get("spec") or {}
+        template = (meta.get("labels") or {}).get(LABEL_TEMPLATE)
+        pod_template = spec.get("template") or {}
+        if spec.get("replicas") or template is None or template not in self._pools:
+            return None
+        # The resume re-renders the pod template from the template as it is now: that version.
+        pooled = await self._pooled(template)
+        if pooled is None or not poolable(pod_template):
+            return None
+        version = pooled[0]
+        env = sandbox_env(pod_template, (meta.get("annotations") or {}).get(ANNOTATION_SANDBOX_ENV))
+        token = env.pop(ACCESS_TOKEN_ENV, None)
+        if not token or await self.warm_pods(template) == 0:
+            return None
+        return {
+            "template": template,
+            "version": version,
+            "labels": dict((pod_template.get("metadata") or {}).get("labels") or {}),
+            "token": token,
+            "env": {**env, "E2B_SANDBOX_ID": name},
+            "claimer": name,
+        }
+
+    async def _claim_warm(
+        self,
+        template: str,
+        *,
+        version: str,
+        labels: Mapping[str, str],
+        token: str,
+        env: Mapping[str, str],
+        claimer: str,
+    ) -> bool:
+        """Take a ready pool pod of ``template`` (a merge patch at the version it was seen at:
+        one winner), bind its daemon to the sandbox (env, token), then give it the sandbox's
+        pod labels, so its ReplicaSet adopts it and its NetworkPolicy selects it. False: none
+        ready, or binding failed (that pod is deleted, never served): the sandbox starts cold.
+        Only a pod made from ``version`` of the template (the labels, re-checked on the pod)."""
+        pods, _ = await self._pods(selector(pool_selector(template, version)))
+        for pod in (p for p in pods if claimable(p, template, version)):
+            pod_name = pod["metadata"]["name"]
+            patch = claim_patch(pod, {}, claimer=claimer)
+            patch["metadata"]["annotations"][ANNOTATION_CLAIMED_AT] = str(time.time())
+            try:
+                with api_errors(f"claim pool pod {pod_name}"):
+                    await self._core.patch_namespaced_pod(
+                        pod_name, self._ns, patch, _content_type=MERGE_PATCH
+                    )
+            except (Conflict, NotFound, RuntimeFailure) as e:
+                if isinstance(e, RuntimeFailure) and not lost_race(e):
+                    raise
+                continue  # another claim took it
+            log.info("k8s_pool_claim_taken", name=claimer, pod=pod_name)
+            secret = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_SECRET, "")
+            try:
+                await self._bind(pod["status"]["podIP"], secret, token, env)
+                with api_errors(f"label claimed pod {pod_name}"):
+                    await self._core.patch_namespaced_pod(
+                        pod_name,
+                        self._ns,
+                        {
+                            "metadata": {
+                                "labels": dict(labels),
+                                "annotations": {ANNOTATION_BOUND: "true"},
+                            }
+                        },
+                        _content_type=MERGE_PATCH,
+                    )
+            except (httpx.HTTPError, RuntimeFailure, NotFound) as e:
+                log.warning("k8s_pool_claim_failed", name=claimer, error=str(e)[:300])
+                await self._delete_pod(pod)  # never served: the sandbox starts cold
+                return False
+            log.info("k8s_pool_claimed", name=claimer, pod=pod_name)
+            return True
+        return False
+
+    async def _bind(self, ip: str, secret: str, token: str, env: Mapping[str, str]) -> None:
+        http = self._envd_http()
+        url = f"http://{ip}:{ENVD_PORT}/init"
+        body = {"envVars": dict(env), "accessToken": token}
+        response = await http.post(url, json=body, headers={"X-Access-Token": secret})
+        if response.status_code == 401:  # bound before (a repeated claim step)
+            response = await http.post(url, json=body, headers={"X-Access-Token": token})
+        if not response.is_success:
+            msg = f"the warm pod's daemon refused binding ({response.status_code})"
+            raise RuntimeFailure(msg)
