@@ -1,5 +1,5 @@
 """The daemon's ASGI application: Connect services, ``/files``, ``/health``, ``/init``, ``/envs``,
-``/kept-files`` (``services.envd.archive``),
+``/kept-files`` and ``/kept-files/thaw`` (``services.envd.archive``),
 ``/metrics`` and ``/logs`` (``services.envd.telemetry``), ``/activity`` and ``/keepalive``
 (``services.envd.activity``).
 
@@ -209,7 +209,7 @@ class EnvdApp:
                 await self.connect_apps.files(scope, receive, send)
             elif path == "/files":
                 await self._files(scope, receive, send)
-            elif path == "/kept-files":
+            elif path in ("/kept-files", "/kept-files/thaw"):
                 await self.kept_files(scope, receive, send)
             elif path == "/init" and scope["method"] == "POST":
                 await self._init(receive, send)

@@ -8,7 +8,14 @@ Member names are ``home/user/...`` and ``workspace/...``. The work happens in a 
 (``services/envd/kept_child.py``, standard library only: it starts fast), so a big tree never
 blocks the daemon's event loop:
 
-- **export** runs as the daemon (root: it must read what root left in the home folder) and
+- **export** (``GET``, optional ``hold=SECONDS``, 0 to 600, default 0) stops the sandbox's
+  processes first (``services.envd.freezing``): the tar is one moment's tree, and nothing
+  written after it is lost unseen. With ``hold`` 0 they continue once the tar is sent; else they
+  stay stopped until ``POST /kept-files/thaw`` or ``hold`` seconds after the tar ended (a pause
+  that dies half-way never leaves a sandbox stopped for good); the pod of a pause stops with
+  them stopped. An export that fails continues them at once. A repeat while stopped (a
+  redelivered pause) stops what appeared since and exports again. The export child itself
+  runs as the daemon (root: it must read what root left in the home folder) and
   walks with directory descriptors, never following a symlink (``os.fwalk``, ``O_NOFOLLOW``):
   a process swapping a folder for a link mid-walk cannot make it read outside. Regular files,
   folders and symlinks only; a file that shrinks while read is padded, one that grows cut.
@@ -29,15 +36,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from services.envd.files_http import Receive, Scope, Send, query, send_error, send_json
+from services.envd.freezing import FreezeFailed, Freezer
 from services.envd.users import Identity
 
+log = logging.getLogger("envd")
+
 MAX_IMPORT_BYTES = 64 * 1024**3  # the daemon's own ceiling on ``limit``
+MAX_HOLD_SECONDS = 600
 CHUNK = 256 * 1024
 _CHILD = str(Path(__file__).resolve().with_name("kept_child.py"))
 
@@ -49,30 +61,93 @@ class Refused(Exception):
 
 
 class KeptFilesApi:
-    def __init__(self, *, kept_root: str, user: Any) -> None:
+    def __init__(self, *, kept_root: str, user: Any, freezer: Freezer | None = None) -> None:
         self._kept_root = kept_root
         self._user = user  # () -> Identity: the sandbox's user, resolved at each import
         self.closed: str | None = None  # why an import is refused from now on
         self._importing = False
+        self.freezer = freezer or Freezer()
+        # One export or thaw at a time: a thaw never lands in the middle of an export.
+        self._freezing = asyncio.Lock()
+        self._auto_thaw: asyncio.TimerHandle | None = None
 
     def close_imports(self, why: str) -> None:
         if self.closed is None:
             self.closed = why
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["method"] == "GET":
-            await self._export(send)
+        if scope["path"] == "/kept-files/thaw":
+            if scope["method"] == "POST":
+                await self._thaw(send)
+            else:
+                await send_error(send, 405, "kept-files/thaw: POST continues a held sandbox")
+        elif scope["method"] == "GET":
+            await self._export(scope, send)
         elif scope["method"] == "POST":
             await self._import(scope, receive, send)
         else:
             await send_error(send, 405, "kept-files: GET exports, POST imports")
 
-    async def _export(self, send: Send) -> None:
+    async def _thaw(self, send: Send) -> None:
+        async with self._freezing:
+            self._cancel_auto_thaw()
+            continued = self.freezer.thaw()
+        if continued:
+            log.info("kept-files: %d processes continued", continued)
+        await send_json(send, 200, {"continued": continued})
+
+    def _cancel_auto_thaw(self) -> None:
+        if self._auto_thaw is not None:
+            self._auto_thaw.cancel()
+            self._auto_thaw = None
+
+    def _thaw_after_hold(self) -> None:
+        # Only ever pending while no export runs (each cancels it first, under the lock).
+        self._auto_thaw = None
+        continued = self.freezer.thaw()
+        log.warning("kept-files: hold over, %d processes continued", continued)
+
+    async def _export(self, scope: Scope, send: Send) -> None:
+        try:
+            hold = _hold(query(scope))
+        except Refused as e:
+            await send_error(send, e.status, str(e))
+            return
+        async with self._freezing:
+            self._cancel_auto_thaw()  # this export decides how long they stay stopped
+            try:
+                frozen = await self._freeze()
+            except FreezeFailed as e:
+                await send_error(send, 500, f"kept-files export refused: {e}")
+                return
+            done = False
+            try:
+                done = await self._send_export(send, frozen)
+            finally:
+                if not done or hold == 0:
+                    self.freezer.thaw()
+                else:
+                    loop = asyncio.get_running_loop()
+                    self._auto_thaw = loop.call_later(hold, self._thaw_after_hold)
+
+    async def _freeze(self) -> int:
+        # In a thread (it waits for processes to stop); never left half-done by a cancel.
+        freezing = asyncio.ensure_future(asyncio.to_thread(self.freezer.freeze))
+        try:
+            return await asyncio.shield(freezing)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await freezing
+            self.freezer.thaw()
+            raise
+
+    async def _send_export(self, send: Send, frozen: int) -> bool:
+        """The tar to the client; whether all of it was sent."""
         try:
             proc = await _spawn(("export", self._kept_root), stdin=asyncio.subprocess.DEVNULL)
         except OSError as e:
             await send_error(send, 500, f"kept-files export could not start: {e.strerror}")
-            return
+            return False
         assert proc.stdout is not None
         assert proc.stderr is not None
         first = await proc.stdout.read(CHUNK)
@@ -80,12 +155,15 @@ class KeptFilesApi:
             err = (await proc.stderr.read()).decode(errors="replace")[-500:]
             await proc.wait()
             await send_error(send, 500, f"kept-files export failed: {err.strip()}")
-            return
+            return False
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-type", b"application/x-tar")],
+                "headers": [
+                    (b"content-type", b"application/x-tar"),
+                    (b"x-frozen-processes", str(frozen).encode()),
+                ],
             }
         )
         try:
@@ -107,6 +185,7 @@ class KeptFilesApi:
             # fails (a tar is only complete with its end-of-archive blocks).
             raise RuntimeError(f"kept-files export failed: {err.strip()[-300:]}")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return True
 
     async def _import(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -186,6 +265,18 @@ class KeptFilesApi:
         if not result.get("ok"):
             raise Refused(int(result.get("status", 400)), str(result.get("message", "refused")))
         return {"files": result["files"], "bytes": result["bytes"]}
+
+
+def _hold(params: dict[str, str]) -> int:
+    unknown = sorted(set(params) - {"hold"})
+    if unknown:
+        raise Refused(400, f"kept-files export takes only hold, not {unknown[0][:40]!r}")
+    raw = params.get("hold")
+    if raw is None:
+        return 0
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 3 or int(raw) > MAX_HOLD_SECONDS:
+        raise Refused(400, f"hold must be an integer from 0 to {MAX_HOLD_SECONDS} (seconds)")
+    return int(raw)
 
 
 def _limit(raw: str | None) -> int:

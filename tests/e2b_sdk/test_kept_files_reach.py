@@ -1,7 +1,8 @@
 """The daemon's ``/kept-files`` from inside a sandbox (code run through the unmodified SDK): no
-export and no import without the sandbox's token, and once a process has run an import is
-refused even with it, so sandbox code can never have files extracted by the daemon on its
-behalf, as root or anyone, into a pod that is already running."""
+export (held or not), no thaw and no import without the sandbox's token, and once a process has
+run an import is refused even with it, so sandbox code can never have files extracted by the
+daemon on its behalf, as root or anyone, into a pod that is already running, nor stop or
+continue its sandbox's processes through it."""
 
 from __future__ import annotations
 
@@ -26,12 +27,14 @@ def test_a_sandbox_cannot_use_its_daemons_kept_files(stack: Stack) -> None:
             f"curl -s -o /dev/null -w '%{{http_code}} ' -X POST --data-binary @evil.tar "
             f'"{base}?limit=100000"; '
             f"curl -s -o /dev/null -w '%{{http_code}} ' -H 'X-Access-Token: --ro-bind' {base}; "
+            f"curl -s -o /dev/null -w '%{{http_code}} ' \"{base}?hold=600\"; "
+            f"curl -s -o /dev/null -w '%{{http_code}} ' -X POST {base}/thaw; "
             f"curl -s -w ' %{{http_code}}' -X POST --data-binary @evil.tar "
             f"-H \"X-Access-Token: $(cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n' "
             f'| sed -n \'s/^ENVD_ACCESS_TOKEN=//p\')" "{base}?limit=100000"'
         )
         codes = probe.stdout.split()
-        assert codes[:3] == ["401", "401", "401"], probe.stdout
+        assert codes[:5] == ["401"] * 5, probe.stdout  # no export, hold or thaw either
         # With a token (the daemon's, if sandbox code could read it): a process has run, so
         # the import is refused (409); without one, 401. Never 200.
         assert codes[-1] in ("401", "409"), probe.stdout

@@ -42,10 +42,16 @@ class Daemon:
 
 
 def start_daemon(
-    root: Path, log: Path, token: str | None = TOKEN, extra: tuple[str, ...] = ()
+    root: Path,
+    log: Path,
+    token: str | None = TOKEN,
+    extra: tuple[str, ...] = (),
+    prefix: tuple[str, ...] = (),
 ) -> Daemon:
+    """``prefix``: what the daemon runs under (bubblewrap, for a PID namespace of its own)."""
     port = free_port()
     args = [
+        *prefix,
         sys.executable,
         "-m",
         "services.envd",

@@ -1,0 +1,246 @@
+"""``GET /kept-files?hold=`` stops the sandbox's processes for the export (``services.envd
+.freezing``) on a real daemon: a process appending to a file in the home every few ms is
+stopped (``T``) before the tar is taken, the tar's copy equals the file as it is right after,
+it stays stopped for the hold and moves again after ``POST /kept-files/thaw`` or when the hold
+runs out. Twice: the daemon bare on the host (its descendants only: a process of the host that
+is not one is never stopped) and in a PID namespace of its own (bubblewrap, as in every pod:
+the whole namespace, a process that left the daemon's tree too). Plus hostile ``hold`` values
+and a process the user stopped, which a thaw leaves stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from services.envd.freezing import read_stat
+from tests.conftest import skip_or_fail
+from tests.envd.conftest import TOKEN, Daemon, start_daemon, stop_daemon
+
+AUTH = {"X-Access-Token": TOKEN}
+WAIT = 15.0  # seconds: a bound for what should take milliseconds on a quiet machine
+
+
+@dataclass
+class Rig:
+    daemon: Daemon
+    kept: Path
+    sbx: Sandbox
+    outsider: subprocess.Popen[bytes]  # the host's, not the daemon's: never stopped
+
+
+def _wait_for(check: Callable[[], bool], within: float = WAIT) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()
+
+
+def _state(pid: int) -> str:
+    st = read_stat(pid)
+    return "gone" if st is None else st.state
+
+
+def _host_pids(marker: str) -> list[int]:
+    """Host pids of the processes whose command line holds ``marker`` (either namespace)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline:
+                found.append(int(name))
+    return found
+
+
+def _rig(base: Path, control_plane: str, *, pid_namespace: bool) -> Iterator[Rig]:
+    kept = base / "kept"
+    for top in ("home/user", "workspace"):
+        (kept / top).mkdir(parents=True)
+    prefix: tuple[str, ...] = ()
+    if pid_namespace:
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            skip_or_fail("bubblewrap (bwrap) is missing: apt-get install -y bubblewrap")
+        assert bwrap is not None
+        prefix = (bwrap, "--unshare-pid", "--die-with-parent", "--dev-bind", "/", "/")
+        prefix += ("--proc", "/proc", "--")
+    daemon = start_daemon(base, base / "envd.log", extra=("--kept-root", str(kept)), prefix=prefix)
+    outsider = subprocess.Popen(["sleep", "600"])
+    sbx = Sandbox.create(
+        template="sandbox-base", api_key="k", api_url=control_plane, sandbox_url=daemon.url
+    )
+    try:
+        yield Rig(daemon, kept, sbx, outsider)
+    finally:
+        outsider.kill()
+        outsider.wait()
+        stop_daemon(daemon)
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory, control_plane: str) -> Iterator[Rig]:
+    yield from _rig(tmp_path_factory.mktemp("freeze-host"), control_plane, pid_namespace=False)
+
+
+@pytest.fixture(scope="module")
+def pidns(tmp_path_factory: pytest.TempPathFactory, control_plane: str) -> Iterator[Rig]:
+    yield from _rig(tmp_path_factory.mktemp("freeze-pidns"), control_plane, pid_namespace=True)
+
+
+@pytest.fixture
+def writers() -> Iterator[list[int]]:
+    """Host pids of the test's writers: their process groups are killed after it."""
+    started: list[int] = []
+    yield started
+    for pid in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+
+def _writer(rig: Rig, writers: list[int], *, detached: bool = False) -> tuple[Path, int]:
+    """A process appending numbered lines to a file of the home every ~10 ms; the file and its
+    host pid. ``detached``: started by a shell that exits at once, so it is no longer the
+    daemon's descendant (re-parented to the namespace's PID 1)."""
+    marker = f"freeze-{uuid.uuid4().hex[:12]}"
+    target = rig.kept / "home/user" / f"{marker}.log"
+    loop = f'i=0; while :; do i=$((i+1)); echo "line $i {marker}" >> {target}; sleep 0.01; done'
+    script = f"({loop}) >/dev/null 2>&1 &" if detached else loop
+    rig.sbx.commands.run(script, background=True, timeout=0)
+    assert _wait_for(lambda: target.exists() and target.stat().st_size > 100), "writer silent"
+    pids = [p for p in _host_pids(marker) if _state(p) not in ("Z", "gone")]
+    assert pids, f"no process of {marker}"
+    writers.extend(pids)
+    return target, max(pids)  # the loop's own shell (the last forked)
+
+
+def _export(rig: Rig, **params: str) -> httpx.Response:
+    return httpx.get(f"{rig.daemon.url}/kept-files", params=params, headers=AUTH, timeout=60)
+
+
+def _thaw(rig: Rig) -> httpx.Response:
+    return httpx.post(f"{rig.daemon.url}/kept-files/thaw", headers=AUTH, timeout=30)
+
+
+def _member(tar_bytes: bytes, path: Path, kept: Path) -> bytes:
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        fh = tar.extractfile(str(path.relative_to(kept)))
+        assert fh is not None
+        return fh.read()
+
+
+def _grows(path: Path) -> Callable[[], bool]:
+    size = path.stat().st_size
+    return lambda: path.stat().st_size > size
+
+
+@pytest.mark.parametrize("mode", ["host", "pidns"])
+def test_a_held_export_is_the_file_as_it_stays(
+    request: pytest.FixtureRequest, mode: str, writers: list[int]
+) -> None:
+    rig: Rig = request.getfixturevalue(mode)
+    target, pid = _writer(rig, writers)
+    detached = None
+    if mode == "pidns":  # outside the daemon's tree, inside its namespace: stopped as well
+        detached = _writer(rig, writers, detached=True)
+    answer = _export(rig, hold="30")
+    try:
+        assert answer.status_code == 200, answer.text
+        assert int(answer.headers["x-frozen-processes"]) >= 1
+        assert _state(pid) == "T"
+        exported = _member(answer.content, target, rig.kept)
+        assert exported == target.read_bytes()  # nothing written during the export or after
+        assert exported.endswith(b"\n") and exported.count(b"\n") > 3
+        if detached is not None:
+            assert _state(detached[1]) == "T"
+            assert _member(answer.content, detached[0], rig.kept) == detached[0].read_bytes()
+        assert _state(rig.outsider.pid) in ("S", "R")  # the host's process moves on
+        assert _state(os.getpid()) in ("S", "R")
+
+        again = _export(rig, hold="30")  # a redelivered pause: still stopped, same tree
+        assert again.status_code == 200, again.text
+        assert _member(again.content, target, rig.kept) == exported
+    finally:
+        thawed = _thaw(rig)
+    assert thawed.status_code == 200, thawed.text
+    assert thawed.json()["continued"] >= 1
+    assert _wait_for(_grows(target)), "the writer did not move again after the thaw"
+    if detached is not None:
+        assert _wait_for(_grows(detached[0]))
+    assert _thaw(rig).json() == {"continued": 0}  # nothing held any more
+
+
+def test_the_hold_runs_out_by_itself(host: Rig, writers: list[int]) -> None:
+    target, pid = _writer(host, writers)
+    answer = _export(host, hold="1")
+    assert answer.status_code == 200, answer.text
+    assert _state(pid) == "T"
+    assert _wait_for(lambda: _state(pid) != "T"), "still stopped after its hold"
+    assert _wait_for(_grows(target))
+
+
+def test_without_hold_the_processes_move_on_after_the_export(host: Rig, writers: list[int]) -> None:
+    target, pid = _writer(host, writers)
+    answer = _export(host)
+    assert answer.status_code == 200, answer.text
+    assert int(answer.headers["x-frozen-processes"]) >= 1
+    assert _wait_for(lambda: _state(pid) != "T")
+    assert _wait_for(_grows(target))
+
+
+def test_a_process_the_user_stopped_stays_stopped(host: Rig, writers: list[int]) -> None:
+    _, pid = _writer(host, writers)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert _wait_for(lambda: _state(pid) == "T")
+        assert _export(host, hold="0").status_code == 200
+        assert _thaw(host).status_code == 200
+        assert _state(pid) == "T"  # not continued: it was not the freezer that stopped it
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"hold": "-1"},
+        {"hold": "1.5"},
+        {"hold": "601"},
+        {"hold": "99999999999999999999"},
+        {"hold": "--ro-bind"},
+        {"hold": "1\x00"},
+        {"hold": ""},
+        {"hold": "\u0661"},  # ARABIC-INDIC DIGIT ONE: a digit to str.isdigit, not to us
+        {"limit": "5"},
+    ],
+)
+def test_a_bad_hold_is_refused_and_freezes_nothing(host: Rig, query: dict[str, str]) -> None:
+    answer = _export(host, **query)
+    assert answer.status_code == 400, answer.text
+    assert answer.headers["content-type"] == "application/json"
+    assert "hold" in answer.json()["message"]
+    assert _thaw(host).json() == {"continued": 0}
+
+
+def test_thaw_needs_the_token(host: Rig) -> None:
+    url = f"{host.daemon.url}/kept-files/thaw"
+    assert httpx.post(url, timeout=10).status_code == 401
+    assert httpx.post(url, headers={"X-Access-Token": "--ro-bind"}, timeout=10).status_code == 401
+    assert httpx.get(url, headers=AUTH, timeout=10).status_code == 405
