@@ -48,8 +48,10 @@ from resume_vs_podstart import (
     COMMANDS,
     KUBERNETES_RIG,
     REAL_NODE,
+    TEMPLATE,
     interleaved,
     kubernetes_rig,
+    persist_templates,
     raw_kubernetes,
     raw_local,
     real_node_rig,
@@ -61,8 +63,6 @@ from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.kubernetes import PodTemplates
 from shared.runtime.local import LocalRuntime
 from tests.support.pods import release_pods, warm_pods
-
-TEMPLATE = "sandbox-base"
 
 
 async def until_warm(probe: Any, within: float = 300.0) -> None:
@@ -204,25 +204,13 @@ async def run_kubernetes(cycles: int, persist: str = "none", node: str = "test")
     overridden with that annotation; the cold reference is a bare workload of the same template
     on an emptyDir. ``node="real"``: the same on the real node (kubelet + containerd + runc, the
     sandbox-base image)."""
-    import yaml
-
     from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime
-    from shared.runtime.kubernetes.objects import ANNOTATION_PERSIST
 
     work = Path(tempfile.mkdtemp(prefix="torpor-bench-pools-k8s-"))
-
-    def annotated(folder: str, mode: str) -> Path:
-        doc: dict[str, Any] = yaml.safe_load((DEFAULT_TEMPLATES / f"{TEMPLATE}.yaml").read_text())
-        annotations = doc["template"].setdefault("metadata", {}).setdefault("annotations", {})
-        annotations[ANNOTATION_PERSIST] = mode
-        (work / folder).mkdir()
-        (work / folder / f"{TEMPLATE}.yaml").write_text(yaml.safe_dump(doc))
-        return work / folder
-
-    templates = annotated("templates", persist)
+    templates = persist_templates(work / "templates", persist)
     # The cold reference: a bare pod of the same template on an emptyDir (the runtime alone has
     # no kept-files store, and the real node no volume provisioner for a claim).
-    raw_templates = annotated("raw-templates", "none")
+    raw_templates = persist_templates(work / "raw-templates", "none")
     try:
         rig = real_node_rig(work / "node") if node == "real" else kubernetes_rig(work)
         async with rig as kubeconfig:

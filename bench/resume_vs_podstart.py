@@ -3,6 +3,7 @@
     .venv/bin/python bench/resume_vs_podstart.py --runtime local --cycles 100
     .venv/bin/python bench/resume_vs_podstart.py --runtime kubernetes --cycles 100
     .venv/bin/python bench/resume_vs_podstart.py --runtime kubernetes --node real --cycles 30
+    .venv/bin/python bench/resume_vs_podstart.py --runtime kubernetes --node real --persist store
     .venv/bin/python bench/resume_vs_podstart.py --chart-only
 
 The whole stack runs (nats + api + proxy + scheduler + snapshotter + scaler, each its own
@@ -19,6 +20,12 @@ process). A few sandboxes each run two background processes. One cycle, on one s
 The two are interleaved, so both see the same machine load. ``--gap S`` idles S seconds before
 each timed start (resume and bare pod alike): a real sandbox sits paused for a while, so the
 previous pod's teardown is not part of its resume (default 0: resume right after the pause).
+
+On the real node (kubelet + containerd) there is no volume provisioner, so nothing there may use
+a claim (``persist: layer``, the packaged ``sandbox-base``): the stack's ``sandbox-base`` is
+annotated ``--persist none`` (default there) or ``store``, and the bare pod is the same template
+on an emptyDir (``persist: none``; the runtime alone has no kept-files store), as in
+bench/pool_bench.py.
 
 The bare pod is timed twice: until the runtime calls it ready (its daemon's ``/health`` answers,
 which it does as soon as it binds) and until the daemon serves its process API (first ``List``
@@ -66,6 +73,7 @@ from shared.models.snapshots import ProcessConfig
 from shared.ports.workloads import Endpoint, WorkloadSpec
 
 COMMANDS = ["exec sleep 100001", "exec sleep 100002"]
+TEMPLATE = "sandbox-base"
 CHART = RESULTS / "resume_vs_podstart.png"
 
 # (start → /health ready, start → daemon serving its API, stop) in seconds
@@ -106,6 +114,22 @@ async def raw_kubernetes(
             yield cycle
     finally:
         await runtime.close()
+
+
+def persist_templates(folder: Path, mode: str) -> Path:
+    """``folder`` with the packaged ``sandbox-base`` annotated ``torpor.dev/persist: <mode>``
+    (for ``TORPOR_TEMPLATES_DIR`` or ``PodTemplates``, ahead of the packaged ones)."""
+    import yaml
+
+    from shared.runtime.kubernetes import DEFAULT_TEMPLATES
+    from shared.runtime.kubernetes.objects import ANNOTATION_PERSIST
+
+    doc: dict[str, Any] = yaml.safe_load((DEFAULT_TEMPLATES / f"{TEMPLATE}.yaml").read_text())
+    annotations = doc["template"].setdefault("metadata", {}).setdefault("annotations", {})
+    annotations[ANNOTATION_PERSIST] = mode
+    folder.mkdir(parents=True)
+    (folder / f"{TEMPLATE}.yaml").write_text(yaml.safe_dump(doc))
+    return folder
 
 
 @contextlib.asynccontextmanager
@@ -348,29 +372,40 @@ async def real_node_rig(work: Path) -> AsyncIterator[Path]:
         await asyncio.to_thread(node.stop)
 
 
-async def run_real_node(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, Any]:
-    """The same measurement on the real node."""
-    return await run_kubernetes(cycles, sandboxes, gap, node="real")
-
-
 async def run_kubernetes(
-    cycles: int, sandboxes: int, gap: float = 0.0, node: str = "test"
+    cycles: int, sandboxes: int, gap: float = 0.0, node: str = "test", persist: str = "layer"
 ) -> dict[str, Any]:
+    """``persist``: the stack's ``sandbox-base`` (``layer``: as packaged, a claim per sandbox,
+    which only the test kubelet's provisioner binds); the bare pod's is the same, except that
+    with ``store`` it is ``none`` (an emptyDir: the runtime alone has no kept-files store)."""
+    from shared.runtime.kubernetes import DEFAULT_TEMPLATES, PodTemplates
+
     work = Path(tempfile.mkdtemp(prefix=f"torpor-bench-k8s-{node}-"))
     try:
+        env: dict[str, str] = {}
+        raw_templates = None
+        if persist != "layer":
+            env["TORPOR_TEMPLATES_DIR"] = str(persist_templates(work / "templates", persist))
+            raw_folder = persist_templates(work / "raw-templates", "none")
+            raw_templates = PodTemplates(raw_folder, DEFAULT_TEMPLATES)
         rig = real_node_rig(work / "node") if node == "real" else kubernetes_rig(work)
         async with rig as kubeconfig:
-            env = {
+            env |= {
                 "TORPOR_KUBECONFIG": str(kubeconfig),
                 "TORPOR_NAMESPACE": "torpor-sandboxes",
                 "TORPOR_READY_TIMEOUT": "180" if node == "real" else "120",
             }
             async with (
                 torpor_stack(runtime="kubernetes", env=env, root=work / "stack") as stack,
-                raw_kubernetes(kubeconfig, "bench-raw") as raw,
+                raw_kubernetes(kubeconfig, "bench-raw", raw_templates) as raw,
             ):
                 result = await measure(stack, raw, cycles, sandboxes, gap)
-        result["control_plane"] = REAL_NODE if node == "real" else KUBERNETES_RIG
+        plane = REAL_NODE if node == "real" else KUBERNETES_RIG
+        reference = "an emptyDir" if persist != "layer" else "its claim"
+        result["control_plane"] = (
+            f"{plane}; template sandbox-base with persist: {persist}, the bare pod on {reference}"
+        )
+        result["persist"] = persist
         if node == "real":
             result["node"] = "real"
         return result
@@ -474,17 +509,30 @@ def main() -> None:
         help="kubernetes only: the test kubelet (bubblewrap pods) or the real node "
         "(kubelet + containerd); real writes resume_kubernetes_realnode<suffix>.json",
     )
+    parser.add_argument(
+        "--persist",
+        choices=("layer", "none", "store"),
+        default=None,
+        help="kubernetes only: the stack's sandbox-base torpor.dev/persist (default: layer, as "
+        "packaged, on the test kubelet; none on the real node, which has no volume provisioner)",
+    )
     parser.add_argument("--suffix", default="", help="result file suffix, e.g. _gap1")
     parser.add_argument("--chart-only", action="store_true")
     args = parser.parse_args()
+    persist = args.persist or ("none" if args.node == "real" else "layer")
+    if args.node == "real" and persist == "layer":
+        parser.error("--node real: the real node has no volume provisioner; --persist none/store")
     if not args.chart_only:
         runtimes = ("local", "kubernetes") if args.runtime == "both" else (args.runtime,)
         for rt in runtimes:
-            runner = run_local if rt == "local" else run_kubernetes
             label = rt
-            if rt == "kubernetes" and args.node == "real":
-                runner, label = run_real_node, "kubernetes_realnode"
-            result = asyncio.run(runner(args.cycles, args.sandboxes, args.gap))
+            if rt == "local":
+                run = run_local(args.cycles, args.sandboxes, args.gap)
+            else:
+                if args.node == "real":
+                    label = "kubernetes_realnode"
+                run = run_kubernetes(args.cycles, args.sandboxes, args.gap, args.node, persist)
+            result = asyncio.run(run)
             path = write_result(f"resume_{label}{args.suffix}", {"runtime": rt, **result})
             report(rt, result)
             print(f"wrote {path}")
