@@ -31,6 +31,7 @@ def snapshotter_host(ctx: Context, settings: SnapshotterSettings) -> WorkerHost:
             publisher=parts.publisher,
             envd_timeout=settings.envd_timeout,
             templates=partial(read_facts, where.runtime, where.templates_dir),
+            hold=settings.pause_hold_seconds,
         )
         keeper = SnapshotKeeper(
             sandboxes=parts.store,

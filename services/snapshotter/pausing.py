@@ -9,7 +9,10 @@ Order of effects, each safe to repeat:
 5. ``Runtime.keep_files``: the files the pod's disk would lose go to the kept-files store
    (Kubernetes ``persist: store``; a no-op elsewhere). Repeated on a redelivery (the newer copy
    replaces the older). If it fails, nothing is published: the pod keeps running and the pause
-   fails (``failed`` with the reason, after the retries).
+   fails (``failed`` with the reason, after the retries). The pod's processes are stopped for
+   the export and stay stopped for ``hold`` seconds (``TORPOR_SNAPSHOTTER_PAUSE_HOLD_SECONDS``)
+   so the pod stops with nothing written after the copy; a pause that fails continues them
+   (``give_up``: best effort, the hold runs out anyway).
 6. Publish ``snapshotted`` (id ``snapshotted:<sid>:g<gen>``): the scaler scales to 0 only after
    checking the workload carries exactly this stored snapshot.
 
@@ -37,7 +40,7 @@ import structlog
 from services.snapshotter import metrics
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord, SnapshotRef
-from shared.errors import EnvdUnavailable, IllegalTransition, NotFound
+from shared.errors import EnvdUnavailable, IllegalTransition, NotFound, TorporError
 from shared.lifecycle.hooks import HookRunner, abort_honoured, describe, refusal
 from shared.lifecycle.pods import current_endpoint
 from shared.lifecycle.replay import replay_key
@@ -66,6 +69,7 @@ class Snapshotter:
         envd_timeout: float = 10.0,
         limit: int = MAX_SNAPSHOT_ANNOTATION_BYTES,
         templates: Callable[[str], TemplateFacts] = unknown_template,
+        hold: float = 0.0,
     ) -> None:
         self._store = store
         self._runtime = runtime
@@ -74,6 +78,7 @@ class Snapshotter:
         self._envd_timeout = envd_timeout
         self._limit = limit
         self._templates = templates
+        self._hold = hold
         self._hooks = HookRunner(envd=envd, publisher=publisher)
 
     async def pause(self, cmd: PauseSandbox, cmd_msg_id: str) -> Outcome:
@@ -112,8 +117,9 @@ class Snapshotter:
             record, ref = await self._capture(record, cmd_msg_id, endpoint)
         # After the capture, before the scaler may stop the pod (it waits for ``snapshotted``):
         # files the pod's disk would lose go to the kept-files store (Kubernetes ``persist:
-        # store``). A failure fails the pause here, with the pod still running.
-        await self._runtime.keep_files(sid)
+        # store``). A failure fails the pause here, with the pod still running. Its processes
+        # stay stopped after the export (``hold``), so the pod stops with nothing written since.
+        await self._runtime.keep_files(sid, hold=self._hold)
         await emit(
             self._publisher,
             SandboxSnapshotted(
@@ -156,9 +162,15 @@ class Snapshotter:
         return record, ref
 
     async def give_up(self, cmd: PauseSandbox, cmd_msg_id: str, reason: str) -> None:
-        """Fail the pause on the record (the pod keeps running; nothing was scaled down)."""
+        """Fail the pause on the record (the pod keeps running; nothing was scaled down), and
+        continue its processes if a held export stopped them."""
         await fail_transition(
             self._store, self._publisher, "pause", cmd.sandbox_id, reason, cmd_msg_id=cmd_msg_id
         )
+        if self._hold > 0:
+            try:
+                await self._runtime.thaw_files(cmd.sandbox_id)
+            except TorporError as e:  # best effort: the daemon's hold runs out by itself
+                log.warning("pause_thaw_failed", error=str(e)[:300])
         metrics.SNAPSHOTS.labels("failed").inc()
         log.error("pause_failed", reason=reason)

@@ -41,3 +41,9 @@ class SnapshotterSettings(SettingsBase):
         validation_alias=formerly("max_workers", service="snapshotter", old="TORPOR_MAX_WORKERS"),
     )
     """Concurrent pauses per replica."""
+    pause_hold_seconds: float = Field(default=120.0, ge=0, le=600)
+    """Seconds a pause keeps the sandbox's processes stopped after exporting its kept files
+    (Kubernetes ``persist: store``), for the scaler to stop the pod: nothing is written after
+    the copy. If the pod still runs then (the scaler is slow or the pause failed), its
+    processes continue and later writes are lost at its stop; 0 stops them only for the
+    export. A pause that fails continues them at once."""

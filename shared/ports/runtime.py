@@ -61,12 +61,21 @@ class Runtime(Protocol):
         """Workloads whose labels include ``labels`` (all torpor workloads when ``None``)."""
         ...
 
-    async def keep_files(self, name: str) -> int:
+    async def keep_files(self, name: str, *, hold: float = 0) -> int:
         """Before a pause scales the workload to 0 (its processes captured): keep the files its
         pod's disk would lose, so its next pod (cold or warm) gets them back before any process
         is replayed; the bytes kept. 0 where the disk outlives the pod (the local runtime, a
         Kubernetes claim) or nothing is kept (``persist: none``). Raises (the pause fails, the
-        pod keeps running) when they cannot be kept: never a pod stopped with files lost."""
+        pod keeps running) when they cannot be kept: never a pod stopped with files lost.
+        The pod's processes are stopped while the files are taken (one moment's tree) and, with
+        ``hold`` seconds (at most 600), stay stopped that long after (until ``thaw_files``), so
+        the pod stops with nothing written after the copy; a failure continues them at once."""
+        ...
+
+    async def thaw_files(self, name: str) -> None:
+        """Continue the processes a ``keep_files`` with a hold left stopped (the pause failed
+        after it). Idempotent; nothing to do where nothing was held. Raises on a daemon that
+        cannot be reached (callers treat it as best effort: the hold runs out anyway)."""
         ...
 
     # ---- files of stored snapshots (E2B create_snapshot / fork) ----------------------------

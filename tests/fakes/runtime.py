@@ -34,6 +34,9 @@ class FakeRuntime:
         self.restored: list[tuple[str, str]] = []
         self.kept: list[str] = []  # keep_files calls (a pause's kept files)
         self.keep_failure: Exception | None = None  # keep_files raises this
+        self.holds: list[tuple[str, float]] = []  # (name, hold) of each keep_files
+        self.thawed: list[str] = []  # thaw_files calls
+        self.thaw_failure: Exception | None = None  # thaw_files raises this
         self.warm_pods = 0  # a scale to 1 takes one of these (a warm pool's pod) while any are left
         self._warm: set[str] = set()  # pod uids that came from the pool
 
@@ -139,12 +142,18 @@ class FakeRuntime:
     async def delete_snapshot_files(self, snapshot_id: str) -> None:
         self.snapshot_files.pop(snapshot_id, None)
 
-    async def keep_files(self, name: str) -> int:
+    async def keep_files(self, name: str, *, hold: float = 0) -> int:
         self._require(name)
         if self.keep_failure is not None:
             raise self.keep_failure
         self.kept.append(name)
+        self.holds.append((name, hold))
         return 0
+
+    async def thaw_files(self, name: str) -> None:
+        self.thawed.append(name)
+        if self.thaw_failure is not None:
+            raise self.thaw_failure
 
     async def close(self) -> None:
         return None

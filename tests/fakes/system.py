@@ -45,6 +45,7 @@ async def in_memory_system(
     *,
     give_up_after: int = 3,
     templates: Callable[[str], TemplateFacts] = unknown_template,
+    hold: float = 0.0,
 ) -> AsyncIterator[InMemorySystem]:
     store = InMemorySandboxStore()
     publisher = RecordingPublisher()
@@ -56,6 +57,7 @@ async def in_memory_system(
         publisher=publisher,
         envd_timeout=5,
         templates=templates,
+        hold=hold,
     )
     scaler = Scaler(
         store=store,

@@ -5,6 +5,9 @@ sandbox never carries its files into another; an upload that fails leaves the po
 delete removes the object. Real apiserver and controller manager, the test kubelet running
 the real daemon. One system for the module's one test (~60-90 s).
 
+A process writing all the time is stopped for the export and held stopped until the pod is
+gone: the file comes back exactly as it was at the stop, every line whole.
+
 ``[real-node]``: the same round trip in real containers (kubelet + containerd + runc, the
 ``sandbox-base`` image, daemon and files as the image's ``user``): a file written by a process
 as ``user`` comes back owned by ``user`` in a warm pool container and a cold one, and hostile
@@ -39,6 +42,7 @@ from shared.runtime.kubernetes.pools import LABEL_POOL
 from tests.k8s.kubelet import TestKubelet
 from tests.k8s.realnode import RealNodeAccess
 from tests.k8s.rig import ClusterAccess
+from tests.k8s.test_realnode import run_in_pod
 from tests.k8s.test_runtime_kubernetes import pods_of
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
@@ -137,6 +141,24 @@ async def pause(rt: KubernetesRuntime, name: str, timeout: float = 60) -> None:
     await rt.wait_stopped(name, timeout=timeout)
 
 
+LINES = "/home/user/lines.txt"
+
+
+async def start_writer(ep: Endpoint) -> None:
+    loop = f'i=0; while :; do i=$((i+1)); echo "line $i" >> {LINES}; sleep 0.01; done'
+    _, code = await run_in_pod(ep, ["/bin/sh", "-c", f"({loop}) >/dev/null 2>&1 &"], token=TOKEN)
+    assert code == 0
+
+
+async def until_grown(ep: Endpoint, than: bytes, timeout: float = 30) -> None:
+    for _ in range(int(timeout * 20)):
+        now = await get(ep, LINES)
+        if now is not None and len(now) > len(than):
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail(f"{LINES} did not grow past {len(than)} bytes within {timeout} s")
+
+
 async def stored_key(bus: EmbeddedNats, key: KeptKey) -> bool:
     store = NatsKeptFiles.connecting(bus.url)
     try:
@@ -179,13 +201,32 @@ async def test_kept_files_come_back_into_a_warm_and_a_cold_pod(
     assert await get(second, "/workspace/data.bin") == bytes(range(256)) * 400
     await put(second, "/home/user/notes/today.txt", b"changed while running warm")
 
+    # A process appending a line every ~10 ms, outside the daemon's tree (its shell exited): a
+    # held keep stops it until thaw_files; the pause's keep holds it until the pod is gone, so
+    # the file read right before the stop is exactly what comes back, every line whole.
+    await start_writer(second)
+    await until_grown(second, b"")
+    assert await cold.keep_files(name, hold=60) > 0
+    held = await get(second, LINES)
+    assert held is not None
+    await cold.thaw_files(name)
+    await until_grown(second, held)
+    assert await cold.keep_files(name, hold=60) > 0
+    at_stop = await get(second, LINES)
+    await cold.scale(name, 0)
+    await cold.wait_stopped(name, timeout=60)
+
     # Cold path: a runtime without pools starts a pod of its own.
-    await pause(cold, name)
     await cold.scale(name, 1)
     third = await cold.wait_ready(name, timeout=90)
     assert not third.warm
     assert third.pod_uid not in {first.pod_uid, second.pod_uid}
     assert await get(third, "/home/user/notes/today.txt") == b"changed while running warm"
+    back = await get(third, LINES)
+    assert back is not None and back == at_stop  # nothing written after the copy was lost
+    lines = back.decode().splitlines()
+    assert back.endswith(b"\n") and lines == [f"line {i}" for i in range(1, len(lines) + 1)]
+    assert len(lines) > held.count(b"\n")  # it ran on after the thaw
     (pod,) = await pods_of(admin_api, cold.namespace, name)
     assert not pod["metadata"]["name"].startswith("pool-")
 
@@ -311,7 +352,6 @@ async def test_kept_files_of_a_real_container_come_back_owned_by_user(
     still ``user``'s with its mode; a fresh container refuses hostile tars (nothing lands outside
     home/user and workspace) and imports a root-owned setuid member as ``user``'s, setuid gone."""
     from tests.k8s.plugin import admin_client
-    from tests.k8s.test_realnode import run_in_pod
 
     ns = real_namespace
     pooled, cold = await make_runtimes(bus, Path(real_node.cluster.kubeconfig), ns, tmp_path, 120)

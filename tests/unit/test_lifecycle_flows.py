@@ -180,6 +180,28 @@ async def test_daemon_down_fails_the_pause_and_keeps_the_pod() -> None:
         assert system.envd.started.get(rec.pod_uid or "", 0) == 0
 
 
+async def test_a_pause_holds_the_processes_and_a_failed_one_continues_them() -> None:
+    """The pause asks for its hold (the pod stops with its processes stopped after the copy);
+    one that fails asks the runtime to continue them, and a thaw that fails too (the daemon
+    gone) still leaves the pause failed on the record, not stuck."""
+    async with in_memory_system(give_up_after=1, hold=90) as system:
+        await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-held"))
+        paused = await system.lifecycle.pause("sbx-held", owner="alice", wait=5)
+        assert paused.state == SandboxState.PAUSED
+        assert system.runtime.holds == [("sbx-held", 90)]
+        assert system.runtime.thawed == []
+
+        await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-thaw"))
+        system.runtime.keep_failure = RuntimeFailure("the kept-files store is down")
+        system.runtime.thaw_failure = RuntimeFailure("the daemon is gone")
+        with pytest.raises(RuntimeFailure, match="store is down"):
+            await system.lifecycle.pause("sbx-thaw", owner="alice", wait=5)
+        failed = await system.store.get("sbx-thaw")
+        assert failed is not None and failed.state == SandboxState.FAILED
+        assert system.runtime.thawed == ["sbx-thaw"]
+        assert ("sbx-thaw", 0) not in system.runtime.scale_calls
+
+
 async def test_snapshot_too_large_fails_the_pause_without_retrying(system: InMemorySystem) -> None:
     rec = await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-big"))
     big = SnapshotProcess(

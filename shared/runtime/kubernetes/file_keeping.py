@@ -28,18 +28,28 @@ FILES_UNSUPPORTED = "snapshots with files need the kept-files store; this runtim
 class FileKeeping(Namespace):
     # ---- kept files of persist: store ---------------------------------------------------
 
-    async def keep_files(self, name: str) -> int:
+    async def keep_files(self, name: str, *, hold: float = 0) -> int:
         found = await self._store_parts(name)
         if found is None:
             return 0  # not persist: store: a claim keeps them, or nothing is kept
         kept, token, limit = found
-        pods, _ = await self._pods(sandbox_selector(name))
-        rs = await self._read(name)
-        endpoint = ready_endpoint(pods, rs.metadata.uid if rs and rs.metadata else None)
+        endpoint = await self._running_endpoint(name)
         if endpoint is None:
             msg = f"{self._ns}/{name} has no running pod to take its kept files from"
             raise RuntimeFailure(msg)
-        return await kept.export(endpoint, token, KeptKey.sandbox(name), limit=limit)
+        return await kept.export(endpoint, token, KeptKey.sandbox(name), limit=limit, hold=hold)
+
+    async def thaw_files(self, name: str) -> None:
+        found = await self._store_parts(name)
+        endpoint = None if found is None else await self._running_endpoint(name)
+        if found is not None and endpoint is not None:
+            kept, token, _ = found
+            await kept.thaw(endpoint, token)
+
+    async def _running_endpoint(self, name: str) -> Endpoint | None:
+        pods, _ = await self._pods(sandbox_selector(name))
+        rs = await self._read(name)
+        return ready_endpoint(pods, rs.metadata.uid if rs and rs.metadata else None)
 
     async def _restore_kept(self, name: str, endpoint: Endpoint) -> None:
         found = await self._store_parts(name)
@@ -77,10 +87,8 @@ class FileKeeping(Namespace):
             raise Unsupported(FILES_UNSUPPORTED)
         pod_template, token, limit = await self._kept_parts(name)
         key = KeptKey.snapshot(snapshot_id)
-        rs = await self._read(name)
-        pods, _ = await self._pods(sandbox_selector(name))
-        endpoint = ready_endpoint(pods, rs.metadata.uid if rs and rs.metadata else None)
-        if endpoint is not None:
+        endpoint = await self._running_endpoint(name)
+        if endpoint is not None:  # stopped for the export only: the sandbox runs on (hold 0)
             return await self._kept.export(endpoint, token, key, limit=limit)
         mode = persist_mode(pod_template)
         if mode == "store":

@@ -118,6 +118,9 @@ class FileKeeping(RuntimeInstance):
     async def delete_snapshot_files(self, snapshot_id: str) -> None:
         await asyncio.to_thread(snapshot_files.delete, self._data_dir, snapshot_id)
 
-    async def keep_files(self, name: str) -> int:
-        del name  # a pod's layer outlives it (persist: layer), or nothing is kept (none)
+    async def keep_files(self, name: str, *, hold: float = 0) -> int:
+        del name, hold  # a pod's layer outlives it (persist: layer), or nothing is kept (none)
         return 0
+
+    async def thaw_files(self, name: str) -> None:
+        del name  # keep_files stops nothing here
