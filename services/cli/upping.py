@@ -21,8 +21,8 @@ from services.cli.supervising import Child, Supervisor
 from shared.bus.credentials import OPERATOR, client_env, load_or_create
 from shared.bus.server import EmbeddedNats, free_port
 from shared.runtime.local import procfs
-from shared.runtime.local.launcher import unmount_stopped
 from shared.runtime.local.network import release_instance
+from shared.runtime.local.pod_dirs import unmount_stopped
 from shared.settings import BusSettings
 
 

@@ -37,8 +37,8 @@ from shared.bus.credentials import read as read_credentials
 from shared.bus.server import EmbeddedNats, free_port
 from shared.bus.topology import DURABLES, ensure_topology
 from shared.runtime.local import LocalRuntime
-from shared.runtime.local.launcher import unmount_stopped
 from shared.runtime.local.network import release_instance
+from shared.runtime.local.pod_dirs import unmount_stopped
 from tests.support import processes
 from tests.support.env import clean_env, cli_env
 from tests.support.keys import USERS, make_keys

@@ -28,10 +28,11 @@ from shared.redaction import redact_text
 from shared.runtime.local import bwrap, bytecode, limits
 from shared.runtime.local import rootfs as rootfs_location
 from shared.runtime.local.addresses import AddressPool
-from shared.runtime.local.launcher import STAGE_DIR, PodLauncher
+from shared.runtime.local.launcher import PodLauncher
 from shared.runtime.local.network import PodNetwork
 from shared.runtime.local.reconciler import Reconciler
 from shared.runtime.local.records import WorkloadStore
+from shared.runtime.local.spawning import STAGE_DIR
 from shared.runtime.local.userns import IdRangePool
 from shared.runtime.templates import template_dirs
 

@@ -5,6 +5,9 @@ computed from a validated uuid (never a path read back from a record, which live
 that is reachable over the network), volumes must resolve inside the data dir, and a pod's
 processes are those in its cgroup plus the bwraps :mod:`.procfs` recognises by their place in the
 PID namespace tree (not by a command line sandbox code could fake).
+
+The parts: :mod:`.pod_commands` (environment, command line), :mod:`.spawning` (bwrap, ids,
+cgroups) and :mod:`.pod_dirs` (the pod's root, its removal).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import contextlib
 import json
 import os
 import shutil
-import stat
 import time
 import uuid
 from collections.abc import Sequence
@@ -23,7 +25,6 @@ from pathlib import Path
 import structlog
 
 from shared.errors import RuntimeFailure
-from shared.ports.workloads import ENVD_PORT
 from shared.runtime.local import (
     bwrap,
     disk,
@@ -31,27 +32,19 @@ from shared.runtime.local import (
     inject,
     limits,
     mounts,
+    pod_dirs,
     procfs,
+    spawning,
     template_layers,
     userns,
 )
 from shared.runtime.local.layers import Layers, Persist
+from shared.runtime.local.pod_commands import pod_command, pod_env
 from shared.runtime.local.records import PodRecord, WorkloadRecord
 from shared.runtime.templates import Template, load_template, template_version
 
 log = structlog.get_logger()
 
-ENV_ACCESS_TOKEN = "ENVD_ACCESS_TOKEN"  # noqa: S105 - a variable name, read by the daemon
-# A built template's start and ready commands (services/envd/startup.py reads them).
-ENV_START_CMD = "TORPOR_START_CMD"
-ENV_READY_CMD = "TORPOR_READY_CMD"
-ENV_START_USER = "TORPOR_START_USER"
-ENV_START_CWD = "TORPOR_START_CWD"
-_HANDSHAKE_TIMEOUT = 30.0
-# Where each pod's private mount namespace stages its bind sources (see bwrap.stage_prefix).
-STAGE_DIR = Path("/run/torpor-stage")
-# Inside the pod: where the daemon serves `sudo` (deploy/sandbox-base/sudo, services/envd/sudo.py).
-SUDO_SOCKET = "/run/torpor/sudo.sock"
 SANDBOX_USER_ID = 1000  # `user` in the rootfs (deploy/sandbox-base/configure.sh)
 # In a pod folder: which layer the pod holds, so whoever discards the pod (even as a stray after
 # a restart) puts the right one back.
@@ -108,7 +101,7 @@ class PodLauncher:
             msg = f"cannot start a pod for {record.name}: invalid pod uid or id range"
             raise RuntimeFailure(msg)
         base = record.id_base
-        env = self._pod_env(template, record)
+        env = pod_env(template, record)
         bwrap.check_env(env)
         wanted = template.resources.limits
         pod_limits = limits.Limits(
@@ -137,7 +130,7 @@ class PodLauncher:
             )
             root = pod_dir / "root"
             lowers = [template_layers.tree(self._data_dir, key) for key in template.layers]
-            await asyncio.to_thread(_mount_root, self._rootfs, layer, pod_dir, base, lowers)
+            await asyncio.to_thread(pod_dirs.mount_root, self._rootfs, layer, pod_dir, base, lowers)
             # A warm pod gets the sandbox's volumes when it is claimed (see .pools).
             volumes = (
                 []
@@ -163,7 +156,7 @@ class PodLauncher:
                 workdir=template.workdir,
                 mounts=[*volumes, bwrap.Mount(boot_id, BOOT_ID, read_only=True)],
                 env=env,
-                command=self._command(template, record),
+                command=pod_command(template, record, python=self._python, pycache=self._pycache),
                 code_dirs=await asyncio.to_thread(bwrap.code_dirs),
                 hostname=record.name,
                 pycache=self._pycache,
@@ -177,7 +170,9 @@ class PodLauncher:
                 await asyncio.to_thread(self._cgroups.create, uid, pod_limits)
                 if record.pool is not None:  # a warm pod yields the CPU to sandboxes
                     await asyncio.to_thread(self._cgroups.set_cpu_weight, uid, POOL_CPU_WEIGHT)
-            process = await self._spawn(launch, pod_limits, pod_dir, enter)
+            process = await spawning.spawn(
+                launch, pod_limits, pod_dir, enter, cgroups=self._cgroups
+            )
         except (OSError, RuntimeFailure) as e:
             await self._discard(uid, pod_dir)
             msg = f"cannot start a pod for {record.name}: {e}"
@@ -191,63 +186,6 @@ class PodLauncher:
             template_version=template_version(template),
         )
         return pod, process
-
-    async def _spawn(
-        self,
-        launch: bwrap.PodLaunch,
-        pod_limits: limits.Limits,
-        pod_dir: Path,
-        enter: Sequence[str],
-    ) -> asyncio.subprocess.Process:
-        """Start bwrap, then (while it waits) map its ids and put it in its cgroups."""
-        assert launch.id_base is not None
-        stage, staged = bwrap.stage_prefix(STAGE_DIR, bwrap.bind_sources(launch))
-        env_fd = await asyncio.to_thread(bwrap.open_env_file, pod_dir / "env.args", launch.env)
-        block_r, block_w = os.pipe()
-        info_r, info_w = os.pipe()
-        try:
-            argv = [
-                *enter,
-                *limits.rlimit_wrapper(pod_limits, cgroups=self._cgroups is not None),
-                *stage,
-                *bwrap.bwrap_argv(
-                    launch,
-                    env_fd=env_fd,
-                    userns=bwrap.UsernsFds(block=block_r, info=info_w),
-                    staged=staged,
-                ),
-            ]
-            process = await procfs.spawn(
-                argv, pod_dir / "pod.log", pass_fds=[env_fd, block_r, info_w]
-            )
-        finally:
-            for fd in (env_fd, block_r, info_w):
-                os.close(fd)
-        child: object = None
-        try:
-            info = await asyncio.wait_for(
-                asyncio.to_thread(_read_info, info_r), timeout=_HANDSHAKE_TIMEOUT
-            )
-            child = info.get("child-pid")
-            if not isinstance(child, int):
-                msg = f"bwrap exited before its sandbox started{_log_tail(pod_dir)}"
-                raise RuntimeFailure(msg)
-            await asyncio.to_thread(userns.write_maps, child, launch.id_base)
-            await userns.forbid_nested(child)
-            if self._cgroups is not None:
-                await asyncio.to_thread(self._cgroups.join, launch.uid, [process.pid, child])
-            os.write(block_w, b"1")  # nothing of the sandbox ran before this
-        except BaseException:
-            for pid in (process.pid, child):
-                if isinstance(pid, int):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, 9)
-            await process.wait()
-            raise
-        finally:
-            os.close(info_r)
-            os.close(block_w)
-        return process
 
     def note_layer(self, uid: str, name: str, persist: Persist) -> None:
         """Pod ``uid`` holds workload ``name``'s layer now (a claimed warm pod, see .pools)."""
@@ -279,7 +217,7 @@ class PodLauncher:
             name, base=old_base, disk_bytes=disk_bytes, persist=Persist.LAYER, holder=uid
         )
         self.layers.reown(name, old_base=old_base, new_base=new_base)
-        if not _root_upper_is(inner, mnt / "upper"):
+        if not pod_dirs.root_upper_is(inner, mnt / "upper"):
             root = pod_dir / "root"
             mounts.unmount(root)
             mounts.mount_overlay(pod_dir / "lower", mnt / "upper", mnt / "work", root)
@@ -355,7 +293,7 @@ class PodLauncher:
     async def _discard(self, uid: str, pod_dir: Path) -> None:
         await asyncio.to_thread(disk.unmount_workspace, pod_dir)
         await asyncio.to_thread(self._put_back_layer, uid, pod_dir)
-        await asyncio.to_thread(remove_pod_dir, pod_dir)
+        await asyncio.to_thread(pod_dirs.remove_pod_dir, pod_dir)
         if self._cgroups is not None:
             await asyncio.to_thread(self._cgroups.remove, uid)
 
@@ -364,7 +302,7 @@ class PodLauncher:
         none``)."""
         mounts.unmount(pod_dir / "root")
         mounts.unmount(pod_dir / "lower")
-        for extra in _template_lowers(pod_dir):
+        for extra in pod_dirs.template_lowers(pod_dir):
             mounts.unmount(extra)
         try:
             note = json.loads((pod_dir / _LAYER_NOTE).read_text())
@@ -403,144 +341,3 @@ class PodLauncher:
             return
         await self._stop(uid)
         await self._discard(uid, pod_dir)
-
-    def _pod_env(self, template: Template, record: WorkloadRecord) -> dict[str, str]:
-        # The rootfs's own programs (its python3, pip, node); the daemon's interpreter is
-        # started by path and stays out of the sandbox's PATH.
-        env = {
-            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            **template.env,
-            **record.envs,
-            "E2B_SANDBOX": "true",
-            "E2B_SANDBOX_ID": record.name,
-        }
-        # The daemon reads these once and keeps them from the processes it starts.
-        for var, value in (
-            (ENV_START_CMD, template.start_cmd),
-            (ENV_READY_CMD, template.ready_cmd),
-            (ENV_START_USER, template.user if template.start_cmd or template.ready_cmd else None),
-            (ENV_START_CWD, template.start_cwd),
-        ):
-            if value:
-                env[var] = value
-        if record.access_token:
-            # Not ``--access-token`` in argv: visible in ``ps``, and a token starting with "-"
-            # would be read as an option. The daemon drops it from the environment it hands on.
-            env[ENV_ACCESS_TOKEN] = record.access_token
-        return env
-
-    def _command(self, template: Template, record: WorkloadRecord) -> list[str]:
-        if template.command is not None:
-            values = {
-                "python": self._python,
-                "host": record.address,
-                "port": str(ENVD_PORT),
-                "root": "/workspace",
-            }
-            return [part.format(**values) for part in template.command]
-        return [
-            self._python,
-            "-X",
-            f"pycache_prefix={self._pycache}",
-            "-m",
-            "services.envd",
-            "--listen",
-            f"{record.address}:{ENVD_PORT}",
-            "--root",
-            "/home/user",
-            "--sudo-socket",
-            SUDO_SOCKET,
-        ]
-
-
-def _root_upper_is(pid: int, upper: Path) -> bool:
-    """Whether the root of pod process ``pid`` is the overlay over ``upper``."""
-    wanted = f"upperdir={upper},"
-    with open(f"/proc/{pid}/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            fields = line.split(" ")
-            if len(fields) > 4 and fields[4] == "/" and wanted in line:
-                return True
-    return False
-
-
-def _read_info(fd: int) -> dict[str, object]:
-    """bwrap's ``--info-fd`` JSON (``{}`` when bwrap exited first)."""
-    data = b""
-    while True:
-        try:
-            return dict(json.loads(data))
-        except ValueError:
-            pass
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            return {}
-        data += chunk
-
-
-def _log_tail(pod_dir: Path) -> str:
-    with contextlib.suppress(OSError):
-        lines = (pod_dir / "pod.log").read_text(errors="replace").strip().splitlines()
-        if lines:
-            return f" ({lines[-1][:300]})"
-    return ""
-
-
-def remove_pod_dir(pod_dir: Path) -> None:
-    """Remove a pod folder, never following a symlink (rmtree's fd-based walk does not)."""
-    try:
-        st = os.lstat(pod_dir)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        log.error("runtime_local_pod_dir_not_a_folder", pod_dir=str(pod_dir))
-        return
-    for mounted in [
-        *(pod_dir / m for m in ("workspace", "root", "lower")),
-        *_template_lowers(pod_dir),
-    ]:
-        # Never remove through a mount: ``root`` holds the sandbox's kept files.
-        if mounts.is_mounted(mounted):
-            log.error("runtime_local_pod_dir_still_mounted", pod_dir=str(pod_dir), at=str(mounted))
-            return
-    shutil.rmtree(pod_dir, ignore_errors=True)
-
-
-def _template_lowers(pod_dir: Path) -> list[Path]:
-    try:
-        return sorted(pod_dir.glob("lower-[0-9]*"))
-    except OSError:
-        return []
-
-
-def _mount_root(
-    rootfs: Path, layer: Path, pod_dir: Path, base: int, template_layers: Sequence[Path] = ()
-) -> None:
-    """``<pod dir>/root``: the rootfs, id-mapped into the pod's range (read-only), under the
-    read-only layers of a template users built (``lower-<i>``, each id-mapped the same way),
-    under the layer's ``upper`` (see .layers and .mounts)."""
-    lower, root = pod_dir / "lower", pod_dir / "root"
-    lower.mkdir(mode=0o700, exist_ok=True)
-    root.mkdir(mode=0o755, exist_ok=True)
-    stack = []
-    userns_fd = mounts.mapping_userns(base, userns.IDS_PER_POD)
-    try:
-        mounts.idmapped_clone(rootfs, lower, userns_fd=userns_fd)
-        for i, tree in enumerate(template_layers):
-            target = pod_dir / f"lower-{i}"
-            target.mkdir(mode=0o700, exist_ok=True)
-            mounts.idmapped_clone(tree, target, userns_fd=userns_fd)
-            stack.append(target)
-    finally:
-        os.close(userns_fd)
-    # overlayfs: the leftmost lower layer is the top one.
-    mounts.mount_overlay([*reversed(stack), lower], layer / "upper", layer / "work", root)
-
-
-def unmount_stopped(data_dir: Path) -> int:
-    """Unmount what the pods of ``data_dir`` left mounted (roots, lowers, workspaces, layers),
-    once every one of them is stopped: a shutdown that only kills them (``torpor up``'s, the
-    tests' ``Stack.stop``) left them until the instance's next start, or for ever when the data
-    dir was deleted meanwhile. Returns how many mount points there were."""
-    # PodLauncher.pods_dir and Layers.root.
-    return sum(mounts.unmount_under(data_dir / sub) for sub in ("pods", "layers"))

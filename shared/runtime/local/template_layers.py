@@ -8,7 +8,7 @@ A key is the sha256 of the step's whole history (base, every step before it, its
 copied files' hash), so a rebuild that changes one step finds every earlier layer under its key.
 A layer appears under its key only complete (built aside, then renamed); it is never changed or
 removed while a sandbox may use it (a pod mounts it, id-mapped, as an overlay lower layer:
-``launcher._mount_root``).
+``pod_dirs.mount_root``).
 
 COPY steps never run a pod: the uploaded archive is unpacked here (no absolute paths, no ``..``,
 no links out of the archive, no device files, no setuid bits: tarfile's ``data`` filter) into a
