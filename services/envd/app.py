@@ -171,7 +171,16 @@ class EnvdApp:
     def filesystem(self) -> FilesystemService:
         return self.connect_apps.filesystem
 
+    def begin_shutdown(self) -> None:
+        """The daemon was told to stop (its pod is stopping)."""
+        self.table.begin_shutdown()
+        # Held for a pause: they die stopped, never to write again (a process in a session of
+        # its own outlives the table's process groups). Now, not in close(): uvicorn ends a
+        # SIGTERM by raising it again, so close() may never run.
+        self.kept_files.freezer.kill()
+
     def close(self) -> None:
+        self.kept_files.freezer.kill()
         self.table.shutdown()
         if self._connect is not None:
             self._connect.filesystem.close()

@@ -126,6 +126,14 @@ class Freezer:
         self.stopped.clear()
         return continued
 
+    def kill(self) -> int:
+        """SIGKILL exactly the processes this freezer stopped: the daemon is going away with
+        its pod, and a held process must never run (and write) again; how many were killed."""
+        stopped = list(self.stopped.items())  # a freeze may be adding to it meanwhile
+        killed = sum(_signal_same(pid, start, signal.SIGKILL, self.proc) for pid, start in stopped)
+        self.stopped.clear()
+        return killed
+
     def _check_proc(self) -> None:
         try:
             seen = int(os.readlink(f"{self.proc}/self"))

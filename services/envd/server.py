@@ -49,7 +49,7 @@ def _server(app: EnvdApp, log_level: str) -> Server:
             # the pod's stop also signalled: their streams must break, not report an end.
             app.table.closing = True
             with contextlib.suppress(RuntimeError):
-                asyncio.get_running_loop().call_soon_threadsafe(app.table.begin_shutdown)
+                asyncio.get_running_loop().call_soon_threadsafe(app.begin_shutdown)
             super().handle_exit(sig, frame)
 
     # What uvicorn's own modules import from the package (``uvicorn.lifespan.off``: Config).

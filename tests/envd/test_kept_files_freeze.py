@@ -56,6 +56,13 @@ def _state(pid: int) -> str:
     return "gone" if st is None else st.state
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _host_pids(marker: str) -> list[int]:
     """Host pids of the processes whose command line holds ``marker`` (either namespace)."""
     found = []
@@ -244,3 +251,26 @@ def test_thaw_needs_the_token(host: Rig) -> None:
     assert httpx.post(url, timeout=10).status_code == 401
     assert httpx.post(url, headers={"X-Access-Token": "--ro-bind"}, timeout=10).status_code == 401
     assert httpx.get(url, headers=AUTH, timeout=10).status_code == 405
+
+
+def test_a_stopping_daemon_kills_what_it_holds(
+    tmp_path: Path, control_plane: str, writers: list[int]
+) -> None:
+    """The pod stops with its processes held: the daemon going away kills them, even one in a
+    session of its own (outside every process group the daemon started), never continues them."""
+    made = _rig(tmp_path, control_plane, pid_namespace=False)
+    rig = next(made)
+    try:
+        marker = f"600.{uuid.uuid4().int % 10**12:012d}"  # a unique interval for sleep
+        rig.sbx.commands.run(f"setsid -w sleep {marker}", background=True, timeout=0)
+        sleeping = lambda: [p for p in _host_pids(marker) if _comm(p) == "sleep"]  # noqa: E731
+        assert _wait_for(lambda: bool(sleeping())), "setsid -w sleep did not start"
+        (pid,) = sleeping()  # in a session of its own
+        writers.append(pid)
+        assert os.getsid(pid) == pid
+        assert _export(rig, hold="60").status_code == 200
+        assert _state(pid) == "T"
+        stop_daemon(rig.daemon)
+        assert _wait_for(lambda: _state(pid) in ("gone", "Z")), "a held process outlived the daemon"
+    finally:
+        made.close()
