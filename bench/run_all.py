@@ -42,6 +42,10 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
         ["bench/auto_resume_bench.py", "--rounds", "20", "--burst", "32"],
         ["bench/auto_resume_bench.py", "--rounds", "3", "--burst", "16"],
     ),
+    "freeze": (
+        ["bench/freeze_bench.py", "--rounds", "30"],
+        ["bench/freeze_bench.py", "--rounds", "5", "--sizes", "1,100"],
+    ),
     "proxy": (
         ["bench/proxy_bench.py", "--requests", "2000", "--concurrency", "32", "--no-resume"],
         ["bench/proxy_bench.py", "--requests", "300", "--concurrency", "16", "--no-resume"],

@@ -15,9 +15,10 @@ continued by a thaw; exactly the processes this freezer stopped are continued, e
 its start time first (a pid may have been reused). Passes repeat until one stops nothing new (a
 fork during a pass shows up in the next); one that never settles thaws and refuses.
 After the passes it waits briefly for each stopped process to show ``T``: a process inside a
-system call (a write in flight) finishes it first. One still not stopped then has the SIGSTOP
-pending, so it runs no user code again before it is continued (a ``vfork`` parent waiting for a
-stopped child is one such). Reading ``/proc`` is only sound when it is the daemon's own PID
+system call (a write in flight) finishes it first. A ``vfork`` parent whose child was stopped
+before its exec never does until the thaw; it runs no user code meanwhile, so it counts as
+stopped. One still not stopped after the wait has the SIGSTOP pending, so it runs no user code
+again before it is continued. Reading ``/proc`` is only sound when it is the daemon's own PID
 namespace's: otherwise the freezer refuses.
 """
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 MAX_PASSES = 50
 SETTLE_SECONDS = 2.0
 _PF_KTHREAD = 0x00200000  # a kernel thread: never a sandbox's
+_PF_FORKNOEXEC = 0x00000040  # forked, not yet exec'd
 _INIT_PID_NS_INODE = 0xEFFFFFFC  # the host's PID namespace (the kernel's PROC_PID_INIT_INO)
 
 
@@ -185,13 +187,28 @@ class Freezer:
     def _settle(self) -> None:
         deadline = time.monotonic() + self.settle_seconds
         waiting = dict(self.stopped)
+        pause = 0.001
         while waiting and time.monotonic() < deadline:
+            held = {pid: read_stat(pid, self.proc) for pid in self.stopped}
+            # A vfork parent waits (D) for its child to exec; that child, stopped before it
+            # did, keeps it there until the thaw. It runs no user code meanwhile: settled.
+            vforking = {
+                st.ppid
+                for st in held.values()
+                if st is not None and st.state in ("T", "t") and st.flags & _PF_FORKNOEXEC
+            }
             for pid, start in list(waiting.items()):
-                st = read_stat(pid, self.proc)
-                if st is None or st.start != start or st.state in ("T", "t", "Z", "X", "x"):
+                st = held.get(pid)
+                if (
+                    st is None
+                    or st.start != start
+                    or st.state in ("T", "t", "Z", "X", "x")
+                    or (st.state == "D" and pid in vforking)
+                ):
                     del waiting[pid]
             if waiting:
-                time.sleep(0.005)
+                time.sleep(pause)
+                pause = min(pause * 2, 0.01)
 
 
 def _signal_same(pid: int, start: int, sig: int, proc: str, *, running: bool = False) -> bool:
