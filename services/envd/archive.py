@@ -13,8 +13,9 @@ blocks the daemon's event loop:
   written after it is lost unseen. With ``hold`` 0 they continue once the tar is sent; else they
   stay stopped until ``POST /kept-files/thaw`` or ``hold`` seconds after the tar ended (a pause
   that dies half-way never leaves a sandbox stopped for good); the pod of a pause stops with
-  them stopped. An export that fails continues them at once. A repeat while stopped (a
-  redelivered pause) stops what appeared since and exports again. The export child itself
+  them stopped. An export that fails continues them at once (unless an earlier hold still
+  runs). A repeat while stopped (a redelivered pause, a snapshot) stops what appeared since,
+  exports again and never shortens a hold that runs. The export child itself
   runs as the daemon (root: it must read what root left in the home folder) and
   walks with directory descriptors, never following a symlink (``os.fwalk``, ``O_NOFOLLOW``):
   a process swapping a folder for a link mid-walk cannot make it read outside. Regular files,
@@ -70,6 +71,7 @@ class KeptFilesApi:
         # One export or thaw at a time: a thaw never lands in the middle of an export.
         self._freezing = asyncio.Lock()
         self._auto_thaw: asyncio.TimerHandle | None = None
+        self._held_until = 0.0  # the loop's time the current hold ends; 0: none
 
     def close_imports(self, why: str) -> None:
         if self.closed is None:
@@ -91,6 +93,7 @@ class KeptFilesApi:
     async def _thaw(self, send: Send) -> None:
         async with self._freezing:
             self._cancel_auto_thaw()
+            self._held_until = 0.0
             continued = self.freezer.thaw()
         if continued:
             log.info("kept-files: %d processes continued", continued)
@@ -104,6 +107,7 @@ class KeptFilesApi:
     def _thaw_after_hold(self) -> None:
         # Only ever pending while no export runs (each cancels it first, under the lock).
         self._auto_thaw = None
+        self._held_until = 0.0
         continued = self.freezer.thaw()
         log.warning("kept-files: hold over, %d processes continued", continued)
 
@@ -117,18 +121,28 @@ class KeptFilesApi:
             self._cancel_auto_thaw()  # this export decides how long they stay stopped
             try:
                 frozen = await self._freeze()
-            except FreezeFailed as e:
+            except FreezeFailed as e:  # it continued everything, an earlier hold's too
+                self._held_until = 0.0
                 await send_error(send, 500, f"kept-files export refused: {e}")
                 return
             done = False
             try:
                 done = await self._send_export(send, frozen)
             finally:
-                if not done or hold == 0:
-                    self.freezer.thaw()
-                else:
-                    loop = asyncio.get_running_loop()
-                    self._auto_thaw = loop.call_later(hold, self._thaw_after_hold)
+                self._hold_on(hold if done else 0)
+
+    def _hold_on(self, hold: int) -> None:
+        """After an export: held ``hold`` seconds more, or as long as an earlier export's hold
+        still runs (a snapshot while a pause holds the sandbox ends nothing), else continued."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        until = max(self._held_until, now + hold if hold else 0.0)
+        if until <= now:
+            self._held_until = 0.0
+            self.freezer.thaw()
+            return
+        self._held_until = until
+        self._auto_thaw = loop.call_at(until, self._thaw_after_hold)
 
     async def _freeze(self) -> int:
         # In a thread (it waits for processes to stop); never left half-done by a cancel.

@@ -181,9 +181,12 @@ def test_a_held_export_is_the_file_as_it_stays(
         assert _state(rig.outsider.pid) in ("S", "R")  # the host's process moves on
         assert _state(os.getpid()) in ("S", "R")
 
-        again = _export(rig, hold="30")  # a redelivered pause: still stopped, same tree
+        # Another export meanwhile (a redelivered pause, a snapshot): the same tree, and one
+        # without a hold does not end the running one.
+        again = _export(rig, hold="0")
         assert again.status_code == 200, again.text
         assert _member(again.content, target, rig.kept) == exported
+        assert _state(pid) == "T"
     finally:
         thawed = _thaw(rig)
     assert thawed.status_code == 200, thawed.text
