@@ -8,7 +8,9 @@ harmless work and the record says exactly how far a sandbox got:
 - pause    ``pausing`` + stored snapshot → (check the annotation is that snapshot, scale 0, wait
            stopped) → ``paused``. Never scales to 0 unless the workload carries the snapshot.
 - resume   ``paused|failed`` → ``resuming`` → (scale 1, wait ready, replay once per pod)
-           → ``running``; the replay (and a snapshot's files on create) is ``restoring.py``
+           → ``running``; the replay (and a snapshot's files on create) is ``restoring.py``.
+           Onto the pod a pause failed on (still running), its processes, which a held
+           kept-files export may keep stopped, are continued first (best effort).
 - kill     any → ``killing`` → (delete workload) → ``killed`` (a tombstone)
 
 An operation that loses its record to a concurrent kill cleans up the workload it may have
@@ -33,7 +35,7 @@ from shared.bus.retry import Retry
 from shared.domain import states
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
-from shared.errors import IllegalTransition, NotFound, ReadyFailed
+from shared.errors import IllegalTransition, NotFound, ReadyFailed, TorporError
 from shared.lifecycle.hooks import HookRunner, describe, refusal
 from shared.lifecycle.pods import ensure_workload, workload_spec
 from shared.lifecycle.worker import PermanentFailure, fail_transition
@@ -255,6 +257,8 @@ class Scaler:
             except ReadyFailed as e:  # the template's ready command never succeeded
                 return await self._fail_back_to_paused(record, cmd_msg_id, str(e))
             spans.mark("ready")
+            if endpoint.pod_uid == record.pod_uid:
+                await self._continue_held(sid)
             await progress()
             # Annotations as read before the scale: only this resume writes them meanwhile.
             outcomes = await self._restorer.replay(
@@ -295,6 +299,15 @@ class Scaler:
         for o in outcomes:
             metrics.REPLAYED.labels("ok" if o.error is None else "error").inc()
         return "done"
+
+    async def _continue_held(self, sandbox_id: str) -> None:
+        """The pod a pause failed on still runs (resumed from ``failed``): a held kept-files
+        export may keep its processes stopped until its hold ends; continue them now. Best
+        effort: the hold runs out anyway."""
+        try:
+            await self._runtime.thaw_files(sandbox_id)
+        except TorporError as e:
+            log.warning("resume_thaw_failed", error=str(e)[:300])
 
     async def _fail_back_to_paused(
         self, record: SandboxRecord, cmd_msg_id: str, reason: str

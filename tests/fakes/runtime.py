@@ -37,6 +37,7 @@ class FakeRuntime:
         self.holds: list[tuple[str, float]] = []  # (name, hold) of each keep_files
         self.thawed: list[str] = []  # thaw_files calls
         self.thaw_failure: Exception | None = None  # thaw_files raises this
+        self.stop_failure: Exception | None = None  # a scale to 0 raises this
         self.warm_pods = 0  # a scale to 1 takes one of these (a warm pool's pod) while any are left
         self._warm: set[str] = set()  # pod uids that came from the pool
 
@@ -103,6 +104,8 @@ class FakeRuntime:
                 pod_ip=self._address[name],
             )
         if replicas == 0:
+            if self.stop_failure is not None:
+                raise self.stop_failure
             return self._put(wl, replicas=0, ready_replicas=0, pod_uid=None, pod_ip=None)
         return wl
 

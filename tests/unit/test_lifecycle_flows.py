@@ -202,6 +202,28 @@ async def test_a_pause_holds_the_processes_and_a_failed_one_continues_them() -> 
         assert ("sbx-thaw", 0) not in system.runtime.scale_calls
 
 
+async def test_a_resume_onto_the_pod_a_pause_failed_on_continues_its_processes() -> None:
+    """The scaler could not stop the pod after a held export (the sandbox ``failed``, its
+    processes stopped until the hold ends): a resume onto that same pod continues them."""
+    async with in_memory_system(give_up_after=1, hold=90) as system:
+        rec = await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-stuck"))
+        system.runtime.stop_failure = RuntimeFailure("the API server refused the scale")
+        with pytest.raises(RuntimeFailure, match="refused the scale"):
+            await system.lifecycle.pause("sbx-stuck", owner="alice", wait=5)
+        assert system.runtime.holds == [("sbx-stuck", 90)]
+        system.runtime.stop_failure = None
+        system.runtime.thaw_failure = RuntimeFailure("the daemon is slow")  # best effort
+        result = await system.lifecycle.resume("sbx-stuck", owner="alice", wait=5)
+        assert result.record.state == SandboxState.RUNNING
+        assert result.record.pod_uid == rec.pod_uid
+        assert system.runtime.thawed == ["sbx-stuck"]
+
+        # A resume into a new pod has nothing held to continue.
+        await system.lifecycle.pause("sbx-stuck", owner="alice", wait=5)
+        await system.lifecycle.resume("sbx-stuck", owner="alice", wait=5)
+        assert system.runtime.thawed == ["sbx-stuck"]
+
+
 async def test_snapshot_too_large_fails_the_pause_without_retrying(system: InMemorySystem) -> None:
     rec = await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-big"))
     big = SnapshotProcess(
