@@ -116,6 +116,9 @@ class Freezer:
         except FreezeFailed:
             self.thaw()
             raise
+        except OSError as e:  # /proc or a pidfd failed us (EMFILE, ...): no half-frozen sandbox
+            self.thaw()
+            raise FreezeFailed(f"the sandbox's processes could not be stopped: {e}") from None
         return len(self.stopped)
 
     def thaw(self) -> int:
