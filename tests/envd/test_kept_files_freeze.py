@@ -4,8 +4,9 @@ stopped (``T``) before the tar is taken, the tar's copy equals the file as it is
 it stays stopped for the hold and moves again after ``POST /kept-files/thaw`` or when the hold
 runs out. Twice: the daemon bare on the host (its descendants only: a process of the host that
 is not one is never stopped) and in a PID namespace of its own (bubblewrap, as in every pod:
-the whole namespace, a process that left the daemon's tree too). Plus hostile ``hold`` values
-and a process the user stopped, which a thaw leaves stopped."""
+the whole namespace, a process that left the daemon's tree too). Plus hostile ``hold`` values,
+a process the user stopped (a thaw leaves it stopped), a stopping daemon killing what it holds,
+and the refusals: a ``/proc`` of another namespace, passes that never settle."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 import uuid
@@ -28,7 +30,7 @@ from e2b import Sandbox
 
 from services.envd.freezing import read_stat
 from tests.conftest import skip_or_fail
-from tests.envd.conftest import TOKEN, Daemon, start_daemon, stop_daemon
+from tests.envd.conftest import REPO, TOKEN, Daemon, start_daemon, stop_daemon
 
 AUTH = {"X-Access-Token": TOKEN}
 WAIT = 15.0  # seconds: a bound for what should take milliseconds on a quiet machine
@@ -277,3 +279,63 @@ def test_a_stopping_daemon_kills_what_it_holds(
         assert _wait_for(lambda: _state(pid) in ("gone", "Z")), "a held process outlived the daemon"
     finally:
         made.close()
+
+
+def test_a_daemon_that_sees_another_namespaces_proc_refuses(tmp_path: Path) -> None:
+    """In a PID namespace of its own but with the host's ``/proc`` (a pod set up wrong), pids
+    in ``/proc`` are not the ones its signals reach: it refuses the export (500, the reason),
+    stopping nothing, rather than guess."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        skip_or_fail("bubblewrap (bwrap) is missing: apt-get install -y bubblewrap")
+    assert bwrap is not None
+    kept = tmp_path / "kept"
+    for top in ("home/user", "workspace"):
+        (kept / top).mkdir(parents=True)
+    prefix = (bwrap, "--unshare-pid", "--die-with-parent", "--dev-bind", "/", "/", "--")
+    daemon = start_daemon(
+        tmp_path, tmp_path / "envd.log", extra=("--kept-root", str(kept)), prefix=prefix
+    )
+    try:
+        answer = httpx.get(
+            f"{daemon.url}/kept-files", params={"hold": "5"}, headers=AUTH, timeout=30
+        )
+        assert answer.status_code == 500, answer.text
+        assert answer.headers["content-type"] == "application/json"
+        assert "not its own PID namespace" in answer.json()["message"]
+        assert _state(os.getpid()) in ("S", "R")
+    finally:
+        stop_daemon(daemon)
+
+
+FORKING = """
+import subprocess, time
+from services.envd.freezing import Freezer, FreezeFailed, read_stat
+kids = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+time.sleep(0.2)
+try:
+    Freezer(max_passes=1).freeze()
+    print("frozen")
+except FreezeFailed as e:
+    print("refused:", e)
+print(" ".join(read_stat(k.pid).state for k in kids))
+for k in kids:
+    k.kill()
+"""
+
+
+def test_a_freeze_that_does_not_settle_continues_everything() -> None:
+    """Passes are bounded: one that still stops something new at the last pass refuses, and
+    every process it stopped runs again (a separate process: the freezer stops its own
+    descendants on the host)."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORKING],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    refused, states = done.stdout.splitlines()
+    assert refused.startswith("refused: ") and "1 passes" in refused, done.stdout + done.stderr
+    assert set(states.split()) <= {"S", "R"}, states
