@@ -10,12 +10,8 @@ from typing import Any, cast
 
 from faststream.nats import NatsRouter
 
-from services.builder.building import (
-    UNSUPPORTED_ON_KUBERNETES,
-    Builder,
-    BuildRuntime,
-    Limits,
-)
+from services.builder.building import Builder
+from services.builder.builds import UNSUPPORTED_ON_KUBERNETES, BuildRuntime, Limits
 from services.builder.collecting import Collector, Policy
 from services.builder.handlers import build_router
 from services.builder.oci_build import ImageBuilder, ImageRuntime

@@ -14,6 +14,9 @@ and the step itself (the copied files' hash included), so a rebuild reuses every
 the first changed step. ``force`` (E2B's ``skip_cache``) rebuilds that step and every later
 one. A failing step ends the build: its exit code and the tail of its log go into the record;
 the template's tags move only when a build is ready, so no half-built template is ever used.
+
+Its parts: ``.builds`` (ports, state, log, keys), ``.running`` (a RUN step's command),
+``.file_steps`` (COPY and WORKDIR) and ``.local_templates`` (the template files).
 """
 
 from __future__ import annotations
@@ -21,28 +24,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
-import json
 import secrets
 import shutil
-import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import Protocol
 
 import structlog
-import yaml
 
-from shared.errors import EnvdError, EnvdUnavailable, TorporError
+from services.builder import file_steps, local_templates
+from services.builder.builds import (
+    BUILD_LABEL,
+    DEFAULT_WORKDIR,
+    BuildLog,
+    BuildRuntime,
+    Commands,
+    Limits,
+    State,
+    StepFailed,
+    Store,
+    build_artifact,
+    step_key,
+)
+from services.builder.running import run_step
+from shared.errors import TorporError
 from shared.models.network import public_only
 from shared.models.snapshots import ProcessConfig
 from shared.models.template_records import (
-    BUILT_TEMPLATES_DIR,
-    MAX_LOG_CHARS,
-    TEMPLATE_FILES_DIR,
     Artifact,
     BuildRecord,
     BuildSpec,
@@ -50,181 +59,12 @@ from shared.models.template_records import (
     FailureReason,
     LogLine,
     Step,
-    TemplateRecord,
-    blob_path,
 )
-from shared.ports.runtime import Runtime
 from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.local import template_layers
 from shared.runtime.local.rootfs import MARKER
 
 log = structlog.get_logger()
-
-DEFAULT_WORKDIR = "/home/user"
-FLUSH_SECONDS = 0.5
-TAIL_LINES = 30
-BUILD_LABEL = "torpor.dev/build"
-UNSUPPORTED_ON_KUBERNETES = (
-    "template builds on Kubernetes push an image to a registry, and this deployment has none "
-    "configured (TORPOR_BUILDER_REGISTRY)"
-)
-
-
-class Store(Protocol):
-    async def get_build(self, build_id: str) -> BuildRecord | None: ...
-    async def update_build(
-        self, build_id: str, mutate: Callable[[BuildRecord], BuildRecord]
-    ) -> BuildRecord: ...
-    async def get_template(self, template_id: str) -> TemplateRecord | None: ...
-    async def update_template(
-        self, template_id: str, mutate: Callable[[TemplateRecord], TemplateRecord]
-    ) -> TemplateRecord: ...
-
-
-class Commands(Protocol):
-    async def run(
-        self,
-        endpoint: Endpoint,
-        config: ProcessConfig,
-        *,
-        user: str,
-        access_token: str | None,
-        on_output: Callable[[str], Awaitable[None]],
-        timeout: float,
-    ) -> int: ...
-
-
-class LayerExport(Protocol):
-    async def export_files(self, name: str, dest: Path) -> None: ...
-
-
-class BuildRuntime(Runtime, LayerExport, Protocol):
-    """The local runtime: the runtime port plus copying a stopped workload's files out."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    memory: str = "2Gi"
-    cpu: str = "1"
-    disk: str = "4Gi"
-
-
-class StepFailed(Exception):
-    def __init__(self, step: int, message: str, exit_code: int | None = None) -> None:
-        super().__init__(message)
-        self.step = step
-        self.message = message
-        self.exit_code = exit_code
-
-
-@dataclass
-class State:
-    env: dict[str, str] = field(default_factory=dict)
-    workdir: str = DEFAULT_WORKDIR
-    user: str = "user"
-
-
-class BuildLog:
-    """Log lines of one build, written to its record in batches (one CAS per flush)."""
-
-    def __init__(self, store: Store, build_id: str) -> None:
-        self._store = store
-        self._build_id = build_id
-        self._pending: list[LogLine] = []
-        self._last = time.monotonic()
-        self.tail: list[LogLine] = []
-
-    async def line(self, message: str, *, level: str = "info", step: int | None = None) -> None:
-        entry = LogLine(
-            timestamp=datetime.now(UTC),
-            level=level,
-            message=message[:MAX_LOG_CHARS],
-            step=str(step) if step is not None else None,
-        )
-        self._pending.append(entry)
-        self.tail = [*self.tail[-(TAIL_LINES - 1) :], entry]
-        if time.monotonic() - self._last >= FLUSH_SECONDS:
-            await self.flush()
-
-    async def flush(self) -> None:
-        self._last = time.monotonic()
-        if not self._pending:
-            return
-        lines, self._pending = self._pending, []
-        await self._store.update_build(self._build_id, lambda r: r.with_logs(lines))
-
-
-def _key(*parts: object) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def build_artifact(
-    spec: BuildSpec,
-    state: State,
-    base: Artifact | None,
-    *,
-    layers: list[str] | None = None,
-    image: str | None = None,
-) -> Artifact:
-    """What a ready build leaves (both runtimes): its layers or image, the settings its steps
-    left, and the start and ready commands (the build's own, else its base template's)."""
-    return Artifact(
-        layers=layers or [],
-        image=image,
-        env=state.env,
-        workdir=state.workdir,
-        user=state.user if state.user in ("root", "user") else "user",
-        start_cmd=spec.start_cmd
-        if spec.start_cmd is not None
-        else (base.start_cmd if base else None),
-        ready_cmd=spec.ready_cmd
-        if spec.ready_cmd is not None
-        else (base.ready_cmd if base else None),
-    )
-
-
-async def run_step(
-    commands: Commands,
-    endpoint: Endpoint,
-    token: str,
-    *,
-    number: int,
-    command: str,
-    user: str,
-    state: State,
-    out: BuildLog,
-    timeout: float,
-) -> None:
-    """A RUN step's command in its build pod (both runtimes): a login shell as ``user`` through
-    the pod's daemon, its output into the build log. The daemon's error, the pod going away or a
-    non-zero exit ends the build with that reason (and the exit code, E2B's "exit status N")."""
-
-    async def output(line: str) -> None:
-        await out.line(line, step=number)
-
-    shown = command if len(command) <= 200 else command[:200] + "…"
-    try:
-        code = await commands.run(
-            endpoint,
-            ProcessConfig(
-                cmd="/bin/bash", args=["-l", "-c", command], cwd=state.workdir, envs=state.env
-            ),
-            user=user,
-            access_token=token,
-            on_output=output,
-            timeout=timeout,
-        )
-    except EnvdError as e:
-        reason = str(e).removeprefix("envd error ")
-        raise StepFailed(
-            number, f"failed to run command '{shown}': command failed: {reason}"
-        ) from e
-    except EnvdUnavailable as e:
-        raise StepFailed(number, f"failed to run command '{shown}': the build pod went away") from e
-    if code != 0:
-        raise StepFailed(
-            number, f"failed to run command '{shown}': exit status {code}", exit_code=code
-        )
 
 
 class Builder:
@@ -321,7 +161,7 @@ class Builder:
 
     async def _publish(self, record: BuildRecord, artifact: Artifact) -> None:
         """Make the ready build usable by its runtime (here: the local runtime's template)."""
-        await asyncio.to_thread(self._write_template, record, artifact)
+        await asyncio.to_thread(local_templates.write_template, self._data_dir, record, artifact)
 
     async def _fail(self, record: BuildRecord, failed: StepFailed, tail: list[LogLine]) -> None:
         reason = FailureReason(
@@ -353,9 +193,9 @@ class Builder:
                 raise StepFailed(0, f"the base template's build {spec.base_build_id} is gone")
             art = base.artifact
             state = State(env=dict(art.env), workdir=art.workdir or DEFAULT_WORKDIR, user=art.user)
-            return _key("template", owner, spec.base_build_id), list(art.layers), state, art
+            return step_key("template", owner, spec.base_build_id), list(art.layers), state, art
         marker = await asyncio.to_thread((self._rootfs / MARKER).read_text)
-        return _key("debian", owner, marker.strip()), [], State(), None
+        return step_key("debian", owner, marker.strip()), [], State(), None
 
     async def _steps(
         self, record: BuildRecord, spec: BuildSpec, out: BuildLog
@@ -368,7 +208,7 @@ class Builder:
         for number, step in enumerate(spec.steps, 1):
             forcing = forcing or step.force
             step_id = step.model_dump(include={"type", "args", "files_hash"})
-            key = _key(
+            key = step_key(
                 key, step_id, record.build_id if forcing else None, state.user, state.workdir
             )
             label = f"[{number}/{total}] {step.type} {' '.join(step.args)}"[:500]
@@ -397,7 +237,9 @@ class Builder:
             else:
                 await asyncio.to_thread(
                     functools.partial(
-                        self._file_step,
+                        file_steps.file_step,
+                        self._data_dir,
+                        self._rootfs,
                         record,
                         step=step,
                         number=number,
@@ -408,72 +250,6 @@ class Builder:
                 )
             layers.append(key)
         return build_artifact(spec, state, base, layers=layers), cached
-
-    # ---- steps without a pod ------------------------------------------------------------------
-
-    def _lowers(self, layers: list[str]) -> list[Path]:
-        trees = [template_layers.tree(self._data_dir, k) for k in reversed(layers)]
-        return [*trees, self._rootfs]
-
-    def _file_step(
-        self,
-        record: BuildRecord,
-        *,
-        step: Step,
-        number: int,
-        key: str,
-        layers: list[str],
-        state: State,
-    ) -> None:
-        folder = template_layers.staging(self._data_dir)
-        tree = folder / "tree"
-        try:
-            if step.type == "WORKDIR":
-                template_layers.make_parents(
-                    tree, PurePosixPath(state.workdir), self._lowers(layers), owner=0
-                )
-            else:
-                self._copy(record, step=step, number=number, tree=tree, layers=layers, state=state)
-            template_layers.commit(self._data_dir, folder, key)
-        except TorporError as e:
-            template_layers.discard(folder)
-            raise StepFailed(number, f"{step.type} failed: {e}") from e
-        except BaseException:
-            template_layers.discard(folder)
-            raise
-
-    def _copy(
-        self,
-        record: BuildRecord,
-        *,
-        step: Step,
-        number: int,
-        tree: Path,
-        layers: list[str],
-        state: State,
-    ) -> None:
-        assert step.files_hash is not None
-        archive = blob_path(self._data_dir / TEMPLATE_FILES_DIR, record.owner, step.files_hash)
-        if not archive.is_file():
-            raise StepFailed(
-                number, f"COPY failed: the files of {step.args[0]!r} were not uploaded"
-            )
-        args = [*step.args, "", ""]
-        user = (args[2] or state.user).split(":")[0]
-        owner = template_layers.USER_IDS.get(user, 1000)
-        mode = int(args[3], 8) if args[3] else None
-        with tempfile.TemporaryDirectory(dir=template_layers.root(self._data_dir)) as scratch:
-            template_layers.copy_in(
-                archive,
-                tree,
-                src=step.args[0],
-                dest=step.args[1],
-                workdir=state.workdir,
-                owner=owner,
-                mode=mode,
-                lowers=self._lowers(layers),
-                scratch=Path(scratch),
-            )
 
     # ---- RUN: a build pod ---------------------------------------------------------------------
 
@@ -491,7 +267,14 @@ class Builder:
         command = step.args[0]
         user = step.args[1] if len(step.args) > 1 else state.user
         template = f"bld-{key[:40]}"
-        await asyncio.to_thread(self._write_build_template, template, layers, state)
+        await asyncio.to_thread(
+            local_templates.write_build_template,
+            self._data_dir,
+            template,
+            layers,
+            state,
+            self._limits,
+        )
         name = f"bld-{key[:12]}-{secrets.token_hex(4)}"
         token = secrets.token_urlsafe(24)
         spec = WorkloadSpec(
@@ -547,53 +330,3 @@ class Builder:
             on_output=ignore,
             timeout=30,
         )
-
-    # ---- template files of the local runtime --------------------------------------------------
-
-    def _write_build_template(self, name: str, layers: list[str], state: State) -> None:
-        self._write_yaml(
-            name,
-            {
-                "name": name,
-                "workdir": "/",
-                "env": {"LANG": "C.UTF-8", "PIP_BREAK_SYSTEM_PACKAGES": "1", **state.env},
-                "layers": layers,
-                "resources": {
-                    "limits": {
-                        "memory": self._limits.memory,
-                        "cpu": self._limits.cpu,
-                        "pids": 4096,
-                        "nofile": 65536,
-                        "disk": self._limits.disk,
-                    }
-                },
-            },
-        )
-
-    def _write_template(self, record: BuildRecord, artifact: Artifact) -> None:
-        """The ready build as a template of the local runtime, named by its build id: the
-        packaged sandbox template plus the layers, env, user and commands of the build."""
-        from shared.runtime.templates import PACKAGED_TEMPLATES_DIR
-
-        base = yaml.safe_load((PACKAGED_TEMPLATES_DIR / "sandbox-base.yaml").read_text())
-        base["name"] = record.build_id
-        base["env"] = {**base.get("env", {}), **artifact.env}
-        base["layers"] = artifact.layers
-        base["user"] = artifact.user
-        limits = base.setdefault("resources", {}).setdefault("limits", {})
-        limits["memory"] = f"{record.memory_mb}Mi"
-        limits["cpu"] = str(record.cpu_count)
-        for field_name in ("start_cmd", "ready_cmd"):
-            value = getattr(artifact, field_name)
-            if value:
-                base[field_name] = value
-        if artifact.start_cmd or artifact.ready_cmd:
-            base["start_cwd"] = artifact.workdir or DEFAULT_WORKDIR
-        self._write_yaml(record.build_id, base)
-
-    def _write_yaml(self, name: str, content: dict[str, object]) -> None:
-        folder = self._data_dir / BUILT_TEMPLATES_DIR
-        folder.mkdir(parents=True, exist_ok=True, mode=0o755)
-        partial = folder / f".{name}.{secrets.token_hex(4)}.partial"
-        partial.write_text(yaml.safe_dump(content, sort_keys=False))
-        partial.replace(folder / f"{name}.yaml")

@@ -17,6 +17,9 @@ object (named by the build id) whose pod runs that image by digest.
 - The final image (the base's config plus the build's env, working folder and labels) goes to
   the template's own repository, tagged with the build id. The builder names every repository;
   nothing a tenant sends becomes one.
+
+The parts: ``.oci_plans`` (the plan, the step keys), ``.build_pod`` (the daemon as root) and
+``.oci_templates`` (the build pod's and the built template's pod templates).
 """
 
 from __future__ import annotations
@@ -25,30 +28,36 @@ import asyncio
 import contextlib
 import secrets
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
-from pathlib import Path, PurePosixPath
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
-from services.builder import oci_copy, pod_diff
-from services.builder.building import (
+from services.builder import oci_copy, oci_plans, oci_templates, pod_diff
+from services.builder.build_pod import (
+    COPY_FILE,
+    LAYER_FILE,
+    OWN_USER_FOLDERS,
+    PYTHON,
+    STATE_FILE,
+    BuildPod,
+    PodFiles,
+)
+from services.builder.building import Builder
+from services.builder.builds import (
     BUILD_LABEL,
     DEFAULT_WORKDIR,
-    Builder,
     BuildLog,
-    Commands,
     Limits,
     State,
     StepFailed,
     Store,
-    _key,
     build_artifact,
-    run_step,
 )
-from shared.errors import EnvdError, EnvdUnavailable
-from shared.models.snapshots import ProcessConfig
+from services.builder.oci_plans import FILE_STEPS, ImageRef, Parent, Planned
+from services.builder.oci_templates import SANDBOX_BASE
+from services.builder.running import run_step
 from shared.models.template_records import (
     TEMPLATE_FILES_DIR,
     Artifact,
@@ -62,42 +71,10 @@ from shared.oci.images import BadImage, Image
 from shared.oci.layers import MAX_LAYER_BYTES, BadLayer, repack
 from shared.oci.registry import Registry, RegistryError, check_repository
 from shared.ports.runtime import Runtime
-from shared.ports.workloads import Endpoint, WorkloadSpec
+from shared.ports.workloads import WorkloadSpec
 from shared.runtime.local import template_layers
 
 log = structlog.get_logger()
-
-BUILD_DIR = "/run/torpor-build"
-STATE_FILE = f"{BUILD_DIR}/state.json"
-LAYER_FILE = f"{BUILD_DIR}/layer.tar"
-COPY_FILE = f"{BUILD_DIR}/copy.tar"
-PYTHON = "/usr/bin/python3"
-# What apt, dpkg and useradd need as root; nothing that reaches beyond the container.
-BUILD_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL"]
-SANDBOX_BASE = "sandbox-base"
-DATA_VOLUME = "sandbox-data"
-SEED_MARKER = ".torpor-seeded"
-FILE_STEPS = ("RUN", "COPY", "WORKDIR")
-OWN_USER_FOLDERS = (
-    'for d in /home/user /workspace; do if [ -d "$d" ] && [ "$(stat -c %u "$d")" != 1000 ]; '
-    'then chown 1000:1000 "$d"; fi; done'
-)
-
-
-class PodFiles(Commands, Protocol):
-    async def upload_file(
-        self, endpoint: Endpoint, path: str, source: Path, *, user: str, access_token: str | None
-    ) -> None: ...
-    async def download_file(
-        self,
-        endpoint: Endpoint,
-        path: str,
-        dest: Path,
-        *,
-        user: str,
-        access_token: str | None,
-        max_bytes: int,
-    ) -> int: ...
 
 
 class ImageRuntime(Runtime, Protocol):
@@ -108,41 +85,6 @@ class ImageRuntime(Runtime, Protocol):
         self, name: str, template: dict[str, Any], *, build_id: str
     ) -> None: ...
     async def delete_pod_template(self, name: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class ImageRef:
-    repository: str
-    reference: str  # a tag or a digest
-
-    @classmethod
-    def parse(cls, value: str) -> ImageRef:
-        if "@" in value:
-            repo, _, ref = value.partition("@")
-        else:
-            head, _, last = value.rpartition("/")
-            name, sep, tag = last.partition(":")
-            repo, ref = (f"{head}/{name}" if head else name), (tag if sep else "latest")
-        check_repository(repo)
-        return cls(repo, ref)
-
-
-@dataclass(frozen=True)
-class Parent:
-    """The image a step builds on: where it is and what it is."""
-
-    repository: str
-    digest: str
-    image: Image
-
-
-@dataclass(frozen=True)
-class Planned:
-    number: int
-    step: Step
-    key: str
-    state: State  # what the step runs with (after its own effect for ENV, USER, WORKDIR)
-    forced: bool
 
 
 class ImageBuilder(Builder):
@@ -233,29 +175,6 @@ class ImageBuilder(Builder):
             )
         return parent, state, art
 
-    def _plan(
-        self, record: BuildRecord, spec: BuildSpec, parent: Parent, state: State
-    ) -> list[Planned]:
-        key = _key("oci", record.owner, parent.digest)
-        forcing = spec.force
-        plan = []
-        for number, step in enumerate(spec.steps, 1):
-            forcing = forcing or step.force
-            step_id = step.model_dump(include={"type", "args", "files_hash"})
-            key = _key(
-                key, step_id, record.build_id if forcing else None, state.user, state.workdir
-            )
-            state = replace(state, env=dict(state.env))
-            if step.type == "ENV":
-                pairs = step.args
-                state.env.update(dict(zip(pairs[::2], pairs[1::2], strict=True)))
-            elif step.type == "USER":
-                state.user = step.args[0].split(":")[0]
-            elif step.type == "WORKDIR":
-                state.workdir = str(PurePosixPath(state.workdir) / step.args[0])
-            plan.append(Planned(number, step, key, state, forcing))
-        return plan
-
     async def _steps(
         self, record: BuildRecord, spec: BuildSpec, out: BuildLog
     ) -> tuple[Artifact, list[int]]:
@@ -264,18 +183,18 @@ class ImageBuilder(Builder):
             await out.line(
                 f"Building on {spec.base_image or 'template ' + str(spec.base_build_id)}"
             )
-            plan = self._plan(record, spec, parent, state)
-            total = len(plan)
+            planned = oci_plans.plan(record, spec, parent, state)
+            total = len(planned)
             cached: list[int] = []
-            todo = list(plan)
+            todo = list(planned)
             while todo:  # the longest cached prefix
                 entry = todo[0]
-                label = _label(entry, total)
+                label = oci_plans.label(entry, total)
                 if entry.step.type in FILE_STEPS:
                     hit = (
                         None
                         if entry.forced
-                        else await self._load(self._cache_repo, _cache_tag(entry.key))
+                        else await self._load(self._cache_repo, oci_plans.cache_tag(entry.key))
                     )
                     if hit is None:
                         break
@@ -289,8 +208,8 @@ class ImageBuilder(Builder):
                 parent = await self._in_pod(record, parent, todo, total, out)
             else:
                 for entry in todo:
-                    await out.line(_label(entry, total), step=entry.number)
-            final_state = plan[-1].state if plan else state
+                    await out.line(oci_plans.label(entry, total), step=entry.number)
+            final_state = planned[-1].state if planned else state
             image = await self._publish_image(record, spec, parent, final_state, base)
         except (BadImage, RegistryError) as e:
             raise StepFailed(0, f"the build failed: {e}") from e
@@ -319,14 +238,14 @@ class ImageBuilder(Builder):
                 )
             )
             endpoint = await self._k8s.wait_ready(name, timeout=self._ready_timeout)
-            pod = _Pod(self, endpoint, token)
+            pod = BuildPod(self._files, endpoint, token)
             await pod.root(0, [PYTHON, "-c", self._script, "snap", "/", STATE_FILE])
             # The user's folders are the user's in a built image (in sandbox-base they are
             # root's: sandboxes mount volumes there); the first step's layer carries the change.
             await pod.root(0, ["/bin/sh", "-c", OWN_USER_FOLDERS])
             with tempfile.TemporaryDirectory(prefix="torpor-build-") as scratch:
                 for entry in todo:
-                    await out.line(_label(entry, total), step=entry.number)
+                    await out.line(oci_plans.label(entry, total), step=entry.number)
                     if entry.step.type not in FILE_STEPS:
                         continue
                     await self._one(record, pod, entry, Path(scratch), out)
@@ -339,7 +258,7 @@ class ImageBuilder(Builder):
         return parent
 
     async def _one(
-        self, record: BuildRecord, pod: _Pod, entry: Planned, scratch: Path, out: BuildLog
+        self, record: BuildRecord, pod: BuildPod, entry: Planned, scratch: Path, out: BuildLog
     ) -> None:
         step, state, number = entry.step, entry.state, entry.number
         if step.type == "WORKDIR":
@@ -407,7 +326,7 @@ class ImageBuilder(Builder):
             raise StepFailed(number, f"COPY failed: {e}") from e
 
     async def _layer(
-        self, pod: _Pod, entry: Planned, parent: Parent, scratch: Path, present: set[str]
+        self, pod: BuildPod, entry: Planned, parent: Parent, scratch: Path, present: set[str]
     ) -> Parent:
         """The step's diff as a layer on ``parent``, pushed with its image as the cache."""
         number = entry.number
@@ -423,10 +342,10 @@ class ImageBuilder(Builder):
         await self._ensure_blobs(repo, parent, present)
         await self._registry.push_blob(repo, clean, blob.digest)
         present.add(blob.digest)
-        image = images.with_layer(parent.image, blob, created_by=_label(entry, 0))
+        image = images.with_layer(parent.image, blob, created_by=oci_plans.label(entry, 0))
         await self._registry.push_bytes(repo, image.config_bytes())
         digest = await self._registry.put_manifest(
-            repo, _cache_tag(entry.key), image.manifest_bytes()
+            repo, oci_plans.cache_tag(entry.key), image.manifest_bytes()
         )
         return Parent(repo, digest, image)
 
@@ -463,156 +382,11 @@ class ImageBuilder(Builder):
     # ---- pod templates -------------------------------------------------------------------------
 
     async def _build_pod_template(self, parent: Parent) -> dict[str, Any]:
-        """sandbox-base's pod on the parent image, its daemon as root with a package manager's
-        capabilities, no volume (the steps' files stay in the container's layer)."""
         template = await self._k8s.pod_template(SANDBOX_BASE)
-        meta = template.setdefault("metadata", {})
-        meta["annotations"] = {**(meta.get("annotations") or {}), "torpor.dev/persist": "none"}
-        spec = template["spec"]
-        spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATA_VOLUME]
-        spec.pop("initContainers", None)
-        spec["automountServiceAccountToken"] = False
-        for container in spec["containers"]:
-            container["image"] = self._pull_ref(parent)
-            container["imagePullPolicy"] = "IfNotPresent"
-            container["volumeMounts"] = [
-                m for m in container.get("volumeMounts") or [] if m.get("name") != DATA_VOLUME
-            ]
-            container["workingDir"] = "/"
-            container["env"] = [e for e in container.get("env") or [] if e.get("name") != "HOME"]
-            container["env"].append({"name": "HOME", "value": "/root"})
-            container["securityContext"] = {
-                "runAsUser": 0,
-                "runAsGroup": 0,
-                "runAsNonRoot": False,
-                "allowPrivilegeEscalation": False,
-                "privileged": False,
-                "capabilities": {"drop": ["ALL"], "add": list(BUILD_CAPABILITIES)},
-                "seccompProfile": {"type": "RuntimeDefault"},
-            }
-            container["resources"] = {
-                "requests": {"cpu": "100m", "memory": "128Mi"},
-                "limits": {
-                    "cpu": self._limits.cpu,
-                    "memory": self._limits.memory,
-                    "ephemeral-storage": self._limits.disk,
-                },
-            }
-        return template
+        return oci_templates.build_pod_template(template, self._pull_ref(parent), self._limits)
 
     async def _publish(self, record: BuildRecord, artifact: Artifact) -> None:
-        """The template's pod template: sandbox-base's pod on the built image, with the build's
-        env and start/ready commands; its home and workspace volume seeded from the image."""
-        assert artifact.image is not None
+        """The template's pod template (see ``oci_templates.built_template``)."""
         template = await self._k8s.pod_template(SANDBOX_BASE)
-        spec = template["spec"]
-        daemon = spec["containers"][0]
-        daemon["image"] = artifact.image
-        daemon["imagePullPolicy"] = "IfNotPresent"
-        extra = dict(artifact.env)
-        if artifact.start_cmd:
-            extra["TORPOR_START_CMD"] = artifact.start_cmd
-        if artifact.ready_cmd:
-            extra["TORPOR_READY_CMD"] = artifact.ready_cmd
-        if artifact.start_cmd or artifact.ready_cmd:
-            extra["TORPOR_START_CWD"] = artifact.workdir or DEFAULT_WORKDIR
-            extra["TORPOR_START_USER"] = "user"
-        daemon["env"] = [e for e in daemon.get("env") or [] if e.get("name") not in extra]
-        daemon["env"] += [{"name": k, "value": v} for k, v in extra.items()]
-        limits = daemon.setdefault("resources", {}).setdefault("limits", {})
-        limits["memory"] = f"{record.memory_mb}Mi"
-        limits["cpu"] = str(record.cpu_count)
-        seeds = _seed_paths(daemon)
-        if seeds:
-            spec["initContainers"] = [_seed_container(daemon, seeds)]
+        oci_templates.built_template(template, record, artifact)
         await self._k8s.put_pod_template(record.build_id, template, build_id=record.build_id)
-
-
-class _Pod:
-    """The build pod's daemon, as root."""
-
-    def __init__(self, builder: ImageBuilder, endpoint: Endpoint, token: str) -> None:
-        self.builder = builder
-        self.endpoint = endpoint
-        self.token = token
-
-    async def root(self, number: int, argv: list[str], timeout: float = 600.0) -> None:
-        tail: list[str] = []
-
-        async def keep(line: str) -> None:
-            tail.append(line)
-            del tail[:-20]
-
-        try:
-            code = await self.builder._commands.run(
-                self.endpoint,
-                ProcessConfig(cmd=argv[0], args=argv[1:], cwd="/"),
-                user="root",
-                access_token=self.token,
-                on_output=keep,
-                timeout=timeout,
-            )
-        except (EnvdError, EnvdUnavailable) as e:
-            raise StepFailed(number, f"the build pod failed: {e}") from e
-        if code != 0:
-            what = "snapshot of the files" if argv[0] == PYTHON else argv[0]
-            shown = " | ".join(tail)[-500:]
-            raise StepFailed(number, f"the build pod's {what} failed ({code}): {shown}")
-
-    async def upload(self, number: int, source: Path, path: str) -> None:
-        try:
-            await self.builder._files.upload_file(
-                self.endpoint, path, source, user="root", access_token=self.token
-            )
-        except (EnvdError, EnvdUnavailable) as e:
-            raise StepFailed(number, f"cannot hand the files to the build pod: {e}") from e
-
-    async def download(self, number: int, path: str, dest: Path, limit: int) -> None:
-        try:
-            await self.builder._files.download_file(
-                self.endpoint, path, dest, user="root", access_token=self.token, max_bytes=limit
-            )
-        except (EnvdError, EnvdUnavailable) as e:
-            raise StepFailed(number, f"cannot read the step's files: {e}") from e
-
-
-def _label(entry: Planned, total: int) -> str:
-    where = f"[{entry.number}/{total}] " if total else ""
-    return f"{where}{entry.step.type} {' '.join(entry.step.args)}"[:500]
-
-
-def _cache_tag(key: str) -> str:
-    return f"cache-{key[:64]}"
-
-
-def _seed_paths(daemon: dict[str, Any]) -> list[tuple[str, str]]:
-    """(mount path, subPath) of the daemon's data-volume mounts."""
-    return [
-        (m["mountPath"], m.get("subPath", ""))
-        for m in daemon.get("volumeMounts") or []
-        if m.get("name") == DATA_VOLUME and m.get("mountPath")
-    ]
-
-
-def _seed_container(daemon: dict[str, Any], seeds: list[tuple[str, str]]) -> dict[str, Any]:
-    """Volumes hide what the image holds at their paths: copy the image's files there into the
-    sandbox's volume once (a marker in the volume says it is done: a resume keeps the sandbox's
-    own files)."""
-    script = ["set -e", f"[ -e /seed/{SEED_MARKER} ] && exit 0"]
-    for path, sub in seeds:
-        target = f"/seed/{sub}" if sub else "/seed"
-        script.append(f'mkdir -p "{target}"')
-        script.append(f'if [ -d "{path}" ]; then cp -a "{path}/." "{target}/"; fi')
-    script.append(f"touch /seed/{SEED_MARKER}")
-    return {
-        "name": "seed",
-        "image": daemon["image"],
-        "imagePullPolicy": daemon.get("imagePullPolicy", "IfNotPresent"),
-        "command": ["/bin/sh", "-c", "\n".join(script)],
-        "securityContext": dict(daemon.get("securityContext") or {}),
-        "resources": dict(daemon.get("resources") or {}),
-        "volumeMounts": [{"name": DATA_VOLUME, "mountPath": "/seed"}],
-    }
-
-
-OnOutput = Callable[[str], Awaitable[None]]

@@ -94,23 +94,12 @@ def test_cache_keys_are_per_owner_and_per_base() -> None:
     function of its text: `curl ... | sh` today is not tomorrow's, and one tenant must not
     plant what another's identical step would get)."""
     from datetime import UTC, datetime
-    from typing import Any, cast
 
-    from services.builder.building import State
-    from services.builder.oci_build import ImageBuilder, Parent
+    from services.builder.builds import State
+    from services.builder.oci_plans import Parent, plan
     from shared.models.template_records import BuildRecord, BuildSpec, Step
     from shared.oci.images import Image
-    from shared.oci.registry import Registry
 
-    builder = ImageBuilder(
-        store=cast(Any, None),
-        runtime=cast(Any, None),
-        commands=cast(Any, None),
-        registry=Registry("127.0.0.1:1", insecure=True),
-        prefix="t",
-        base_image="torpor/sandbox-base:latest",
-        data_dir=Path("/nonexistent"),
-    )
     spec = BuildSpec(
         base="debian",
         steps=[
@@ -126,8 +115,8 @@ def test_cache_keys_are_per_owner_and_per_base() -> None:
             build_id=build, template_id="t" * 20, owner=owner, created_at=now, updated_at=now
         )
         parent = Parent("torpor/sandbox-base", base, Image((), {"rootfs": {"diff_ids": []}}))
-        plan = builder._plan(record, spec.model_copy(update={"force": force}), parent, State())
-        return [p.key for p in plan]
+        planned = plan(record, spec.model_copy(update={"force": force}), parent, State())
+        return [p.key for p in planned]
 
     alice = keys("alice", "sha256:" + "a" * 64)
     assert alice == keys("alice", "sha256:" + "a" * 64, build="b2")  # a rebuild reuses
