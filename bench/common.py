@@ -11,6 +11,7 @@ on and dials 127.0.0.0/8 only.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -104,6 +105,27 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def bench_parser(doc: str | None, *, out: str | None = None) -> argparse.ArgumentParser:
+    """A benchmark's command line, its module docstring the help (its usage lines as written);
+    with ``out``, ``--out NAME``: the name of its result file in bench/results/."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    if out is not None:
+        parser.add_argument(
+            "--out", default=out, help="result file name in bench/results/ (default %(default)s)"
+        )
+    return parser
+
+
+def save_result(name: str, data: dict[str, Any]) -> Path:
+    """``write_result`` under ``name`` (a file name: a folder part and ``.json`` are dropped),
+    and say where."""
+    path = write_result(Path(name).name.removesuffix(".json"), data)
+    print(f"wrote {path.relative_to(REPO)}")
     return path
 
 

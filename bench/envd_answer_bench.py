@@ -12,20 +12,19 @@ over the rounds, and writes bench/results/envd_answer_bench.json. Loopback only;
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from common import bench_parser, save_result  # noqa: E402
 
 from bench.proxy_bench import SANDBOX, TOKEN, cpu_seconds, measure, wait_http  # noqa: E402
 
@@ -34,15 +33,12 @@ RPC = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__, out="envd_answer_bench.json")
     parser.add_argument("--baseline", type=Path, required=True, help="a checkout of main before")
     parser.add_argument("--client", choices=("lean", "httpx"), default="lean")
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=1)
-    parser.add_argument("--out", default="envd_answer_bench.json", help="file in bench/results/")
     args = parser.parse_args()
     from shared.bus.server import free_port
 
@@ -114,23 +110,17 @@ def main() -> int:
             flush=True,
         )
     print(f"load per round: {[round(x, 1) for x in loads]}")
-    out = REPO / "bench" / "results" / Path(args.out).name
-    out.write_text(
-        json.dumps(
-            {
-                "when": datetime.now(UTC).isoformat(),
-                "client": args.client,
-                "requests": args.requests,
-                "concurrency": args.concurrency,
-                "baseline": str(args.baseline),
-                "load_1m_per_round": loads,
-                "sides": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    save_result(
+        args.out,
+        {
+            "client": args.client,
+            "requests": args.requests,
+            "concurrency": args.concurrency,
+            "baseline": str(args.baseline),
+            "load_1m_per_round": loads,
+            "sides": rows,
+        },
     )
-    print(f"wrote {out.relative_to(REPO)}")
     return 0
 
 

@@ -21,7 +21,6 @@ Ratios: p50(create) ÷ p50(cold pod start) (target ≤ 0.25), p50(resume) ÷ p50
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shutil
@@ -35,14 +34,15 @@ from typing import Any
 from common import (
     STATS_HEADERS,
     USER,
+    bench_parser,
     connect,
     create_sandbox,
     kill,
     pause,
+    save_result,
     stats_row,
     table,
     torpor_stack,
-    write_result,
 )
 from resume_vs_podstart import (
     COMMANDS,
@@ -278,7 +278,7 @@ def report(result: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--runtime", choices=("local", "kubernetes"), default="local")
     parser.add_argument(
@@ -310,8 +310,7 @@ def main() -> None:
         + ("_realnode" if args.runtime == "kubernetes" and args.node == "real" else "")
         + ("_store" if args.persist == "store" else "")
     )
-    path = write_result(name, result)
-    print(f"wrote {path}")
+    save_result(name, result)
 
 
 if __name__ == "__main__":

@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -535,7 +533,9 @@ def main() -> int:
         help="a reference TCP pump in C measured in the same rounds (the physical limit of one "
         "hop); skipped with a message when not installed",
     )
-    parser.add_argument("--out", default="proxy_bench.json", help="file name in bench/results/")
+    parser.add_argument(
+        "--out", default="proxy_bench.json", help="result file name in bench/results/"
+    )
     parser.add_argument(
         "--serve-proxy", nargs=2, metavar=("PORT", "POD_HOST"), help=argparse.SUPPRESS
     )
@@ -569,26 +569,21 @@ def main() -> int:
         except Exception as e:
             resume = {"error": repr(e)[:500]}
             print(f"first-request latency not measured: {resume['error']}")
-    out = REPO / "bench" / "results" / Path(args.out).name
-    out.write_text(
-        json.dumps(
-            {
-                "when": datetime.now(UTC).isoformat(),
-                "host": platform.node(),
-                "cpus": os.cpu_count(),
-                "requests": args.requests,
-                "rounds": args.rounds,
-                "client": args.client,
-                "baseline": str(args.baseline) if args.baseline else None,
-                "pump": args.pump,
-                "overhead": rows,
-                "first_request_after_pause": resume,
-            },
-            indent=2,
-        )
-        + "\n"
+    # Here, not at the top: the --serve-proxy process stays free of the stack's imports.
+    from common import save_result
+
+    save_result(
+        args.out,
+        {
+            "requests": args.requests,
+            "rounds": args.rounds,
+            "client": args.client,
+            "baseline": str(args.baseline) if args.baseline else None,
+            "pump": args.pump,
+            "overhead": rows,
+            "first_request_after_pause": resume,
+        },
     )
-    print(f"wrote {out.relative_to(REPO)}")
     return 0
 
 

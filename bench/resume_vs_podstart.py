@@ -38,7 +38,6 @@ from whichever result files exist.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -56,16 +55,17 @@ from common import (
     STATS_HEADERS,
     USER,
     Stack,
+    bench_parser,
     connect,
     create_sandbox,
     loadavg,
     pause,
     ratio,
+    save_result,
     stats_row,
     summary,
     table,
     torpor_stack,
-    write_result,
 )
 
 from shared.envd.client import ConnectEnvdClient
@@ -492,7 +492,7 @@ def chart() -> Path | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--runtime", choices=("local", "kubernetes", "both"), default="local")
     parser.add_argument("--cycles", type=int, default=100)
     parser.add_argument("--sandboxes", type=int, default=4)
@@ -533,9 +533,8 @@ def main() -> None:
                     label = "kubernetes_realnode"
                 run = run_kubernetes(args.cycles, args.sandboxes, args.gap, args.node, persist)
             result = asyncio.run(run)
-            path = write_result(f"resume_{label}{args.suffix}", {"runtime": rt, **result})
             report(rt, result)
-            print(f"wrote {path}")
+            save_result(f"resume_{label}{args.suffix}", {"runtime": rt, **result})
     if (png := chart()) is not None:
         print(f"wrote {png}")
 
