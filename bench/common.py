@@ -180,7 +180,8 @@ async def torpor_stack(
 ) -> AsyncIterator[Stack]:
     """The tests' ``Stack`` with one user, ``USER``, in ``root`` or a temporary directory
     (removed afterwards unless ``TORPOR_BENCH_KEEP=1``, for a post-mortem of the logs).
-    ``TORPOR_BENCH_LOG_LEVEL=info`` to look into a slow cycle; ``TORPOR_BENCH_READY_TIMEOUT``
+    ``TORPOR_BENCH_LOG_LEVEL=info`` to look into a slow cycle (``TORPOR_BENCH_LOG_FORMAT=json``
+    for ``bench/claim_breakdown.py``); ``TORPOR_BENCH_READY_TIMEOUT``
     (seconds) for services that import slowly on a heavily loaded machine."""
     owns_root = root is None
     root = root or Path(tempfile.mkdtemp(prefix="torpor-bench-"))
@@ -193,7 +194,8 @@ async def torpor_stack(
             users={USER: False},
             env=env or {},
             log_level=log_level or os.environ.get("TORPOR_BENCH_LOG_LEVEL", "warning"),
-            log_format="console",
+            # json: for bench/claim_breakdown.py
+            log_format=os.environ.get("TORPOR_BENCH_LOG_FORMAT", "console"),
             ready_timeout=float(os.environ.get("TORPOR_BENCH_READY_TIMEOUT", "180")),
         ) as stack:
             yield stack

@@ -104,6 +104,7 @@ def build_router(
         if verb == "create":
             create = CreateSandbox.model_validate(body)
             sid = checked_sandbox_id(msg, create.sandbox_id)
+            structlog.contextvars.bind_contextvars(queued_ms=_queued_ms(msg))
             cmd_id = header_msg_id(msg, msg_id("create", sid, 0))
 
             async def fail_create(reason: str) -> None:

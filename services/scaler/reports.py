@@ -4,8 +4,6 @@ carried by the ``resumed`` event."""
 
 from __future__ import annotations
 
-import time
-
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord
 from shared.models.lifecycle import TemplateFacts
@@ -17,6 +15,7 @@ from shared.models.messages import (
     StartPath,
 )
 from shared.ports.workloads import Endpoint
+from shared.spans import Spans as BaseSpans
 
 
 def path_of(endpoint: Endpoint) -> StartPath:
@@ -24,31 +23,15 @@ def path_of(endpoint: Endpoint) -> StartPath:
     return "warm" if endpoint.warm else "cold"
 
 
-class Spans:
-    """Durations of consecutive phases (ms), for the ``resume_timing`` log line."""
-
-    def __init__(self, started: float) -> None:
-        self._last = started
-        self._started = started
-        self._ms: dict[str, float] = {}
-
-    def mark(self, phase: str) -> None:
-        now = time.monotonic()
-        self._ms[f"{phase}_ms"] = round((now - self._last) * 1000, 1)
-        self._last = now
-
-    def as_ms(self) -> dict[str, float]:
-        return {**self._ms, "total_ms": round((self._last - self._started) * 1000, 1)}
-
-    def of(self, *phases: str) -> float:
-        return round(sum(self._ms.get(f"{p}_ms", 0.0) for p in phases), 1)
+class Spans(BaseSpans):
+    """A resume's phases, and the resume report's view of them."""
 
     def timings(self) -> ResumeTimings:
         """The report's view: the pod (scale, ready), the replay (list, start, mark), the
         postResume hooks."""
         return ResumeTimings(
             claim_ms=self.of("claim"),
-            pod_ms=self.of("scale", "ready"),
+            pod_ms=self.of("workload", "scale", "ready"),
             files_ms=0.0,  # a resume's files are kept in place: mounted with the pod
             replay_ms=self.of("replay_list", "replay_start", "replay_mark"),
             hooks_ms=self.of("hooks"),

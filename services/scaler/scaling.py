@@ -98,8 +98,10 @@ class Scaler:
     async def create(self, cmd: CreateSandbox, cmd_msg_id: str) -> Outcome:
         sid = cmd.sandbox_id
         started = time.monotonic()
+        spans = Spans(started)
         try:
             record = await self._store.update(sid, t.begin("create", cmd_msg_id, generation=None))
+            spans.mark("begin")
         except NotFound:
             return "skipped"
         except IllegalTransition:
@@ -117,14 +119,18 @@ class Scaler:
             if await self._clean_up_if_killed(sid):
                 return "skipped"
             raise PermanentFailure(str(e)) from e
+        spans.mark("workload")
         if from_snapshot:
             workload = await self._restorer.origin_files(record, workload)
-        await self._runtime.scale(sid, 1)
+        if workload.replicas != 1:  # made at 0 (from a snapshot, or by an earlier attempt)
+            await self._runtime.scale(sid, 1)
+            spans.mark("scale")
         try:
             endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
         except ReadyFailed as e:  # the template's ready command never succeeded: no retry heals
             await self._runtime.delete(sid)
             raise PermanentFailure(str(e)) from e
+        spans.mark("ready")
         outcomes = (
             await self._restorer.replay(record, endpoint, workload.annotations, _no_progress)
             if from_snapshot
@@ -144,8 +150,11 @@ class Scaler:
         except IllegalTransition:
             await self._clean_up_if_killed(sid)
             raise
+        spans.mark("commit")
         await self._publish_created(record, outcomes)
+        spans.mark("publish")
         metrics.observe("create", "done", time.monotonic() - started)
+        log.info("create_timing", path=record.path, **spans.as_ms())
         return "done"
 
     async def _publish_created(
@@ -249,6 +258,7 @@ class Scaler:
             return "skipped"
         try:
             workload = await ensure_workload(self._runtime, record)
+            spans.mark("workload")
             await self._runtime.scale(sid, 1)
             spans.mark("scale")
             await progress()

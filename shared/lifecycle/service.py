@@ -43,6 +43,7 @@ from shared.models.messages import (
 from shared.models.network import NetworkPolicy
 from shared.ports.bus import Publisher, SandboxStore, emit
 from shared.ports.lifecycle import CreateRequest, ResumeResult
+from shared.spans import Spans
 
 log = structlog.get_logger()
 
@@ -93,6 +94,7 @@ class SandboxLifecycle:
     # ---- create -----------------------------------------------------------------------------
 
     async def create(self, request: CreateRequest, *, wait: float = 60.0) -> SandboxRecord:
+        spans = Spans()
         sandbox_id = request.sandbox_id or new_sandbox_id()
         if not is_valid_sandbox_id(sandbox_id):
             raise ValueError(f"invalid sandbox id {sandbox_id!r}")
@@ -119,6 +121,7 @@ class SandboxLifecycle:
             updated_at=at,
         )
         record = await self._insert(record)
+        spans.mark("insert")
         command = CreateSandbox(
             sandbox_id=sandbox_id,
             owner=request.owner,
@@ -131,7 +134,9 @@ class SandboxLifecycle:
         try:
             if self._admission is not None:
                 await self._admission(record)
+            spans.mark("admit")
             await emit(self._publisher, command, generation=record.generation)
+            spans.mark("publish")
         except Exception:
             # Refused, or nobody will ever act on this record: remove it so the id can be
             # used again.
@@ -142,6 +147,8 @@ class SandboxLifecycle:
             lambda r: r.state != SandboxState.CREATING or r.generation > record.generation,
             wait,
         )
+        spans.mark("wait")
+        log.info("create_api_timing", sandbox_id=sandbox_id, **spans.as_ms())
         return self._settled(done, "create")
 
     async def _insert(self, record: SandboxRecord) -> SandboxRecord:
@@ -209,7 +216,9 @@ class SandboxLifecycle:
         wait: float = 55.0,
     ) -> ResumeResult:
         until = time.monotonic() + wait
+        spans = Spans()
         record = await self.get(sandbox_id, owner=owner)
+        spans.mark("get")
         if record.state == SandboxState.CREATING:
             done = await self._wait(sandbox_id, lambda r: r.state != SandboxState.CREATING, wait)
             return ResumeResult(record=self._settled(done, "create"), resumed=False)
@@ -231,12 +240,15 @@ class SandboxLifecycle:
                     reason="user",
                 ),
             )
+        spans.mark("publish")
         start_gen = record.generation
         done = await self._wait(
             sandbox_id,
             lambda r: r.generation > start_gen and states.is_settled(r.state),
             _left(until),
         )
+        spans.mark("wait")
+        log.info("resume_api_timing", sandbox_id=sandbox_id, **spans.as_ms())
         return ResumeResult(record=self._settled(done, "resume"), resumed=True)
 
     async def kill(self, sandbox_id: str, *, owner: str | None, wait: float = 30.0) -> None:

@@ -35,8 +35,9 @@ class Runtime(Protocol):
         applies if the workload is unchanged since; otherwise ``Conflict``."""
         ...
 
-    async def scale(self, name: str, replicas: int) -> Workload:
-        """Set desired replicas to 0 or 1 (idempotent)."""
+    async def scale(self, name: str, replicas: int) -> None:
+        """Set desired replicas to 0 or 1 (idempotent). Returns nothing: ``get`` reads the
+        workload when needed (on Kubernetes that is two more requests, on a resume's path)."""
         ...
 
     async def set_network(self, name: str, policy: NetworkPolicy) -> None:

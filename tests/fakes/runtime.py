@@ -62,7 +62,7 @@ class FakeRuntime:
             resource_version="0",
         )
         self.workloads[spec.name] = wl
-        return await self.scale(spec.name, spec.replicas)
+        return self._scale(spec.name, spec.replicas)
 
     async def get(self, name: str) -> Workload | None:
         return self.workloads.get(name)
@@ -88,7 +88,10 @@ class FakeRuntime:
                 merged[k] = v
         return self._put(wl, annotations=merged)
 
-    async def scale(self, name: str, replicas: int) -> Workload:
+    async def scale(self, name: str, replicas: int) -> None:
+        self._scale(name, replicas)
+
+    def _scale(self, name: str, replicas: int) -> Workload:
         wl = self._require(name)
         self.scale_calls.append((name, replicas))
         if replicas == 1 and wl.pod_uid is None:

@@ -67,7 +67,9 @@ async def test_pause_resume_cycle_keeps_annotations_and_replaces_the_pod(
     await rt.patch_annotations(
         name, {ANNOTATION_SNAPSHOT: "e30="}, resource_version=current.resource_version
     )
-    paused = await rt.scale(name, 0)
+    await rt.scale(name, 0)
+    paused = await rt.get(name)
+    assert paused is not None
     assert paused.replicas == 0
     await rt.wait_stopped(name, timeout=60)
     assert await pods_of(admin_api, rt.namespace, name) == []

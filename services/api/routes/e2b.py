@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 from urllib.parse import parse_qsl, unquote
 
+import structlog
 from fastapi import APIRouter, Header, Query, Response, status
 
 from services.api.deps import CallerDep, WiringDep, require_template
@@ -38,6 +39,9 @@ from shared.ids import is_valid_sandbox_id
 from shared.models.lifecycle import NO_HOOKS
 from shared.models.snapshot_records import looks_like_snapshot_id
 from shared.ports.lifecycle import CreateRequest
+from shared.spans import Spans
+
+log = structlog.get_logger()
 
 router = APIRouter(tags=["e2b"])
 
@@ -91,6 +95,7 @@ async def create_sandbox(
     body: NewSandbox,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> SandboxOut:
+    spans = Spans()
     from_snapshot = looks_like_snapshot_id(body.template_id)
     built = None if from_snapshot else await build_for_create(w, caller, body.template_id)
     template = built or w.settings.resolve_template(body.template_id)
@@ -119,7 +124,9 @@ async def create_sandbox(
             return sandbox_out(
                 existing, w.settings, template_ids=await template_ids(w.builds, [existing])
             )
+    spans.mark("template")
     await admit_create(w, caller.name)
+    spans.mark("admit")
     try:
         record = await w.lifecycle.create(request, wait=w.settings.create_wait)
     except Conflict:
@@ -127,7 +134,11 @@ async def create_sandbox(
             raise
         # A concurrent retry with the same key won the race: answer with its sandbox.
         record = await w.lifecycle.get(request.sandbox_id, owner=caller.name)
-    return sandbox_out(record, w.settings, template_ids=await template_ids(w.builds, [record]))
+    spans.mark("lifecycle")
+    out = sandbox_out(record, w.settings, template_ids=await template_ids(w.builds, [record]))
+    spans.mark("answer")
+    log.info("create_route_timing", sandbox_id=record.sandbox_id, **spans.as_ms())
+    return out
 
 
 @router.get(
@@ -294,16 +305,21 @@ async def _resume(
     w: WiringDep, caller: CallerDep, record: SandboxRecord, timeout: int
 ) -> tuple[bool, SandboxOut]:
     """Resume (admitted by the caller's quota and rate first); whether it resumed, and the view."""
+    spans = Spans()
     await admit_resume(w, record)
+    spans.mark("admit")
     result = await w.lifecycle.resume(
         record.sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
     )
+    spans.mark("lifecycle")
     out = sandbox_out(
         result.record,
         w.settings,
         resumed=result.resumed,
         template_ids=await template_ids(w.builds, [result.record]),
     )
+    spans.mark("answer")
+    log.info("resume_route_timing", sandbox_id=record.sandbox_id, **spans.as_ms())
     return result.resumed, out
 
 

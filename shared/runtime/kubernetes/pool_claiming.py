@@ -3,8 +3,10 @@ winner per pod, its daemon bound to the sandbox, then adopted by the sandbox's R
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -18,6 +20,7 @@ from shared.runtime.kubernetes.objects import (
     ACCESS_TOKEN_ENV,
     ANNOTATION_SANDBOX_ENV,
     LABEL_TEMPLATE,
+    Pod,
     selector,
 )
 from shared.runtime.kubernetes.pool_filling import PoolFilling
@@ -31,15 +34,30 @@ from shared.runtime.kubernetes.pools import (
     poolable,
     sandbox_env,
 )
+from shared.spans import Spans
 
 log = structlog.get_logger()
+
+
+@dataclass(frozen=True)
+class WarmResume:
+    """What a resume's claim needs: the ReplicaSet as read (the re-render patches it at that
+    version), the ready pool pods as listed, and what binds and adopts the pod."""
+
+    rs: dict[str, Any]
+    pods: builtins.list[Pod]
+    template: str
+    version: str
+    labels: dict[str, str]
+    token: str
+    env: dict[str, str]
 
 
 class PoolClaiming(PoolFilling):
     def _serves(self, template_name: str, pod_template: Mapping[str, Any]) -> bool:
         return template_name in self._pools and poolable(pod_template)
 
-    async def _warm_resume(self, name: str) -> dict[str, Any] | None:
+    async def _warm_resume(self, name: str) -> WarmResume | None:
         """What a claim for stopped workload ``name`` needs, or None when it takes no warm pod."""
         with api_errors(f"read ReplicaSet {self._ns}/{name}"):
             resp = await self._apps.read_namespaced_replica_set_without_preload_content(
@@ -61,33 +79,41 @@ class PoolClaiming(PoolFilling):
         version = pooled[0]
         env = sandbox_env(pod_template, (meta.get("annotations") or {}).get(ANNOTATION_SANDBOX_ENV))
         token = env.pop(ACCESS_TOKEN_ENV, None)
-        if not token or await self.warm_pods(template) == 0:
+        if not token:
             return None
-        return {
-            "template": template,
-            "version": version,
-            "labels": dict((pod_template.get("metadata") or {}).get("labels") or {}),
-            "token": token,
-            "env": {**env, "E2B_SANDBOX_ID": name},
-            "claimer": name,
-        }
+        pods, _ = await self._pods(selector(pool_selector(template, version)))
+        ready = [p for p in pods if claimable(p, template, version)]
+        if not ready:
+            return None
+        return WarmResume(
+            rs=rs,
+            pods=ready,
+            template=template,
+            version=version,
+            labels=dict((pod_template.get("metadata") or {}).get("labels") or {}),
+            token=token,
+            env={**env, "E2B_SANDBOX_ID": name},
+        )
 
-    async def _claim_warm(
+    async def _take_warm(
         self,
         template: str,
         *,
         version: str,
-        labels: Mapping[str, str],
         token: str,
         env: Mapping[str, str],
         claimer: str,
-    ) -> bool:
+        pods: builtins.list[Pod] | None = None,
+    ) -> Pod | None:
         """Take a ready pool pod of ``template`` (a merge patch at the version it was seen at:
-        one winner), bind its daemon to the sandbox (env, token), then give it the sandbox's
-        pod labels, so its ReplicaSet adopts it and its NetworkPolicy selects it. False: none
-        ready, or binding failed (that pod is deleted, never served): the sandbox starts cold.
-        Only a pod made from ``version`` of the template (the labels, re-checked on the pod)."""
-        pods, _ = await self._pods(selector(pool_selector(template, version)))
+        one winner) and bind its daemon to the sandbox (env, token); ``_adopt`` then makes it
+        the sandbox's. None: none ready, or binding failed (that pod is deleted, never served):
+        the sandbox starts cold. Only a pod made from ``version`` of the template (the labels,
+        re-checked on the pod). ``pods``: the pool's pods as just listed (else listed here)."""
+        spans = Spans()
+        if pods is None:
+            pods, _ = await self._pods(selector(pool_selector(template, version)))
+            spans.mark("list")
         for pod in (p for p in pods if claimable(p, template, version)):
             pod_name = pod["metadata"]["name"]
             patch = claim_patch(pod, {}, claimer=claimer)
@@ -101,29 +127,46 @@ class PoolClaiming(PoolFilling):
                 if isinstance(e, RuntimeFailure) and not lost_race(e):
                     raise
                 continue  # another claim took it
+            finally:
+                spans.mark("take")
             log.info("k8s_pool_claim_taken", name=claimer, pod=pod_name)
             secret = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_SECRET, "")
             try:
                 await self._bind(pod["status"]["podIP"], secret, token, env)
-                with api_errors(f"label claimed pod {pod_name}"):
-                    await self._core.patch_namespaced_pod(
-                        pod_name,
-                        self._ns,
-                        {
-                            "metadata": {
-                                "labels": dict(labels),
-                                "annotations": {ANNOTATION_BOUND: "true"},
-                            }
-                        },
-                        _content_type=MERGE_PATCH,
-                    )
-            except (httpx.HTTPError, RuntimeFailure, NotFound) as e:
+            except (httpx.HTTPError, RuntimeFailure) as e:
                 log.warning("k8s_pool_claim_failed", name=claimer, error=str(e)[:300])
                 await self._delete_pod(pod)  # never served: the sandbox starts cold
-                return False
-            log.info("k8s_pool_claimed", name=claimer, pod=pod_name)
-            return True
-        return False
+                return None
+            spans.mark("init")
+            log.info("k8s_pool_bound", name=claimer, pod=pod_name, **spans.as_ms())
+            return pod
+        return None
+
+    async def _adopt(self, pod: Pod, labels: Mapping[str, str], *, claimer: str) -> bool:
+        """Give a taken and bound pod the sandbox's pod labels, so its ReplicaSet adopts it and
+        its NetworkPolicy selects it. False: that failed (the pod is deleted, never served)."""
+        spans = Spans()
+        pod_name = pod["metadata"]["name"]
+        try:
+            with api_errors(f"label claimed pod {pod_name}"):
+                await self._core.patch_namespaced_pod(
+                    pod_name,
+                    self._ns,
+                    {
+                        "metadata": {
+                            "labels": dict(labels),
+                            "annotations": {ANNOTATION_BOUND: "true"},
+                        }
+                    },
+                    _content_type=MERGE_PATCH,
+                )
+        except (RuntimeFailure, NotFound) as e:
+            log.warning("k8s_pool_claim_failed", name=claimer, error=str(e)[:300])
+            await self._delete_pod(pod)  # never served: the sandbox starts cold
+            return False
+        spans.mark("label")
+        log.info("k8s_pool_claimed", name=claimer, pod=pod_name, **spans.as_ms())
+        return True
 
     async def _bind(self, ip: str, secret: str, token: str, env: Mapping[str, str]) -> None:
         http = self._envd_http()

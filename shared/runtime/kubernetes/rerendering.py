@@ -3,6 +3,8 @@ upgraded ``sandbox-base`` reaches a paused sandbox when it resumes)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import structlog
 
 from shared.errors import Conflict, NotFound, RuntimeFailure
@@ -20,21 +22,25 @@ log = structlog.get_logger()
 
 
 class Rerendering(VolumeClaims):
-    async def _rerender(self, name: str) -> bool:
+    async def _rerender(self, name: str, seen: dict[str, Any] | None = None) -> bool:
         """Scale a stopped workload to 1 with its pod template rendered from the template as
         it is *now* (an upgraded ``sandbox-base`` reaches a paused sandbox when it resumes).
         False when there is nothing to re-render (already running, or a ReplicaSet that predates
-        the sandbox-env record): the caller then only scales."""
+        the sandbox-env record): the caller then only scales. ``seen``: the ReplicaSet as just
+        read (the patch tests its version: a change since makes it read again)."""
         what = f"re-render ReplicaSet {self._ns}/{name}"
         for _ in range(PATCH_ATTEMPTS):
-            with api_errors(what):
-                resp = await self._apps.read_namespaced_replica_set_without_preload_content(
-                    name, self._ns
-                )
-                try:
-                    rs = await json_or_raise(resp)
-                finally:
-                    resp.release()
+            if seen is not None:
+                rs, seen = seen, None
+            else:
+                with api_errors(what):
+                    resp = await self._apps.read_namespaced_replica_set_without_preload_content(
+                        name, self._ns
+                    )
+                    try:
+                        rs = await json_or_raise(resp)
+                    finally:
+                        resp.release()
             if (rs.get("spec") or {}).get("replicas"):
                 return False
             template = ((rs.get("metadata") or {}).get("labels") or {}).get(LABEL_TEMPLATE)

@@ -67,6 +67,7 @@ from shared.runtime.kubernetes.pool_claiming import PoolClaiming
 from shared.runtime.kubernetes.pools import ANNOTATION_BOUND, ANNOTATION_CLAIMED, template_version
 from shared.runtime.kubernetes.rerendering import Rerendering
 from shared.runtime.readiness import not_ready_reason
+from shared.spans import Spans
 
 log = structlog.get_logger()
 
@@ -75,28 +76,44 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
     """``shared.ports.runtime.Runtime`` on a Kubernetes namespace."""
 
     async def create(self, spec: WorkloadSpec) -> Workload:
+        spans = Spans()
         template = await self.pod_template(spec.template)
         version = template_version(template)
         size = claim_size(template)  # before the data volume becomes the claim
         body = replica_set_body(spec, template)
+        spans.mark("template")
+        taken: Pod | None = None
         if (
             spec.replicas == 1
             and spec.access_token
             and self._serves(spec.template, template)
             and await self._read(spec.name) is None  # a retried create: it has its pod
         ):
-            # Before the ReplicaSet exists: it adopts the warm pod as its one replica at once.
-            pod_meta = body["spec"]["template"].get("metadata") or {}
-            await self._claim_warm(
+            spans.mark("read")
+            # Taken and bound, not yet the sandbox's (no label its policy selects): it runs
+            # only its daemon, which serves nobody but the runtime until it has the token.
+            taken = await self._take_warm(
                 spec.template,
                 version=version,
-                labels=dict(pod_meta.get("labels") or {}),
                 token=spec.access_token,
                 env={**spec.envs, "E2B_SANDBOX_ID": spec.name},
                 claimer=spec.name,
             )
-        # The policy exists before the first pod can start: no unfiltered window.
-        await self._apply_network_policy(spec.name, spec.network)
+            spans.mark("take")
+        # The policy exists before the first pod can start, and before a warm pod becomes the
+        # sandbox's: no unfiltered window.
+        try:
+            await self._apply_network_policy(spec.name, spec.network)
+        except BaseException:
+            if taken is not None:
+                await self._delete_pod(taken)  # taken for nothing: it goes, never served
+            raise
+        spans.mark("policy")
+        if taken is not None:
+            # Before the ReplicaSet exists: it adopts the warm pod as its one replica at once.
+            pod_meta = body["spec"]["template"].get("metadata") or {}
+            await self._adopt(taken, dict(pod_meta.get("labels") or {}), claimer=spec.name)
+            spans.mark("adopt")
         what = f"create ReplicaSet {self._ns}/{spec.name}"
         try:
             with api_errors(what):
@@ -114,7 +131,8 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
             if existing is None:
                 raise
             return existing
-        log.info("k8s_workload_created", name=spec.name, namespace=self._ns)
+        spans.mark("replica_set")
+        log.info("k8s_workload_created", name=spec.name, namespace=self._ns, **spans.as_ms())
         # After the ReplicaSet, which owns it: no claim without an owner. Its pods wait for it.
         if uses_claim(body["spec"]["template"]):
             assert rs.metadata is not None
@@ -164,29 +182,44 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
         msg = f"{what}: still contended after {PATCH_ATTEMPTS} attempts"
         raise Conflict(msg)
 
-    async def scale(self, name: str, replicas: int) -> Workload:
+    async def scale(self, name: str, replicas: int) -> None:
         if replicas not in (0, 1):
             msg = f"replicas must be 0 or 1, not {replicas}"
             raise ValueError(msg)
+        spans = Spans()
         resume = await self._warm_resume(name) if replicas == 1 and self._pools else None
-        if replicas == 1 and await self._rerender(name):
-            pass  # the same patch set replicas and the current template
+        spans.mark("warm_resume")
+        taken: Pod | None = None
+        if resume is not None:
+            # Taken and bound before the scale (not yet the sandbox's: no label it selects),
+            # so that the window in which the ReplicaSet wants a pod it has not got (and starts
+            # a cold one) is the one label patch after the scale.
+            taken = await self._take_warm(
+                resume.template,
+                version=resume.version,
+                token=resume.token,
+                env=resume.env,
+                claimer=name,
+                pods=resume.pods,
+            )
+            spans.mark("take")
+        rs = resume.rs if resume is not None else None
+        if replicas == 1 and await self._rerender(name, rs):
+            spans.mark("rerender")
         else:
+            spans.mark("rerender")
             with api_errors(f"scale ReplicaSet {self._ns}/{name}"):
                 await self._apps.patch_namespaced_replica_set_scale(
                     name, self._ns, {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH
                 )
-        if resume is not None:
+            spans.mark("patch_scale")
+        if taken is not None and resume is not None:
             # After the scale: a ReplicaSet at 0 would adopt the pod and delete it. Its
             # controller may have started a cold pod meanwhile; with two, it deletes the one
             # not ready, which is that one.
-            await self._claim_warm(**resume)
-        workload = await self.get(name)
-        if workload is None:
-            msg = f"ReplicaSet {self._ns}/{name} vanished while scaling"
-            raise NotFound(msg)
-        log.info("k8s_workload_scaled", name=name, replicas=replicas)
-        return workload
+            await self._adopt(taken, resume.labels, claimer=name)
+            spans.mark("adopt")
+        log.info("k8s_workload_scaled", name=name, replicas=replicas, **spans.as_ms())
 
     async def set_network(self, name: str, policy: NetworkPolicy) -> None:
         # Recorded on the ReplicaSet too (NotFound for a missing workload), then enforced by the
@@ -208,6 +241,7 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
         log.info("k8s_network_policy_applied", name=name, egress_rules=len(body["spec"]["egress"]))
 
     async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
+        spans = Spans()
         rs = await self._read(name)
         if rs is None or rs.metadata is None:
             msg = f"ReplicaSet {self._ns}/{name} not found"
@@ -219,11 +253,14 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
         except TimeoutError:
             pass
         else:
+            spans.mark("pod")
             # Its kept files before anyone gets the pod (``persist: store``; see .kept).
             template = rs.spec.template if rs.spec else None
             meta = template.metadata if template else None
             if ((meta.annotations if meta else None) or {}).get(ANNOTATION_PERSIST) == "store":
                 await self._restore_kept(name, endpoint)
+                spans.mark("kept")
+            log.info("k8s_ready", name=name, warm=endpoint.warm, **spans.as_ms())
             return endpoint
         waiting = await self._ready_command_failure(name, rs_uid)
         if waiting is not None:

@@ -145,7 +145,7 @@ class LocalRuntime(Waiting, FileKeeping):
         new = change(record)
         return self._view(new, await self._store.put(new, last=revision))
 
-    async def scale(self, name: str, replicas: int) -> Workload:
+    async def scale(self, name: str, replicas: int) -> None:
         if replicas not in (0, 1):
             msg = f"replicas must be 0 or 1, not {replicas}"
             raise RuntimeFailure(msg)
@@ -169,9 +169,8 @@ class LocalRuntime(Waiting, FileKeeping):
                 update={"replicas": replicas, "restarts": 0, "not_before": 0.0}
             )
 
-        record, revision = await self._store.mutate(name, change)
+        await self._store.mutate(name, change)
         self._reconciler.kick(name)
-        return self._view(record, revision)
 
     async def set_network(self, name: str, policy: NetworkPolicy) -> None:
         def change(record: WorkloadRecord) -> WorkloadRecord | None:
