@@ -79,7 +79,9 @@ class KeptFilesApi:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["path"] == "/kept-files/thaw":
-            if scope["method"] == "POST":
+            if query(scope):
+                await send_error(send, 400, "kept-files/thaw takes no parameters")
+            elif scope["method"] == "POST":
                 await self._thaw(send)
             else:
                 await send_error(send, 405, "kept-files/thaw: POST continues a held sandbox")

@@ -273,6 +273,8 @@ def test_thaw_needs_the_token(host: Rig) -> None:
     assert httpx.post(url, timeout=10).status_code == 401
     assert httpx.post(url, headers={"X-Access-Token": "--ro-bind"}, timeout=10).status_code == 401
     assert httpx.get(url, headers=AUTH, timeout=10).status_code == 405
+    refused = httpx.post(url, params={"hold": "600"}, headers=AUTH, timeout=10)
+    assert refused.status_code == 400 and "no parameters" in refused.json()["message"]
 
 
 def test_a_stopping_daemon_kills_what_it_holds(
