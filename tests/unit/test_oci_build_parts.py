@@ -1,5 +1,6 @@
-"""The Kubernetes builder's file parts (services/builder/pod_diff.py, oci_copy.py): a step's
-diff with OCI whiteouts, and COPY's tar with Docker's rules and hostile paths refused."""
+"""The Kubernetes builder's parts (services/builder/pod_diff.py, oci_copy.py, oci_plans.py): a
+step's diff with OCI whiteouts, COPY's tar with Docker's rules and hostile paths refused, and the
+plan's step keys (per owner and per base)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ import io
 import json
 import os
 import tarfile
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from services.builder import oci_copy, pod_diff
+from services.builder.builds import State
+from services.builder.oci_plans import Parent, plan
+from shared.models.template_records import BuildRecord, BuildSpec, Step
+from shared.oci.images import Image
 from shared.oci.layers import repack
 
 
@@ -211,3 +217,34 @@ def test_registry_settings_split_host_and_prefix(monkeypatch: pytest.MonkeyPatch
         "torpor/built",
     )
     assert "hunter2" not in repr(settings)
+
+
+def test_cache_keys_are_per_owner_and_per_base() -> None:
+    """Two tenants sending the same steps never share a cached layer (a step's output is not a
+    function of its text: `curl ... | sh` today is not tomorrow's, and one tenant must not
+    plant what another's identical step would get)."""
+    spec = BuildSpec(
+        base="debian",
+        steps=[
+            Step(type="RUN", args=["echo hi"]),
+            Step(type="ENV", args=["A", "1"]),
+            Step(type="RUN", args=["echo there"]),
+        ],
+    )
+    now = datetime.now(UTC)
+
+    def keys(owner: str, base: str, build: str = "b1", force: bool = False) -> list[str]:
+        record = BuildRecord(
+            build_id=build, template_id="t" * 20, owner=owner, created_at=now, updated_at=now
+        )
+        parent = Parent("torpor/sandbox-base", base, Image((), {"rootfs": {"diff_ids": []}}))
+        planned = plan(record, spec.model_copy(update={"force": force}), parent, State())
+        return [p.key for p in planned]
+
+    alice = keys("alice", "sha256:" + "a" * 64)
+    assert alice == keys("alice", "sha256:" + "a" * 64, build="b2")  # a rebuild reuses
+    assert not set(alice) & set(keys("bob", "sha256:" + "a" * 64))
+    assert not set(alice) & set(keys("alice", "sha256:" + "b" * 64))
+    assert not set(alice) & set(keys("alice", "sha256:" + "a" * 64, build="b2", force=True))
+    # ENV changes what later steps run with: the step after it has its own key
+    assert len(set(alice)) == 3
