@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.errors import ConfigError, Conflict
+from shared.errors import ConfigError, Conflict, RuntimeFailure
 from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.local import limits as local_limits
 from shared.runtime.local import procfs
+from shared.runtime.local.layers import Layers
 from tests.contract.harness import healthy, read_file, write_file
 from tests.runtime_local.support import TEMPLATES, LocalRuntimeFactory
 
@@ -281,6 +282,36 @@ async def test_bwrap_without_namespaces_is_one_clear_config_error(
     assert "cannot create namespaces" in message
     assert "No permissions" in message
     assert "apt-get install -y bubblewrap" in message
+
+
+HOSTILE_NAMES = [
+    "--ro-bind",
+    "../etc",
+    "a/b",
+    "a\x00b",
+    "UPPER",
+    "a" * 64,
+    "",
+    "-a",
+    "a-",
+    "pool-x",
+]
+
+
+async def test_hostile_workload_names_are_refused_before_anything_is_made(
+    local_runtime: LocalRuntimeFactory, data_dir: Path
+) -> None:
+    """A workload name becomes a KV key, a hostname, a folder and a bwrap argument: one rule
+    (a DNS label, never a pool pod's name) for the runtime and for the layers' folders."""
+    runtime = await local_runtime()
+    for bad in HOSTILE_NAMES:
+        with pytest.raises(RuntimeFailure, match="invalid workload name"):
+            await runtime.create(WorkloadSpec(name=bad, owner="alice", replicas=0))
+        if bad != "pool-x":  # a valid folder name: only the runtime keeps it for its pools
+            with pytest.raises(RuntimeFailure, match="invalid workload name"):
+                Layers(data_dir).folder(bad)
+    assert await runtime.list() == []
+    assert Layers(data_dir).names() == set()
 
 
 async def test_two_runtimes_on_one_bucket_run_one_pod(

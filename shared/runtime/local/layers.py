@@ -42,10 +42,15 @@ from pathlib import Path
 from shared.errors import Conflict, RuntimeFailure
 from shared.runtime.local import mounts
 
+# A workload name (checked by LocalRuntime.create, and before any folder here): a DNS label.
 _NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 # Without a disk limit, ``persist: none`` still needs a size for its tmpfs.
 DEFAULT_TMPFS_BYTES = 2 * 2**30
 IDS_PER_SANDBOX = 65536  # userns.IDS_PER_POD (not imported: userns needs NATS)
+
+
+def is_workload_name(name: str) -> bool:
+    return _NAME_RE.fullmatch(name) is not None
 
 
 class Persist(StrEnum):
@@ -58,7 +63,7 @@ class Layers:
         self.root = data_dir / "layers"
 
     def folder(self, name: str) -> Path:
-        if not _NAME_RE.fullmatch(name):
+        if not is_workload_name(name):
             msg = f"invalid workload name {name[:80]!r}"
             raise RuntimeFailure(msg)
         return self.root / name
@@ -215,7 +220,7 @@ class Layers:
 
     def names(self) -> set[str]:
         try:
-            return {e.name for e in os.scandir(self.root) if _NAME_RE.fullmatch(e.name)}
+            return {e.name for e in os.scandir(self.root) if is_workload_name(e.name)}
         except FileNotFoundError:
             return set()
 

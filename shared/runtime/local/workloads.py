@@ -29,7 +29,6 @@ size).
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Mapping
 
 import structlog
@@ -46,6 +45,7 @@ from shared.ports.workloads import (
 )
 from shared.runtime.local import bwrap
 from shared.runtime.local.file_keeping import FileKeeping
+from shared.runtime.local.layers import is_workload_name
 from shared.runtime.local.pools import is_pool_name
 from shared.runtime.local.records import WorkloadRecord
 from shared.runtime.local.waiting import Waiting
@@ -55,7 +55,6 @@ log = structlog.get_logger()
 
 # Kubernetes' limit for all annotations of one object; the local runtime enforces the same.
 MAX_ANNOTATIONS_BYTES = 256 * 1024
-_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 class LocalRuntime(Waiting, FileKeeping):
@@ -66,7 +65,7 @@ class LocalRuntime(Waiting, FileKeeping):
     async def create(self, spec: WorkloadSpec) -> Workload:
         # The name becomes a KV key, a hostname, a log file name and a bwrap argument: a DNS
         # label (as Kubernetes requires too), checked before anything else.
-        if not _NAME_RE.fullmatch(spec.name) or is_pool_name(spec.name):
+        if not is_workload_name(spec.name) or is_pool_name(spec.name):
             msg = f"invalid workload name {spec.name[:80]!r}: must be a DNS label, not pool-*"
             raise RuntimeFailure(msg)
         # An unknown template is NotFound now, not a pod that never starts.
