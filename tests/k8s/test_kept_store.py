@@ -349,8 +349,9 @@ async def test_kept_files_of_a_real_container_come_back_owned_by_user(
 ) -> None:
     """In real containers (the image's ``user``, uid 1000, no capabilities): a file written by a
     process in /home/user, paused, comes back in a warm pool container and then a cold one,
-    still ``user``'s with its mode; a fresh container refuses hostile tars (nothing lands outside
-    home/user and workspace) and imports a root-owned setuid member as ``user``'s, setuid gone."""
+    still ``user``'s with its mode; a held export stops the container's processes until
+    thaw_files; a fresh container refuses hostile tars (nothing lands outside home/user and
+    workspace) and imports a root-owned setuid member as ``user``'s, setuid gone."""
     from tests.k8s.plugin import admin_client
 
     ns = real_namespace
@@ -394,6 +395,23 @@ async def test_kept_files_of_a_real_container_come_back_owned_by_user(
             third, ["/bin/sh", "-c", show + "; cat /workspace/w.txt"], token=TOKEN
         )
         assert (code, out.split()) == (0, ["user", "1000", "640", "kept", "w"])
+
+        # The export stops the container's processes (tini is PID 1, the daemon runs as user
+        # without capabilities) and a hold keeps them stopped until thaw_files.
+        _, code = await run_in_pod(
+            third, ["/bin/sh", "-c", "sleep 3601 >/dev/null 2>&1 &"], token=TOKEN
+        )
+        assert code == 0
+        state = (
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline"
+            " | grep -q '^sleep 3601' && cut -d' ' -f3 $p/stat; done; true"
+        )
+        assert await cold.keep_files(name, hold=60) > 0
+        out, _ = await run_in_pod(third, ["/bin/sh", "-c", state], token=TOKEN)
+        assert out.split() == ["T"], out
+        await cold.thaw_files(name)
+        out, _ = await run_in_pod(third, ["/bin/sh", "-c", state], token=TOKEN)
+        assert out.split() == ["S"], out
         await cold.delete(name)
 
         # A fresh container (no process ran yet: imports are open) against hostile tars.
