@@ -284,6 +284,19 @@ def annotation_patch(
     return ops
 
 
+def owner_reference(rs_name: str, rs_uid: str) -> dict[str, Any]:
+    """A pod's controller reference to its ReplicaSet, as the ReplicaSet controller's adoption
+    writes it (without ``blockOwnerDeletion``: setting that needs the owner's finalizers
+    permission where owner references are enforced, and torpor deletes in the background)."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "name": rs_name,
+        "uid": rs_uid,
+        "controller": True,
+    }
+
+
 def owned_by(pod: Pod, rs_uid: str | None) -> bool:
     refs = pod.get("metadata", {}).get("ownerReferences") or []
     return rs_uid is None or any(r.get("uid") == rs_uid for r in refs)

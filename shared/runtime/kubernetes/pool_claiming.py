@@ -21,6 +21,7 @@ from shared.runtime.kubernetes.objects import (
     ANNOTATION_SANDBOX_ENV,
     LABEL_TEMPLATE,
     Pod,
+    owner_reference,
     selector,
 )
 from shared.runtime.kubernetes.pool_filling import PoolFilling
@@ -142,23 +143,31 @@ class PoolClaiming(PoolFilling):
             return pod
         return None
 
-    async def _adopt(self, pod: Pod, labels: Mapping[str, str], *, claimer: str) -> bool:
+    async def _adopt(
+        self,
+        pod: Pod,
+        labels: Mapping[str, str],
+        *,
+        claimer: str,
+        owner_uid: str | None = None,
+    ) -> bool:
         """Give a taken and bound pod the sandbox's pod labels, so its ReplicaSet adopts it and
-        its NetworkPolicy selects it. False: that failed (the pod is deleted, never served)."""
+        its NetworkPolicy selects it. False: that failed (the pod is deleted, never served).
+        ``owner_uid``: the uid of the sandbox's ReplicaSet, when it exists (a resume): the pod
+        is made its controller's in the same patch, as its adoption would (``wait_ready`` then
+        need not wait for the controller to notice it)."""
         spans = Spans()
         pod_name = pod["metadata"]["name"]
+        meta: dict[str, Any] = {
+            "labels": dict(labels),
+            "annotations": {ANNOTATION_BOUND: "true"},
+        }
+        if owner_uid is not None:
+            meta["ownerReferences"] = [owner_reference(claimer, owner_uid)]
         try:
             with api_errors(f"label claimed pod {pod_name}"):
                 await self._core.patch_namespaced_pod(
-                    pod_name,
-                    self._ns,
-                    {
-                        "metadata": {
-                            "labels": dict(labels),
-                            "annotations": {ANNOTATION_BOUND: "true"},
-                        }
-                    },
-                    _content_type=MERGE_PATCH,
+                    pod_name, self._ns, {"metadata": meta}, _content_type=MERGE_PATCH
                 )
         except (RuntimeFailure, NotFound) as e:
             log.warning("k8s_pool_claim_failed", name=claimer, error=str(e)[:300])

@@ -217,7 +217,8 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
             # After the scale: a ReplicaSet at 0 would adopt the pod and delete it. Its
             # controller may have started a cold pod meanwhile; with two, it deletes the one
             # not ready, which is that one.
-            await self._adopt(taken, resume.labels, claimer=name)
+            owner_uid = (resume.rs.get("metadata") or {}).get("uid")
+            await self._adopt(taken, resume.labels, claimer=name, owner_uid=owner_uid)
             spans.mark("adopt")
         log.info("k8s_workload_scaled", name=name, replicas=replicas, **spans.as_ms())
 
