@@ -16,14 +16,18 @@ from typing import Protocol
 from shared.models.snapshots import ProcessConfig
 from shared.models.template_records import (
     MAX_LOG_CHARS,
+    TEMPLATE_FILES_DIR,
     Artifact,
     BuildRecord,
     BuildSpec,
     LogLine,
+    Step,
     TemplateRecord,
+    blob_path,
 )
 from shared.ports.runtime import Runtime
 from shared.ports.workloads import Endpoint
+from shared.runtime.local import template_layers
 
 DEFAULT_WORKDIR = "/home/user"
 FLUSH_SECONDS = 0.5
@@ -146,3 +150,30 @@ def build_artifact(
         if spec.ready_cmd is not None
         else (base.ready_cmd if base else None),
     )
+
+
+@dataclass(frozen=True)
+class CopyArgs:
+    """A COPY step's uploaded archive and where and how its files land (``COPY src dest [user]
+    [mode]``): the same for both builders."""
+
+    archive: Path
+    src: str
+    dest: str
+    owner: int
+    mode: int | None
+
+
+def copy_args(data_dir: Path, owner: str, step: Step, state: State, number: int) -> CopyArgs:
+    assert step.files_hash is not None
+    archive = blob_path(data_dir / TEMPLATE_FILES_DIR, owner, step.files_hash)
+    if not archive.is_file():
+        raise StepFailed(number, f"COPY failed: the files of {step.args[0]!r} were not uploaded")
+    args = [*step.args, "", ""]
+    user = (args[2] or state.user).split(":")[0]
+    try:
+        mode = int(args[3], 8) if args[3] else None
+    except ValueError as e:
+        raise StepFailed(number, f"COPY failed: {e}") from e
+    ids = template_layers.USER_IDS.get(user, 1000)
+    return CopyArgs(archive, step.args[0], step.args[1], ids, mode)

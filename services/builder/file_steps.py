@@ -6,9 +6,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from services.builder.builds import State, StepFailed
+from services.builder.builds import State, StepFailed, copy_args
 from shared.errors import TorporError
-from shared.models.template_records import TEMPLATE_FILES_DIR, BuildRecord, Step, blob_path
+from shared.models.template_records import BuildRecord, Step
 from shared.runtime.local import template_layers
 
 
@@ -67,23 +67,16 @@ def _copy(
     layers: list[str],
     state: State,
 ) -> None:
-    assert step.files_hash is not None
-    archive = blob_path(data_dir / TEMPLATE_FILES_DIR, record.owner, step.files_hash)
-    if not archive.is_file():
-        raise StepFailed(number, f"COPY failed: the files of {step.args[0]!r} were not uploaded")
-    args = [*step.args, "", ""]
-    user = (args[2] or state.user).split(":")[0]
-    owner = template_layers.USER_IDS.get(user, 1000)
-    mode = int(args[3], 8) if args[3] else None
+    copy = copy_args(data_dir, record.owner, step, state, number)
     with tempfile.TemporaryDirectory(dir=template_layers.root(data_dir)) as scratch:
         template_layers.copy_in(
-            archive,
+            copy.archive,
             tree,
-            src=step.args[0],
-            dest=step.args[1],
+            src=copy.src,
+            dest=copy.dest,
             workdir=state.workdir,
-            owner=owner,
-            mode=mode,
+            owner=copy.owner,
+            mode=copy.mode,
             lowers=lowers(data_dir, rootfs, layers),
             scratch=Path(scratch),
         )

@@ -54,17 +54,16 @@ from services.builder.builds import (
     StepFailed,
     Store,
     build_artifact,
+    copy_args,
 )
 from services.builder.oci_plans import FILE_STEPS, ImageRef, Parent, Planned
 from services.builder.oci_templates import SANDBOX_BASE
 from services.builder.running import run_step
 from shared.models.template_records import (
-    TEMPLATE_FILES_DIR,
     Artifact,
     BuildRecord,
     BuildSpec,
     Step,
-    blob_path,
 )
 from shared.oci import images
 from shared.oci.images import BadImage, Image
@@ -72,7 +71,6 @@ from shared.oci.layers import MAX_LAYER_BYTES, BadLayer, repack
 from shared.oci.registry import Registry, RegistryError, check_repository
 from shared.ports.runtime import Runtime
 from shared.ports.workloads import WorkloadSpec
-from shared.runtime.local import template_layers
 
 log = structlog.get_logger()
 
@@ -303,24 +301,16 @@ class ImageBuilder(Builder):
     def _copy_tar(
         self, record: BuildRecord, step: Step, state: State, tar: Path, number: int
     ) -> None:
-        assert step.files_hash is not None
-        archive = blob_path(self._data_dir / TEMPLATE_FILES_DIR, record.owner, step.files_hash)
-        if not archive.is_file():
-            raise StepFailed(
-                number, f"COPY failed: the files of {step.args[0]!r} were not uploaded"
-            )
-        args = [*step.args, "", ""]
-        user = (args[2] or state.user).split(":")[0]
+        copy = copy_args(self._data_dir, record.owner, step, state, number)
         try:
-            mode = int(args[3], 8) if args[3] else None
             oci_copy.copy_tar(
-                archive,
+                copy.archive,
                 tar,
-                src=step.args[0],
-                dest=step.args[1],
+                src=copy.src,
+                dest=copy.dest,
                 workdir=state.workdir,
-                owner=template_layers.USER_IDS.get(user, 1000),
-                mode=mode,
+                owner=copy.owner,
+                mode=copy.mode,
             )
         except (oci_copy.BadCopy, ValueError) as e:
             raise StepFailed(number, f"COPY failed: {e}") from e
