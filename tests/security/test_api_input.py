@@ -18,7 +18,7 @@ from nats.js.errors import KeyNotFoundError
 
 from shared.bus.kv import key_names
 from shared.bus.topology import KV_SANDBOXES
-from shared.runtime.local.workloads import DEFAULT_BUCKET
+from shared.runtime.local.instance import DEFAULT_BUCKET
 from tests.support.keys import make_keys
 from tests.support.stack import Stack
 

@@ -23,8 +23,8 @@ from shared.bus.server import free_port
 from shared.bus.topology import KV_SANDBOXES
 from shared.domain.record import SandboxRecord
 from shared.models.network import NetworkPolicy
+from shared.runtime.local.instance import DEFAULT_BUCKET
 from shared.runtime.local.records import WorkloadRecord, workload_key
-from shared.runtime.local.workloads import DEFAULT_BUCKET
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
