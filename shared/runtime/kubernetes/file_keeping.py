@@ -3,8 +3,12 @@ of ``persist: store`` sandboxes while paused, and the files of stored snapshots.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from typing import Any
+
+import structlog
 
 from shared.errors import NotFound, RuntimeFailure, Unsupported
 from shared.ports.kept_files import KeptKey
@@ -20,6 +24,8 @@ from shared.runtime.kubernetes.objects import (
 )
 from shared.runtime.kubernetes.pools import sandbox_env
 from shared.runtime.templates import parse_bytes
+
+log = structlog.get_logger()
 
 # Refused openly: a snapshot without its files would start sandboxes that silently lack them.
 FILES_UNSUPPORTED = "snapshots with files need the kept-files store; this runtime has none"
@@ -52,10 +58,41 @@ class FileKeeping(Namespace):
         return ready_endpoint(pods, rs.metadata.uid if rs and rs.metadata else None)
 
     async def _restore_kept(self, name: str, endpoint: Endpoint) -> None:
+        early = self._imports.pop(endpoint.pod_uid, None)
+        for uid in [u for u, task in self._imports.items() if task.done()]:
+            del self._imports[uid]  # pods claimed but never served (a failed resume)
+        if early is not None:
+            try:
+                await early
+                return
+            except Exception as e:  # imported as usual below (a repeat is the daemon's 409)
+                log.warning("k8s_kept_files_early_import_failed", name=name, error=str(e)[:300])
         found = await self._store_parts(name)
         if found is not None:
             kept, token, limit = found
             await kept.restore(endpoint, token, KeptKey.sandbox(name), limit=limit)
+
+    def _import_early(
+        self, name: str, endpoint: Endpoint, token: str, pod_template: dict[str, Any]
+    ) -> None:
+        """A resume's warm pod (taken, its daemon bound to the sandbox: ``token`` is its) gets
+        the sandbox's kept files from now on, while it is scaled, labelled and adopted; its
+        ``wait_ready`` awaits this import instead of starting one, so still nothing is replayed
+        before the files are in. ``pod_template``: the template the pod was made from."""
+        if self._kept is None or persist_mode(pod_template) != "store":
+            return
+        limit = parse_bytes(claim_size(pod_template))
+        self._imports[endpoint.pod_uid] = asyncio.create_task(
+            self._kept.restore(endpoint, token, KeptKey.sandbox(name), limit=limit)
+        )
+
+    async def _forget_import(self, pod_uid: str) -> None:
+        """The early import into a pod that will not be served (it went): stopped."""
+        task = self._imports.pop(pod_uid, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     async def _store_parts(self, name: str) -> tuple[KeptFilesMover, str, int] | None:
         """For a ``persist: store`` workload: the mover, its daemon's token and its disk size;

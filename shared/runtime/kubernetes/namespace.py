@@ -74,6 +74,8 @@ class Namespace:
         self._http: httpx.AsyncClient | None = None
         # ``persist: store`` sandboxes' files while paused (None: such templates cannot pause).
         self._kept = KeptFilesMover(kept_files) if kept_files is not None else None
+        # Kept files being imported into a warm pod since its claim, by its pod uid (.file_keeping).
+        self._imports: dict[str, asyncio.Task[bool]] = {}
 
     @classmethod
     async def from_kubeconfig(

@@ -46,6 +46,7 @@ class WarmResume:
     version), the ready pool pods as listed, and what binds and adopts the pod."""
 
     rs: dict[str, Any]
+    pod_template: dict[str, Any]  # the template as it is now: the pool pods' version
     pods: builtins.list[Pod]
     template: str
     version: str
@@ -88,6 +89,7 @@ class PoolClaiming(PoolFilling):
             return None
         return WarmResume(
             rs=rs,
+            pod_template=pooled[1],
             pods=ready,
             template=template,
             version=version,

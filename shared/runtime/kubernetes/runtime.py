@@ -203,23 +203,35 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
                 pods=resume.pods,
             )
             spans.mark("take")
-        rs = resume.rs if resume is not None else None
-        if replicas == 1 and await self._rerender(name, rs):
-            spans.mark("rerender")
-        else:
-            spans.mark("rerender")
-            with api_errors(f"scale ReplicaSet {self._ns}/{name}"):
-                await self._apps.patch_namespaced_replica_set_scale(
-                    name, self._ns, {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH
-                )
-            spans.mark("patch_scale")
-        if taken is not None and resume is not None:
-            # After the scale: a ReplicaSet at 0 would adopt the pod and delete it. Its
-            # controller may have started a cold pod meanwhile; with two, it deletes the one
-            # not ready, which is that one.
-            owner_uid = (resume.rs.get("metadata") or {}).get("uid")
-            await self._adopt(taken, resume.labels, claimer=name, owner_uid=owner_uid)
-            spans.mark("adopt")
+        adopted = tried = False
+        try:
+            if taken is not None and resume is not None:
+                # Its kept files (persist: store) go in while the rest happens.
+                endpoint = Endpoint(host=taken["status"]["podIP"], pod_uid=taken["metadata"]["uid"])
+                self._import_early(name, endpoint, resume.token, resume.pod_template)
+            rs = resume.rs if resume is not None else None
+            if replicas == 1 and await self._rerender(name, rs):
+                spans.mark("rerender")
+            else:
+                spans.mark("rerender")
+                with api_errors(f"scale ReplicaSet {self._ns}/{name}"):
+                    await self._apps.patch_namespaced_replica_set_scale(
+                        name, self._ns, {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH
+                    )
+                spans.mark("patch_scale")
+            if taken is not None and resume is not None:
+                # After the scale: a ReplicaSet at 0 would adopt the pod and delete it. Its
+                # controller may have started a cold pod meanwhile; with two, it deletes the one
+                # not ready, which is that one.
+                owner_uid = (resume.rs.get("metadata") or {}).get("uid")
+                tried = True
+                adopted = await self._adopt(taken, resume.labels, claimer=name, owner_uid=owner_uid)
+                spans.mark("adopt")
+        finally:
+            if taken is not None and not adopted:
+                await self._forget_import(taken["metadata"]["uid"])
+                if not tried:  # _adopt deletes the pod it fails to label
+                    await self._delete_pod(taken)  # taken for nothing: it goes, never served
         log.info("k8s_workload_scaled", name=name, replicas=replicas, **spans.as_ms())
 
     async def set_network(self, name: str, policy: NetworkPolicy) -> None:
@@ -347,6 +359,8 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
         ]
 
     async def close(self) -> None:
+        for uid in list(self._imports):
+            await self._forget_import(uid)
         if self._pool_task is not None:
             self._pool_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
