@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from services.envd.activity import Activity
@@ -32,6 +33,7 @@ from services.envd.files_http import (
     send_error,
     send_json,
 )
+from services.envd.holding import HELD_MESSAGE, HoldInterceptor, allowed_while_held
 from services.envd.processes import ProcessTable
 from services.envd.signing import signature_problem
 from services.envd.startup import Readiness
@@ -101,21 +103,24 @@ class _ConnectApps:
     time. ``serve`` builds them before answering ``/health``; in-process users (tests, tools) that
     never call the Connect API do not pay for them."""
 
-    def __init__(self, table: ProcessTable, *, users: Users) -> None:
+    def __init__(self, table: ProcessTable, *, users: Users, held: Callable[[], bool]) -> None:
         from services.envd.filesystem_service import FilesystemService
         from services.envd.gen.filesystem.filesystem_connect import FilesystemASGIApplication
         from services.envd.gen.process.process_connect import ProcessASGIApplication
         from services.envd.process_service import ProcessService
 
         self.filesystem: FilesystemService = FilesystemService(users=users)
+        holding = (HoldInterceptor(held),)  # first: it refuses before a body is read
         self.process = ProcessASGIApplication(
             ProcessService(table, users),
+            interceptors=holding,
             read_max_bytes=MAX_MESSAGE_BYTES,
             compressions=(),
             codecs=_codecs(),
         )
         self.files = FilesystemASGIApplication(
             self.filesystem,
+            interceptors=holding,
             read_max_bytes=MAX_MESSAGE_BYTES,
             compressions=(),
             codecs=_codecs(),
@@ -164,7 +169,9 @@ class EnvdApp:
     @property
     def connect_apps(self) -> _ConnectApps:
         if self._connect is None:
-            self._connect = _ConnectApps(self.table, users=self.users)
+            self._connect = _ConnectApps(
+                self.table, users=self.users, held=lambda: self.kept_files.holding
+            )
         return self._connect
 
     @property
@@ -209,6 +216,14 @@ class EnvdApp:
             refusal = self._refusal(scope)
             if refusal is not None:
                 await send_json(send, 401, refusal)
+                return
+            connect = path.startswith(("/process.Process/", "/filesystem.Filesystem/"))
+            if (
+                not connect  # the Connect services refuse in their own error format
+                and self.kept_files.holding
+                and not allowed_while_held(scope["method"], path)
+            ):
+                await send_error(send, 409, HELD_MESSAGE)
                 return
             if path.startswith("/process.Process/"):
                 if path == "/process.Process/Start":  # kept files go in before any process

@@ -15,7 +15,9 @@ blocks the daemon's event loop:
   that dies half-way never leaves a sandbox stopped for good); the pod of a pause stops with
   them stopped. An export that fails continues them at once (unless an earlier hold still
   runs). A repeat while stopped (a redelivered pause, a snapshot) stops what appeared since,
-  exports again and never shortens a hold that runs. The export child itself
+  exports again and never shortens a hold that runs. From the start of an export with a hold
+  until it ends, the daemon's API refuses what would change the sandbox (``holding``,
+  ``services.envd.holding``). The export child itself
   runs as the daemon (root: it must read what root left in the home folder) and
   walks with directory descriptors, never following a symlink (``os.fwalk``, ``O_NOFOLLOW``):
   a process swapping a folder for a link mid-walk cannot make it read outside. Regular files,
@@ -72,6 +74,14 @@ class KeptFilesApi:
         self._freezing = asyncio.Lock()
         self._auto_thaw: asyncio.TimerHandle | None = None
         self._held_until = 0.0  # the loop's time the current hold ends; 0: none
+        self._exporting_to_hold = False  # an export with a hold runs (freezing or sending)
+
+    @property
+    def holding(self) -> bool:
+        """Whether the sandbox is held for a pause: from the start of an export with a hold
+        (before its freeze) until the thaw or the hold's end. The daemon's API then refuses
+        what would change the sandbox (``services.envd.holding``)."""
+        return self._exporting_to_hold or self._held_until > 0
 
     def close_imports(self, why: str) -> None:
         if self.closed is None:
@@ -121,17 +131,21 @@ class KeptFilesApi:
             return
         async with self._freezing:
             self._cancel_auto_thaw()  # this export decides how long they stay stopped
+            self._exporting_to_hold = hold > 0  # writes refused from before the freeze on
             try:
-                frozen = await self._freeze()
-            except FreezeFailed as e:  # it continued everything, an earlier hold's too
-                self._held_until = 0.0
-                await send_error(send, 500, f"kept-files export refused: {e}")
-                return
-            done = False
-            try:
-                done = await self._send_export(send, frozen)
+                try:
+                    frozen = await self._freeze()
+                except FreezeFailed as e:  # it continued everything, an earlier hold's too
+                    self._held_until = 0.0
+                    await send_error(send, 500, f"kept-files export refused: {e}")
+                    return
+                done = False
+                try:
+                    done = await self._send_export(send, frozen)
+                finally:
+                    self._hold_on(hold if done else 0)
             finally:
-                self._hold_on(hold if done else 0)
+                self._exporting_to_hold = False
 
     def _hold_on(self, hold: int) -> None:
         """After an export: held ``hold`` seconds more, or as long as an earlier export's hold

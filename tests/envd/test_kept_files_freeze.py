@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tarfile
@@ -27,9 +29,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, SandboxException
 
 from services.envd.freezing import read_stat
+from services.envd.holding import HELD_MESSAGE
 from tests.conftest import skip_or_fail
 from tests.envd.conftest import REPO, TOKEN, Daemon, start_daemon, stop_daemon
 
@@ -244,6 +247,122 @@ def test_a_process_the_user_stopped_stays_stopped(host: Rig, writers: list[int])
         assert _state(pid) == "T"  # not continued: it was not the freezer that stopped it
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def _refused(call: Callable[[], object]) -> str:
+    with pytest.raises(SandboxException) as caught:
+        call()
+    assert HELD_MESSAGE in str(caught.value), caught.value
+    return str(caught.value)
+
+
+def test_while_held_the_api_refuses_writes_and_serves_reads(host: Rig) -> None:
+    """Held for a pause, nothing the SDK writes through the daemon lands (it would be lost
+    with the pod, or run unfrozen): an upload (plain HTTP, 409), a folder made, a file moved and
+    removed (Connect, ``failed_precondition``), a process started. Reads still work; after the
+    thaw the same writes do."""
+    home = host.kept / "home/user" / f"held-{uuid.uuid4().hex[:8]}"
+    home.mkdir()
+    kept = home / "kept.txt"
+    kept.write_text("before")
+    upload, folder, moved, touched = (home / n for n in ("up.txt", "dir", "moved", "touched"))
+    sbx = host.sbx
+    assert _export(host, hold="60").status_code == 200
+    try:
+        assert "409" in _refused(lambda: sbx.files.write(str(upload), "lost"))
+        assert "FAILED_PRECONDITION" in _refused(lambda: sbx.files.make_dir(str(folder)))
+        _refused(lambda: sbx.files.rename(str(kept), str(moved)))
+        _refused(lambda: sbx.files.remove(str(kept)))
+        _refused(lambda: sbx.commands.run(f"touch {touched}"))
+        assert sorted(p.name for p in home.iterdir()) == ["kept.txt"]
+        assert kept.read_text() == "before"
+
+        assert sbx.files.read(str(kept)) == "before"
+        assert [e.name for e in sbx.files.list(str(home))] == ["kept.txt"]
+        assert sbx.files.exists(str(kept))
+        assert isinstance(sbx.commands.list(), list)
+        url = host.daemon.url
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 204
+        assert httpx.get(f"{url}/metrics", headers=AUTH, timeout=10).status_code == 200
+        assert _export(host, hold="0").status_code == 200  # a second export: still a read
+    finally:
+        assert _thaw(host).status_code == 200
+    sbx.files.write(str(upload), "kept")
+    sbx.files.make_dir(str(folder))
+    sbx.files.rename(str(kept), str(moved))
+    assert sbx.commands.run(f"touch {touched}").exit_code == 0
+    assert upload.read_text() == "kept" and folder.is_dir() and moved.read_text() == "before"
+    assert touched.exists() and not kept.exists()
+    sbx.files.remove(str(moved))
+    assert not moved.exists()
+
+
+def _end_of_stream(answer: httpx.Response) -> dict[str, object]:
+    """The error of a Connect stream's answer: its one frame, an end-of-stream (flag 2)."""
+    flags, size = struct.unpack(">BI", answer.content[:5])
+    assert flags == 2 and len(answer.content) == 5 + size, answer.content
+    error: dict[str, object] = json.loads(answer.content[5:])["error"]
+    return error
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/files/"),
+        ("POST", "/FILES"),
+        ("POST", "//files"),
+        ("PUT", "/files"),
+        ("DELETE", "/files"),
+        ("POST", "/files%2F"),
+        ("POST", "/init"),
+        ("POST", "/kept-files"),
+        ("POST", "/filesystem.Filesystem/MakeDir"),
+        ("GET", "/filesystem.Filesystem/MakeDir"),
+        ("POST", "/filesystem.Filesystem/makedir"),
+        ("POST", "/filesystem.Filesystem/MakeDir/"),
+        ("POST", "/filesystem.Filesystem//MakeDir"),
+        ("POST", "//filesystem.Filesystem/MakeDir"),
+        ("POST", "/Filesystem.Filesystem/MakeDir"),
+        ("POST", "/filesystem.Filesystem/MakeDir%00"),
+        ("POST", "/process.Process/Start"),
+        ("POST", "/process.Process/start"),
+        ("POST", "/process.Process/Start/"),
+    ],
+)
+def test_a_write_spelled_otherwise_is_never_performed_while_held(
+    host: Rig, method: str, path: str
+) -> None:
+    """Hostile spellings of a write during a hold: refused (409, or Connect's
+    ``failed_precondition``) or no route at all (404, 405), and nothing appears on disk."""
+    target = host.kept / "home/user" / f"sneak-{uuid.uuid4().hex[:8]}"
+    bodies = {
+        "/files": b"--boundary--",
+        "Filesystem": json.dumps({"path": str(target)}).encode(),
+        "Process": json.dumps({"process": {"cmd": "/bin/touch", "args": [str(target)]}}).encode(),
+    }
+    body = next((v for k, v in bodies.items() if k.lower() in path.lower()), b"{}")
+    content_type = "application/json"
+    if path.lower().startswith("/process.process/start"):  # a server stream: enveloped
+        body, content_type = struct.pack(">BI", 0, len(body)) + body, "application/connect+json"
+    assert _export(host, hold="60").status_code == 200
+    try:
+        answer = httpx.request(
+            method,
+            f"{host.daemon.url}{path}",
+            params={"path": str(target)},
+            content=body,
+            headers={**AUTH, "content-type": content_type},
+            timeout=30,
+        )
+        if answer.status_code not in (404, 405):  # no such route or method: nothing ran
+            error = answer.json() if answer.status_code != 200 else _end_of_stream(answer)
+            assert answer.status_code in (200, 400, 409), (answer.status_code, answer.text)
+            assert error["code"] in (409, "failed_precondition"), answer.text
+            assert error["message"] == HELD_MESSAGE
+        assert not target.exists()
+    finally:
+        assert _thaw(host).status_code == 200
+    assert not target.exists()
 
 
 @pytest.mark.parametrize(
