@@ -258,15 +258,17 @@ def _refused(call: Callable[[], object]) -> str:
 
 def test_while_held_the_api_refuses_writes_and_serves_reads(host: Rig) -> None:
     """Held for a pause, nothing the SDK writes through the daemon lands (it would be lost
-    with the pod, or run unfrozen): an upload (plain HTTP, 409), a folder made, a file moved and
-    removed (Connect, ``failed_precondition``), a process started. Reads still work; after the
-    thaw the same writes do."""
+        with the pod, or run unfrozen): an upload (plain HTTP, 409), a folder made, a file moved and
+        removed (Connect, ``failed_precondition``), a process started, stdin and a signal to a running
+    one. Reads still work; after the
+        thaw the same writes do."""
     home = host.kept / "home/user" / f"held-{uuid.uuid4().hex[:8]}"
     home.mkdir()
     kept = home / "kept.txt"
     kept.write_text("before")
     upload, folder, moved, touched = (home / n for n in ("up.txt", "dir", "moved", "touched"))
     sbx = host.sbx
+    running = sbx.commands.run("cat", background=True, timeout=0, stdin=True)
     assert _export(host, hold="60").status_code == 200
     try:
         assert "409" in _refused(lambda: sbx.files.write(str(upload), "lost"))
@@ -274,13 +276,15 @@ def test_while_held_the_api_refuses_writes_and_serves_reads(host: Rig) -> None:
         _refused(lambda: sbx.files.rename(str(kept), str(moved)))
         _refused(lambda: sbx.files.remove(str(kept)))
         _refused(lambda: sbx.commands.run(f"touch {touched}"))
+        _refused(lambda: sbx.commands.send_stdin(running.pid, "lost\n"))
+        _refused(lambda: sbx.commands.kill(running.pid))
         assert sorted(p.name for p in home.iterdir()) == ["kept.txt"]
         assert kept.read_text() == "before"
 
         assert sbx.files.read(str(kept)) == "before"
         assert [e.name for e in sbx.files.list(str(home))] == ["kept.txt"]
         assert sbx.files.exists(str(kept))
-        assert isinstance(sbx.commands.list(), list)
+        assert running.pid in [p.pid for p in sbx.commands.list()]  # not killed
         url = host.daemon.url
         assert httpx.get(f"{url}/health", timeout=10).status_code == 204
         assert httpx.get(f"{url}/metrics", headers=AUTH, timeout=10).status_code == 200
@@ -295,6 +299,7 @@ def test_while_held_the_api_refuses_writes_and_serves_reads(host: Rig) -> None:
     assert touched.exists() and not kept.exists()
     sbx.files.remove(str(moved))
     assert not moved.exists()
+    assert sbx.commands.kill(running.pid)
 
 
 def _end_of_stream(answer: httpx.Response) -> dict[str, object]:
