@@ -397,7 +397,9 @@ async def test_kept_files_of_a_real_container_come_back_owned_by_user(
         assert (code, out.split()) == (0, ["user", "1000", "640", "kept", "w"])
 
         # The export stops the container's processes (tini is PID 1, the daemon runs as user
-        # without capabilities) and a hold keeps them stopped until thaw_files.
+        # without capabilities) and a hold keeps them stopped until thaw_files. While held the
+        # daemon refuses a process start (it would run unfrozen) but serves reads: the sleep's
+        # state is read through /files.
         _, code = await run_in_pod(
             third, ["/bin/sh", "-c", "sleep 3601 >/dev/null 2>&1 &"], token=TOKEN
         )
@@ -406,9 +408,12 @@ async def test_kept_files_of_a_real_container_come_back_owned_by_user(
             "for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline"
             " | grep -q '^sleep 3601' && cut -d' ' -f3 $p/stat; done; true"
         )
+        find = state.replace("-f3", "-f1")
+        (sleeper,) = (await run_in_pod(third, ["/bin/sh", "-c", find], token=TOKEN))[0].split()
         assert await cold.keep_files(name, hold=60) > 0
-        out, _ = await run_in_pod(third, ["/bin/sh", "-c", state], token=TOKEN)
-        assert out.split() == ["T"], out
+        raw = await get(third, f"/proc/{sleeper}/stat")
+        assert raw is not None and raw[raw.rfind(b")") + 2 :].split()[0] == b"T", raw
+        assert await run_in_pod(third, ["/bin/true"], token=TOKEN) == ("", -1)  # refused
         await cold.thaw_files(name)
         out, _ = await run_in_pod(third, ["/bin/sh", "-c", state], token=TOKEN)
         assert out.split() == ["S"], out
