@@ -6,6 +6,7 @@ deleted (its data dir gone, no process in its namespaces) is removed by the next
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -21,7 +22,8 @@ from e2b import Sandbox
 
 from shared.models.network import NetworkPolicy
 from shared.runtime.local import LocalRuntime, procfs
-from shared.runtime.local.network import PodNetwork
+from shared.runtime.local.network import PodNetwork, release_instance
+from shared.runtime.local.pod_dirs import unmount_stopped
 from tests.security.network_support import leftovers, require_root_network, sh
 from tests.support.pods import processes_mentioning
 from tests.support.stack import Stack
@@ -108,11 +110,35 @@ def _instance_processes(data_dir: Path) -> list[int]:
     return processes_mentioning(str(data_dir), zombies=True)
 
 
+def _leave_nothing(data_dir: Path) -> None:
+    """Whatever point the test stopped at (a failed assertion, its timeout, Ctrl-C between the
+    crash and the restart, or during a stop's grace): no process, mount or network object of
+    either instance outlives it. ``Stack.stop`` does the same, but an interrupt inside it skips
+    its rest, and the crashed instance's overlay and loop mounts left under pytest's folders make
+    every later run warn once per file when it sweeps old folders."""
+    for pid in _instance_processes(data_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(AssertionError):  # a pod still dying: unmounted lazily
+        wait_no_pods(data_dir)
+    unmount_stopped(data_dir)
+    asyncio.run(release_instance(data_dir))
+
+
 @pytest.mark.timeout(900)  # two whole instances one after the other; slow on a loaded machine
 def test_torpor_up_restarted_after_kill9_then_stopped_leaves_nothing(tmp_path: Path) -> None:
     require_root_network()
-    data_dir = tmp_path / "data"
-    with Stack.up(tmp_path / "first").running() as first:
+    first_stack = Stack.up(tmp_path / "first")
+    data_dir = first_stack.data_dir  # the second instance restarts on it
+    try:
+        _crash_then_restart(first_stack, tmp_path / "second")
+    finally:
+        _leave_nothing(data_dir)
+    assert leftovers(data_dir) == []
+
+
+def _crash_then_restart(first_stack: Stack, second_root: Path) -> None:
+    with first_stack.running() as first:
         data_dir = first.data_dir
         sbx = _sandbox(first)
         assert sbx.commands.run("echo hi").stdout == "hi\n"
@@ -128,7 +154,7 @@ def test_torpor_up_restarted_after_kill9_then_stopped_leaves_nothing(tmp_path: P
             n for n in leftovers(data_dir) if not n.startswith("table") and "/layers/" not in n
         ]
         assert any(n.startswith("mount ") for n in crashed) and len(crashed) > 1
-        with Stack.up(tmp_path / "second", data_dir=data_dir).running() as second:
+        with Stack.up(second_root, data_dir=data_dir).running() as second:
             # ... which the restarted instance removes (its pods get fresh ones).
             again = Sandbox.connect(sbx.sandbox_id, **second.sdk_opts("alice"))
             assert again.commands.run("echo again").stdout == "again\n"
