@@ -153,7 +153,12 @@ def _writer(rig: Rig, writers: list[int], *, detached: bool = False) -> tuple[Pa
     pids = [p for p in _host_pids(marker) if _state(p) not in ("Z", "gone")]
     assert pids, f"no process of {marker}"
     writers.extend(pids)
-    return target, max(pids)  # the loop's own shell (the last forked)
+    # The loop's own shell: the one whose parent is not the loop's. Not the newest pid: that
+    # may be the loop's fork for a ``sleep`` (its command line the loop's until the exec),
+    # gone by the time it is looked at.
+    parents = {p: st.ppid for p in pids if (st := read_stat(p)) is not None}
+    (loop_shell,) = [p for p, ppid in parents.items() if ppid not in parents]
+    return target, loop_shell
 
 
 def _export(rig: Rig, **params: str) -> httpx.Response:
