@@ -155,8 +155,12 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
         resource_version: str | None = None,
     ) -> Workload:
         what = f"annotate ReplicaSet {self._ns}/{name}"
-        for _ in range(PATCH_ATTEMPTS):
-            rs = await self._read(name)
+        # The pods (for the answer) while the ReplicaSet is read: an annotation patch changes
+        # no pod, and a replay's mark is on a resume's path.
+        rs, (pods, _) = await asyncio.gather(self._read(name), self._pods(sandbox_selector(name)))
+        for attempt in range(PATCH_ATTEMPTS):
+            if attempt:
+                rs = await self._read(name)
             if rs is None:
                 msg = f"ReplicaSet {self._ns}/{name} not found"
                 raise NotFound(msg)
@@ -177,7 +181,6 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
                     msg = f"{what}: changed concurrently"
                     raise Conflict(msg) from e
                 continue  # an unconditional patch just retries on the fresh object
-            pods, _ = await self._pods(sandbox_selector(name))
             return to_workload(patched, pods)
         msg = f"{what}: still contended after {PATCH_ATTEMPTS} attempts"
         raise Conflict(msg)
