@@ -33,7 +33,12 @@ from services.envd.files_http import (
     send_error,
     send_json,
 )
-from services.envd.holding import HELD_MESSAGE, HoldInterceptor, allowed_while_held
+from services.envd.holding import (
+    HELD_MESSAGE,
+    HoldInterceptor,
+    WritesInFlight,
+    allowed_while_held,
+)
 from services.envd.processes import ProcessTable
 from services.envd.signing import signature_problem
 from services.envd.startup import Readiness
@@ -103,14 +108,21 @@ class _ConnectApps:
     time. ``serve`` builds them before answering ``/health``; in-process users (tests, tools) that
     never call the Connect API do not pay for them."""
 
-    def __init__(self, table: ProcessTable, *, users: Users, held: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        table: ProcessTable,
+        *,
+        users: Users,
+        held: Callable[[], bool],
+        writes: WritesInFlight,
+    ) -> None:
         from services.envd.filesystem_service import FilesystemService
         from services.envd.gen.filesystem.filesystem_connect import FilesystemASGIApplication
         from services.envd.gen.process.process_connect import ProcessASGIApplication
         from services.envd.process_service import ProcessService
 
         self.filesystem: FilesystemService = FilesystemService(users=users)
-        holding = (HoldInterceptor(held),)  # first: it refuses before a body is read
+        holding = (HoldInterceptor(held, writes),)  # first: it refuses before a body is read
         self.process = ProcessASGIApplication(
             ProcessService(table, users),
             interceptors=holding,
@@ -161,7 +173,10 @@ class EnvdApp:
         self.users = Users(fallback_home=root)
         self._connect: _ConnectApps | None = None
         self._files = FilesApi(users=self.users)
-        self.kept_files = KeptFilesApi(kept_root=kept_root, user=lambda: self.users.resolve(None))
+        self.writes = WritesInFlight()  # what an export with a hold waits for
+        self.kept_files = KeptFilesApi(
+            kept_root=kept_root, user=lambda: self.users.resolve(None), writes=self.writes
+        )
         self.metrics = Metrics(root)
         self.logs = LogBuffer()
         self.ready: Readiness | None = None  # set: a ready command must succeed first
@@ -170,7 +185,10 @@ class EnvdApp:
     def connect_apps(self) -> _ConnectApps:
         if self._connect is None:
             self._connect = _ConnectApps(
-                self.table, users=self.users, held=lambda: self.kept_files.holding
+                self.table,
+                users=self.users,
+                held=lambda: self.kept_files.holding,
+                writes=self.writes,
             )
         return self._connect
 
@@ -218,40 +236,44 @@ class EnvdApp:
                 await send_json(send, 401, refusal)
                 return
             connect = path.startswith(("/process.Process/", "/filesystem.Filesystem/"))
-            if (
-                not connect  # the Connect services refuse in their own error format
-                and self.kept_files.holding
-                and not allowed_while_held(scope["method"], path)
-            ):
-                await send_error(send, 409, HELD_MESSAGE)
+            if not connect and not allowed_while_held(scope["method"], path):
+                # The Connect services refuse and count in their own interceptor.
+                if self.kept_files.holding:
+                    await send_error(send, 409, HELD_MESSAGE)
+                    return
+                async with self.writes.tracking():
+                    await self._route(scope, receive, send, path)
                 return
-            if path.startswith("/process.Process/"):
-                if path == "/process.Process/Start":  # kept files go in before any process
-                    self.kept_files.close_imports("a process was started")
-                await self.connect_apps.process(scope, receive, send)
-            elif path.startswith("/filesystem.Filesystem/"):
-                await self.connect_apps.files(scope, receive, send)
-            elif path == "/files":
-                await self._files(scope, receive, send)
-            elif path in ("/kept-files", "/kept-files/thaw"):
-                await self.kept_files(scope, receive, send)
-            elif path == "/init" and scope["method"] == "POST":
-                await self._init(receive, send)
-            elif path == "/envs" and scope["method"] == "GET":
-                await send_json(send, 200, self.state.env_vars)
-            elif path == "/version":
-                await send_json(send, 200, {"version": ENVD_VERSION})
-            elif path == "/metrics" and scope["method"] == "GET":
-                await self._metrics(scope, send)
-            elif path == "/logs" and scope["method"] == "GET":
-                await self._logs(scope, send)
-            elif path == "/activity" and scope["method"] == "GET":
-                await send_json(send, 200, self.activity.report())
-            else:
-                await send_error(send, 404, f"no route for {scope['method']} {path}")
+            await self._route(scope, receive, send, path)
         except Exception:
             log.exception("unhandled error on %s", path)
             raise
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        if path.startswith("/process.Process/"):
+            if path == "/process.Process/Start":  # kept files go in before any process
+                self.kept_files.close_imports("a process was started")
+            await self.connect_apps.process(scope, receive, send)
+        elif path.startswith("/filesystem.Filesystem/"):
+            await self.connect_apps.files(scope, receive, send)
+        elif path == "/files":
+            await self._files(scope, receive, send)
+        elif path in ("/kept-files", "/kept-files/thaw"):
+            await self.kept_files(scope, receive, send)
+        elif path == "/init" and scope["method"] == "POST":
+            await self._init(receive, send)
+        elif path == "/envs" and scope["method"] == "GET":
+            await send_json(send, 200, self.state.env_vars)
+        elif path == "/version":
+            await send_json(send, 200, {"version": ENVD_VERSION})
+        elif path == "/metrics" and scope["method"] == "GET":
+            await self._metrics(scope, send)
+        elif path == "/logs" and scope["method"] == "GET":
+            await self._logs(scope, send)
+        elif path == "/activity" and scope["method"] == "GET":
+            await send_json(send, 200, self.activity.report())
+        else:
+            await send_error(send, 404, f"no route for {scope['method']} {path}")
 
     def _refusal(self, scope: Scope) -> dict[str, object] | None:
         """``None`` when the request may pass; else the 401 body. A signed ``/files`` URL is

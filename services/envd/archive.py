@@ -17,8 +17,9 @@ blocks the daemon's event loop:
   runs). A repeat while stopped (a redelivered pause, a snapshot) stops what appeared since,
   exports again and never shortens a hold that runs. From the start of an export with a hold
   until it ends, the daemon's API refuses what would change the sandbox (``holding``,
-  ``services.envd.holding``). The export child itself
-  runs as the daemon (root: it must read what root left in the home folder) and
+  ``services.envd.holding``); such an export first waits for the writes admitted before it
+  (an upload streaming in) to end, and refuses (409) when they do not within 30 s. The export
+  child itself runs as the daemon (root: it must read what root left in the home folder) and
   walks with directory descriptors, never following a symlink (``os.fwalk``, ``O_NOFOLLOW``):
   a process swapping a folder for a link mid-walk cannot make it read outside. Regular files,
   folders and symlinks only; a file that shrinks while read is padded, one that grows cut.
@@ -47,12 +48,14 @@ from typing import Any
 
 from services.envd.files_http import Receive, Scope, Send, query, send_error, send_json
 from services.envd.freezing import FreezeFailed, Freezer
+from services.envd.holding import WritesInFlight
 from services.envd.users import Identity
 
 log = logging.getLogger("envd")
 
 MAX_IMPORT_BYTES = 64 * 1024**3  # the daemon's own ceiling on ``limit``
 MAX_HOLD_SECONDS = 600
+DRAIN_SECONDS = 30.0  # how long an export with a hold waits for writes admitted before it
 CHUNK = 256 * 1024
 _CHILD = str(Path(__file__).resolve().with_name("kept_child.py"))
 
@@ -64,8 +67,18 @@ class Refused(Exception):
 
 
 class KeptFilesApi:
-    def __init__(self, *, kept_root: str, user: Any, freezer: Freezer | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        kept_root: str,
+        user: Any,
+        freezer: Freezer | None = None,
+        writes: WritesInFlight | None = None,
+        drain_seconds: float = DRAIN_SECONDS,
+    ) -> None:
         self._kept_root = kept_root
+        self._writes = writes or WritesInFlight()
+        self._drain_seconds = drain_seconds
         self._user = user  # () -> Identity: the sandbox's user, resolved at each import
         self.closed: str | None = None  # why an import is refused from now on
         self._importing = False
@@ -133,6 +146,12 @@ class KeptFilesApi:
             self._cancel_auto_thaw()  # this export decides how long they stay stopped
             self._exporting_to_hold = hold > 0  # writes refused from before the freeze on
             try:
+                if hold > 0 and not await self._writes.drained(self._drain_seconds):
+                    # Tarring now would keep half of it, and lose the rest with the pod.
+                    msg = f"{self._writes.count} writes through the API did not end in time"
+                    self._hold_on(0)  # an earlier hold still runs out
+                    await send_error(send, 409, f"kept-files export refused: {msg}")
+                    return
                 try:
                     frozen = await self._freeze()
                 except FreezeFailed as e:  # it continued everything, an earlier hold's too

@@ -15,7 +15,9 @@ one reaches a handler unchecked.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -57,28 +59,84 @@ _RPC_READS: frozenset[str] = frozenset(
 )
 
 
+# Writes that last as long as a process or its client wants (a Start's stream, stdin streamed
+# in): an export cannot wait for them. A process started is stopped by the freeze like any.
+_RPC_LONG_LIVED: frozenset[str] = frozenset(
+    {"/process.Process/Start", "/process.Process/StreamInput"}
+)
+
+
 def allowed_while_held(method: str, path: str) -> bool:
     """Whether a request may pass while the sandbox is held: it only reads (or ends the hold)."""
     return path in _RPC_READS or (method, path) in _HTTP_READS
 
 
+class WritesInFlight:
+    """The writes admitted before a hold began and still running (an upload streaming in): an
+    export with a hold waits for them, else it would tar a half-written file and the rest,
+    answered 200 to its client, would be lost with the pod."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def begin(self) -> None:
+        self._count += 1
+        self._idle.clear()
+
+    def end(self) -> None:
+        self._count -= 1
+        if self._count == 0:
+            self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def tracking(self) -> AsyncIterator[None]:
+        self.begin()
+        try:
+            yield
+        finally:
+            self.end()
+
+    async def drained(self, within: float) -> bool:
+        """Whether every write running now has ended within ``within`` seconds."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), within)
+        except TimeoutError:
+            return False
+        return True
+
+
 class HoldInterceptor:
     """A connectrpc metadata interceptor: refuses a Connect method that changes the sandbox
-    while it is held, before its request body is read."""
+    while it is held, before its request body is read; counts a short one admitted as a write
+    in flight until it ends."""
 
-    def __init__(self, held: Callable[[], bool]) -> None:
+    def __init__(self, held: Callable[[], bool], writes: WritesInFlight) -> None:
         self._held = held
+        self._writes = writes
 
-    async def on_start(self, ctx: RequestContext[object, object]) -> None:
+    async def on_start(self, ctx: RequestContext[object, object]) -> bool:
         info = ctx.method
         path = f"/{info.service_name}/{info.name}"
-        if self._held() and not allowed_while_held(ctx.http_method, path):
+        if allowed_while_held(ctx.http_method, path):
+            return False
+        if self._held():
             from connectrpc.code import Code
             from connectrpc.errors import ConnectError
 
             raise ConnectError(Code.FAILED_PRECONDITION, HELD_MESSAGE)
+        if path in _RPC_LONG_LIVED:
+            return False
+        self._writes.begin()
+        return True
 
     async def on_end(
-        self, token: None, ctx: RequestContext[object, object], error: Exception | None, /
+        self, token: bool, ctx: RequestContext[object, object], error: Exception | None, /
     ) -> None:
-        return None
+        if token:
+            self._writes.end()

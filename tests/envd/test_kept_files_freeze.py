@@ -21,6 +21,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -305,6 +306,52 @@ def test_while_held_the_api_refuses_writes_and_serves_reads(host: Rig) -> None:
     sbx.files.remove(str(moved))
     assert not moved.exists()
     assert sbx.commands.kill(running.pid)
+
+
+def test_an_export_with_a_hold_waits_for_an_upload_in_flight(host: Rig) -> None:
+    """An upload admitted before the hold and still streaming in: the export waits for it, so
+    the tar holds the whole file (answered 200 to its client) rather than half of it, the rest
+    lost with the pod. Meanwhile the hold already refuses new writes."""
+    target = host.kept / "home/user" / f"upload-{uuid.uuid4().hex[:8]}.bin"
+    chunks = [bytes([i]) * 65536 for i in range(8)]
+    go = threading.Event()
+    answers: dict[str, httpx.Response] = {}
+
+    def body() -> Iterator[bytes]:
+        yield chunks[0]
+        go.wait(WAIT)  # the rest only once the export is waiting
+        yield from chunks[1:]
+
+    def upload() -> None:
+        answers["upload"] = httpx.post(
+            f"{host.daemon.url}/files",
+            params={"path": str(target)},
+            content=body(),
+            headers={**AUTH, "content-type": "application/octet-stream"},
+            timeout=60,
+        )
+
+    def export() -> None:
+        answers["export"] = _export(host, hold="60")
+
+    uploading = threading.Thread(target=upload)
+    uploading.start()
+    exporting = threading.Thread(target=export)
+    try:
+        assert _wait_for(lambda: target.exists() and target.stat().st_size >= 65536)
+        exporting.start()
+        init = f"{host.daemon.url}/init"
+        held = lambda: httpx.post(init, json={}, headers=AUTH, timeout=10).status_code == 409  # noqa: E731
+        assert _wait_for(held), "the export did not begin holding"
+    finally:
+        go.set()
+        uploading.join(60)
+        if exporting.ident is not None:  # started
+            exporting.join(60)
+        assert _thaw(host).status_code == 200
+    assert answers["upload"].status_code == 200, answers["upload"].text
+    assert answers["export"].status_code == 200, answers["export"].text
+    assert _member(answers["export"].content, target, host.kept) == b"".join(chunks)
 
 
 def _end_of_stream(answer: httpx.Response) -> dict[str, object]:
