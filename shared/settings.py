@@ -178,6 +178,16 @@ class RuntimeSettings(SettingsBase):
     claim (its process died between marking the pod and adopting it) is deleted by the scaler
     that keeps the pools, so a dead claimer leaves no orphan pod. Above the longest claim (a
     few seconds); below it, a slow claim loses its pod and starts cold."""
+    pool_start_timeout: float = Field(
+        default=300.0,
+        ge=5.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        validation_alias="TORPOR_POOL_START_TIMEOUT",
+    )
+    """kubernetes: seconds a pool pod may take to become ready (image pull included) before the
+    scaler that keeps the pools deletes it and starts another; a failed pool pod goes at once.
+    The pool fills one pod at a time, so one pod that never starts would stop its refill."""
 
     @field_validator("pools")
     @classmethod

@@ -78,7 +78,10 @@ async def open_runtime(
             kept_files=NatsKeptFiles.connecting(nats_url, nats_options) if kept_files else None,
         )
         if supervise:  # the scaler keeps the pools filled; every runtime may claim from them
-            kube.start_pools(claim_timeout=settings.pool_claim_timeout)
+            kube.start_pools(
+                claim_timeout=settings.pool_claim_timeout,
+                start_timeout=settings.pool_start_timeout,
+            )
         return kube
     from shared.runtime.local import LocalRuntime
 

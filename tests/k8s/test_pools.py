@@ -36,6 +36,7 @@ from shared.runtime.kubernetes.pools import (
     LABEL_POOL,
     LABEL_POOL_VERSION,
     claim_patch,
+    pool_pod_body,
     template_version,
 )
 from tests.k8s.kubelet import TestKubelet
@@ -419,6 +420,38 @@ async def test_pool_pods_of_an_older_template_are_never_claimed_and_refill_with_
         assert not listed and await rt.warm_pods(TEMPLATE) == 0
     finally:
         await rt.close()
+
+
+async def test_a_pool_pod_that_never_starts_is_replaced(
+    tmp_path: Path,
+    k8s_cluster: ClusterAccess,
+    k8s_kubelet: TestKubelet,
+    k8s_namespace: str,
+    admin_api: k8s.ApiClient,
+) -> None:
+    """The pool fills one pod at a time: a pool pod stuck pending (here bound to a node that
+    does not exist) would stop the refill for good. After the start timeout it is deleted and
+    a pod that starts takes its place."""
+    ns, core = k8s_namespace, k8s.CoreV1Api(admin_api)
+    runtime = await KubernetesRuntime.from_kubeconfig(
+        Path(k8s_cluster.kubeconfig),
+        namespace=ns,
+        templates=PodTemplates(write_template(tmp_path), DEFAULT_TEMPLATES),
+        pools={TEMPLATE: 1},
+    )
+    try:
+        body = pool_pod_body(TEMPLATE, await runtime.pod_template(TEMPLATE), 0, "s" * 48)
+        body["metadata"]["name"] += "-stuck"
+        body["spec"]["nodeName"] = "no-such-node"
+        stuck = await core.create_namespaced_pod(ns, body)
+        runtime.start_pools(interval=0.2, claim_timeout=30, start_timeout=3)
+        await until_warm(runtime)
+        # Deleted: gone, or terminating until its (missing) node confirms it.
+        left = {p.metadata.uid: p for p in (await core.list_namespaced_pod(ns)).items}
+        gone = left.get(stuck.metadata.uid)
+        assert gone is None or gone.metadata.deletion_timestamp is not None
+    finally:
+        await runtime.close()
 
 
 @pytest.mark.realnode

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from shared.ports.workloads import LABEL_SANDBOX_ID
-from shared.runtime.kubernetes.objects import ACCESS_TOKEN_ENV, ANNOTATION_PERSIST
+from shared.runtime.kubernetes.objects import ACCESS_TOKEN_ENV, ANNOTATION_PERSIST, never_started
 from shared.runtime.kubernetes.pools import (
     ANNOTATION_CLAIMED,
     ANNOTATION_SECRET,
@@ -120,3 +121,22 @@ def test_a_pool_pod_of_another_template_is_never_claimed() -> None:
         assert not claimable(pod, other, version)
     pod["metadata"]["labels"][LABEL_POOL_VERSION] = "--ro-bind"
     assert not claimable(pod, "sandbox-fresh", version)
+
+
+def _pod(created: object, phase: str = "Pending", ready: bool = False) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if ready:
+        status |= {"podIP": "10.0.0.9", "conditions": [{"type": "Ready", "status": "True"}]}
+    return {"metadata": {"name": "pool-x", "creationTimestamp": created}, "status": status}
+
+
+def test_a_pool_pod_never_started_after_the_timeout_or_when_it_failed() -> None:
+    now = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    assert not never_started(_pod("2026-12-01T08:59:58Z"), 5, now=now)
+    assert never_started(_pod("2026-12-01T08:59:50Z"), 5, now=now)
+    assert never_started(_pod("2026-12-01T08:59:59Z", phase="Failed"), 5, now=now)
+    assert never_started(_pod("2026-12-01T08:59:59Z", phase="Succeeded"), 5, now=now)
+    assert not never_started(_pod("2026-12-01T08:00:00Z", "Running", ready=True), 5, now=now)
+    # A creation time that cannot be read never deletes a pod by age alone.
+    for odd in (None, "", "yesterday", "2026-12-01T08:00:00", "--all", "2026\x00-12-01", 10**30):
+        assert not never_started(_pod(odd), 5, now=now), odd

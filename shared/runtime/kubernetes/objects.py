@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from shared.errors import ConfigError
@@ -314,6 +315,26 @@ def is_ready(pod: Pod) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
+
+
+def never_started(pod: Pod, start_timeout: float, *, now: datetime | None = None) -> bool:
+    """A pod that will not become ready: it failed or ended, or it is not ready
+    ``start_timeout`` seconds after it was created (an unreadable creation time counts as now)."""
+    if is_ready(pod):
+        return False
+    if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+        return True
+    raw = (pod.get("metadata") or {}).get("creationTimestamp")
+    if isinstance(raw, datetime):
+        created = raw
+    else:
+        try:
+            created = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+        except ValueError:
+            return False
+    if created.tzinfo is None:
+        return False
+    return ((now or datetime.now(UTC)) - created).total_seconds() > start_timeout
 
 
 def current_pod(pods: Iterable[Pod], rs_uid: str | None) -> Pod | None:

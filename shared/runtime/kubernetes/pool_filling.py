@@ -1,6 +1,6 @@
 """Keeping the warm pools (see ``.pools``) filled: the scaler's runtime refills each configured
 template's pool, drains pods of an older template version, and deletes claimed pods whose
-claimer died."""
+claimer died or that never became ready."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from shared.errors import ConfigError, NotFound
 from shared.ports.workloads import LABEL_MANAGED_BY, MANAGED_BY
 from shared.runtime.kubernetes.errors import api_errors
 from shared.runtime.kubernetes.namespace import Namespace
-from shared.runtime.kubernetes.objects import is_ready, is_terminating, selector
+from shared.runtime.kubernetes.objects import is_ready, is_terminating, never_started, selector
 from shared.runtime.kubernetes.pools import (
     ANNOTATION_BOUND,
     ANNOTATION_CLAIMED,
@@ -34,14 +34,18 @@ log = structlog.get_logger()
 
 
 class PoolFilling(Namespace):
-    def start_pools(self, *, interval: float = 1.0, claim_timeout: float = 60.0) -> None:
+    def start_pools(
+        self, *, interval: float = 1.0, claim_timeout: float = 60.0, start_timeout: float = 300.0
+    ) -> None:
         """Keep the configured pools filled in the background (the scaler's runtime only)."""
         if self._pools and self._pool_task is None:
             for template in self._pools:
                 with contextlib.suppress(NotFound):
                     if not poolable(self._templates.get(template)):
                         log.warning("k8s_pool_not_served", template=template)
-            self._pool_task = asyncio.create_task(self._keep_pools(interval, claim_timeout))
+            self._pool_task = asyncio.create_task(
+                self._keep_pools(interval, claim_timeout, start_timeout)
+            )
 
     async def warm_pods(self, template: str) -> int:
         """Pool pods of ``template`` (as it is now) ready to be claimed now."""
@@ -61,17 +65,19 @@ class PoolFilling(Namespace):
             return None
         return (template_version(pod_template), pod_template) if poolable(pod_template) else None
 
-    async def _keep_pools(self, interval: float, claim_timeout: float) -> None:
+    async def _keep_pools(
+        self, interval: float, claim_timeout: float, start_timeout: float
+    ) -> None:
         while True:
             try:
-                await self._refill(claim_timeout)
+                await self._refill(claim_timeout, start_timeout)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("k8s_pool_refill_failed")
             await asyncio.sleep(interval)
 
-    async def _refill(self, claim_timeout: float) -> None:
+    async def _refill(self, claim_timeout: float, start_timeout: float) -> None:
         for template, size in self._pools.items():
             pooled = await self._pooled(template)
             version = pooled[0] if pooled is not None else None
@@ -89,7 +95,16 @@ class PoolFilling(Namespace):
                 continue
             pod_template = pooled[1]
             waiting = [p for p in live if not is_ready(p)]
-            if len(live) < size and not waiting:  # one pod starting at a time
+            # One pod starting at a time: one that never starts (failed, or stuck pending: an
+            # image that never pulls, a node that never runs it) must not stop the refill.
+            for stuck in [p for p in waiting if never_started(p, start_timeout)]:
+                log.warning(
+                    "k8s_pool_pod_not_started", template=template, pod=stuck["metadata"]["name"]
+                )
+                await self._delete_pod(stuck, as_seen=True)
+                live.remove(stuck)
+                waiting.remove(stuck)
+            if len(live) < size and not waiting:
                 body = pool_pod_body(template, pod_template, len(live), secrets.token_hex(24))
                 body["metadata"]["name"] += f"-{secrets.token_hex(3)}"
                 with api_errors(f"create pool pod in {self._ns}"):
