@@ -82,33 +82,38 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
         size = claim_size(template)  # before the data volume becomes the claim
         body = replica_set_body(spec, template)
         spans.mark("template")
-        taken: Pod | None = None
-        if (
-            spec.replicas == 1
-            and spec.access_token
-            and self._serves(spec.template, template)
-            and await self._read(spec.name) is None  # a retried create: it has its pod
-        ):
-            spans.mark("read")
+
+        async def take() -> Pod | None:
+            if not (
+                spec.replicas == 1
+                and spec.access_token
+                and self._serves(spec.template, template)
+                and await self._read(spec.name) is None  # a retried create: it has its pod
+            ):
+                return None
             # Taken and bound, not yet the sandbox's (no label its policy selects): it runs
             # only its daemon, which serves nobody but the runtime until it has the token.
-            taken = await self._take_warm(
+            return await self._take_warm(
                 spec.template,
                 version=version,
                 token=spec.access_token,
                 env={**spec.envs, "E2B_SANDBOX_ID": spec.name},
                 claimer=spec.name,
             )
-            spans.mark("take")
+
         # The policy exists before the first pod can start, and before a warm pod becomes the
-        # sandbox's: no unfiltered window.
-        try:
-            await self._apply_network_policy(spec.name, spec.network)
-        except BaseException:
+        # sandbox's (labelled below): no unfiltered window. Made while the pod is taken.
+        got, applied = await asyncio.gather(
+            take(), self._apply_network_policy(spec.name, spec.network), return_exceptions=True
+        )
+        taken = got if isinstance(got, dict) else None
+        if isinstance(applied, BaseException):
             if taken is not None:
                 await self._delete_pod(taken)  # taken for nothing: it goes, never served
-            raise
-        spans.mark("policy")
+            raise applied
+        if isinstance(got, BaseException):
+            raise got
+        spans.mark("take_and_policy")
         if taken is not None:
             # Before the ReplicaSet exists: it adopts the warm pod as its one replica at once.
             pod_meta = body["spec"]["template"].get("metadata") or {}
