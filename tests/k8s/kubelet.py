@@ -1,7 +1,7 @@
 """A tiny kubelet for tests: runs each torpor pod as the in-sandbox daemon on 127.0.x.y:49983.
 
 There is no container runtime on the test machines. This kubelet registers a Node, keeps it
-Ready and its Lease fresh, binds pending torpor pods to itself (there is no scheduler), starts
+Ready and its Lease fresh, binds pending torpor pods to itself (there is no scheduler; gated pods wait), starts
 each bound pod as ``python -m services.envd`` under bubblewrap (own PID namespace, fresh
 ``/workspace``), reports ``Running``/``Ready`` with ``podIP`` = its loopback address, and on
 ``deletionTimestamp`` stops the process and deletes the pod with grace 0 and a uid
@@ -86,6 +86,7 @@ class TestKubelet:
     termination_delay: float = 0.0
     lease_interval: float = 10.0
     started_pods: list[str] = field(default_factory=list)  # uids, in start order
+    begun_pods: list[str] = field(default_factory=list)  # names of pods it began to start
     # For benchmarks: seconds from seeing a bound pod to its daemon answering /health.
     daemon_start_seconds: list[float] = field(default_factory=list)
     _pods: dict[str, PodRun] = field(default_factory=dict)
@@ -295,7 +296,8 @@ class TestKubelet:
                 self._spawn(self._kill(run))
             return
         if not spec.node_name:
-            if pod.metadata.deletion_timestamp is None:
+            # As kube-scheduler: a pod with scheduling gates waits until they are all lifted.
+            if pod.metadata.deletion_timestamp is None and not spec.scheduling_gates:
                 self._spawn(self._bind(pod))
             return
         if spec.node_name != self.node_name:
@@ -317,6 +319,7 @@ class TestKubelet:
             )
             run.root = self.workdir / "pods" / uid / "workspace"
             self._pods[uid] = run
+            self.begun_pods.append(pod.metadata.name)
             self._spawn(self._start_pod(run, pod))
 
     def _spawn(self, coro: Any) -> None:

@@ -36,8 +36,10 @@ from shared.runtime.kubernetes.pools import (
     LABEL_POOL,
     LABEL_POOL_VERSION,
     claim_patch,
+    is_warm_gated,
     pool_pod_body,
     template_version,
+    warm_gated,
 )
 from tests.k8s.kubelet import TestKubelet
 from tests.k8s.realnode import RealNodeAccess
@@ -452,6 +454,72 @@ async def test_a_pool_pod_that_never_starts_is_replaced(
         assert gone is None or gone.metadata.deletion_timestamp is not None
     finally:
         await runtime.close()
+
+
+async def test_a_warm_resume_starts_no_second_pod_and_leaves_no_gate(
+    pooled: KubernetesRuntime, k8s_kubelet: TestKubelet, admin_api: k8s.ApiClient
+) -> None:
+    """Between the scale and the adoption the ReplicaSet wants a pod it has not got, and makes
+    one: gated, the kubelet never starts it, and it goes once the warm pod is adopted. The gate
+    is lifted from the pod template before the resume returns (a pod that dies later must come
+    back)."""
+    rt, name = pooled, "sbx-gate"
+    apps = k8s.AppsV1Api(admin_api)
+    await until_warm(rt)
+    await rt.create(sandbox_spec(name))
+    await rt.wait_ready(name, timeout=60)
+    for _ in range(3):
+        await rt.scale(name, 0)
+        await rt.wait_stopped(name, timeout=60)
+        await until_warm(rt)
+        begun = len(k8s_kubelet.begun_pods)
+        await rt.scale(name, 1)
+        rs = await apps.read_namespaced_replica_set(name, rt.namespace)
+        assert not rs.spec.template.spec.scheduling_gates  # lifted before scale returned
+        ep = await rt.wait_ready(name, timeout=60)
+        assert ep.warm
+        await until_settled(admin_api, rt.namespace, [name], 1)
+        cold = [n for n in k8s_kubelet.begun_pods[begun:] if not n.startswith("pool-")]
+        assert cold == [], f"the kubelet began pods of the resume other than the warm one: {cold}"
+    await rt.delete(name)
+
+
+async def test_a_gate_left_by_a_resume_that_died_is_lifted_when_waiting_for_the_pod(
+    pooled: KubernetesRuntime, admin_api: k8s.ApiClient
+) -> None:
+    """A resume that died between gating the pod template and adopting its warm pod leaves the
+    ReplicaSet at 1 with a gated pod nobody schedules: waiting for the sandbox's pod lifts the
+    gate and drops that pod, and a cold one serves."""
+    rt, name = pooled, "sbx-gate-died"
+    apps = k8s.AppsV1Api(admin_api)
+    await until_warm(rt)
+    await rt.create(sandbox_spec(name))
+    await rt.wait_ready(name, timeout=60)
+    await rt.scale(name, 0)
+    await rt.wait_stopped(name, timeout=60)
+    rs = admin_api.sanitize_for_serialization(  # type: ignore[no-untyped-call]
+        await apps.read_namespaced_replica_set(name, rt.namespace)
+    )
+    gated = warm_gated(rs["spec"]["template"])
+    await apps.patch_namespaced_replica_set(
+        name,
+        rt.namespace,
+        {"spec": {"replicas": 1, "template": gated}},
+        _content_type="application/merge-patch+json",
+    )
+    for _ in range(100):  # the ReplicaSet made its (gated) pod
+        pods = await pods_of(admin_api, rt.namespace, name)
+        if pods:
+            break
+        await asyncio.sleep(0.1)
+    assert [is_warm_gated(p) for p in pods] == [True]
+    assert not pods[0]["spec"].get("nodeName")
+    ep = await rt.wait_ready(name, timeout=60)
+    assert not ep.warm and ep.pod_uid != pods[0]["metadata"]["uid"]
+    assert (await envs(ep, f"tok-{name}"))[0] == 200
+    rs_now = await apps.read_namespaced_replica_set(name, rt.namespace)
+    assert not rs_now.spec.template.spec.scheduling_gates
+    await rt.delete(name)
 
 
 @pytest.mark.realnode

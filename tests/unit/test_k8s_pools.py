@@ -15,11 +15,15 @@ from shared.runtime.kubernetes.pools import (
     ANNOTATION_SECRET,
     LABEL_POOL,
     LABEL_POOL_VERSION,
+    UNGATE_PATCH,
+    WARM_GATE,
     claim_patch,
     claimable,
+    is_warm_gated,
     pool_pod_body,
     poolable,
     template_version,
+    warm_gated,
 )
 
 pytestmark = pytest.mark.unit
@@ -140,3 +144,16 @@ def test_a_pool_pod_never_started_after_the_timeout_or_when_it_failed() -> None:
     # A creation time that cannot be read never deletes a pod by age alone.
     for odd in (None, "", "yesterday", "2026-12-01T08:00:00", "--all", "2026\x00-12-01", 10**30):
         assert not never_started(_pod(odd), 5, now=now), odd
+
+
+def test_the_warm_resume_gate_is_added_once_and_keeps_other_gates() -> None:
+    template = copy.deepcopy(TEMPLATE)
+    template["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    gated = warm_gated(template)
+    assert gated["spec"]["schedulingGates"] == [{"name": "example.com/quota"}, {"name": WARM_GATE}]
+    assert warm_gated(gated) == gated  # once
+    assert is_warm_gated(gated) and not is_warm_gated(template) and not is_warm_gated(TEMPLATE)
+    assert template["spec"]["schedulingGates"] == [{"name": "example.com/quota"}]  # a copy
+    # Lifting it deletes that one gate by name (strategic merge), nothing else.
+    (gate,) = UNGATE_PATCH["spec"]["template"]["spec"]["schedulingGates"]
+    assert gate == {"name": WARM_GATE, "$patch": "delete"}

@@ -36,6 +36,7 @@ MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 FIELD_MANAGER = "torpor"
 JSON_PATCH = "application/json-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 PATCH_ATTEMPTS = 8
 T = TypeVar("T")
 

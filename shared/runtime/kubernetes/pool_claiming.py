@@ -15,13 +15,20 @@ import structlog
 from shared.errors import Conflict, NotFound, RuntimeFailure
 from shared.ports.workloads import ENVD_PORT
 from shared.runtime.kubernetes.errors import api_errors
-from shared.runtime.kubernetes.namespace import MERGE_PATCH, json_or_raise, lost_race
+from shared.runtime.kubernetes.namespace import (
+    MERGE_PATCH,
+    STRATEGIC_PATCH,
+    json_or_raise,
+    lost_race,
+)
 from shared.runtime.kubernetes.objects import (
     ACCESS_TOKEN_ENV,
     ANNOTATION_SANDBOX_ENV,
     LABEL_TEMPLATE,
     Pod,
+    is_terminating,
     owner_reference,
+    sandbox_selector,
     selector,
 )
 from shared.runtime.kubernetes.pool_filling import PoolFilling
@@ -29,8 +36,10 @@ from shared.runtime.kubernetes.pools import (
     ANNOTATION_BOUND,
     ANNOTATION_CLAIMED_AT,
     ANNOTATION_SECRET,
+    UNGATE_PATCH,
     claim_patch,
     claimable,
+    is_warm_gated,
     pool_selector,
     poolable,
     sandbox_env,
@@ -178,6 +187,23 @@ class PoolClaiming(PoolFilling):
         spans.mark("label")
         log.info("k8s_pool_claimed", name=claimer, pod=pod_name, **spans.as_ms())
         return True
+
+    async def _ungate(self, name: str, *, drop_gated_pods: bool) -> None:
+        """The sandbox's pod template loses the warm-resume gate (``.pools``). ``drop_gated_pods``:
+        its pods made while it had it go too, so that its ReplicaSet makes one that starts (no
+        warm pod was adopted, or a resume died between the two)."""
+        with api_errors(f"lift the warm-resume gate of ReplicaSet {self._ns}/{name}"):
+            await self._apps.patch_namespaced_replica_set(
+                name, self._ns, UNGATE_PATCH, _content_type=STRATEGIC_PATCH
+            )
+        dropped = 0
+        if drop_gated_pods:
+            pods, _ = await self._pods(sandbox_selector(name))
+            for pod in pods:
+                if is_warm_gated(pod) and not is_terminating(pod):
+                    await self._delete_pod(pod)
+                    dropped += 1
+        log.info("k8s_warm_gate_lifted", name=name, dropped=dropped)
 
     async def _bind(self, ip: str, secret: str, token: str, env: Mapping[str, str]) -> None:
         http = self._envd_http()

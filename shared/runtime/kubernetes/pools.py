@@ -44,6 +44,10 @@ ANNOTATION_SECRET = "torpor.dev/pool-secret"  # noqa: S105 - an annotation name
 ANNOTATION_CLAIMED = "torpor.dev/claimed"
 ANNOTATION_BOUND = "torpor.dev/bound"
 ANNOTATION_CLAIMED_AT = "torpor.dev/claimed-at"
+# On a sandbox's pod template while a resume hands it a warm pod: the pod its ReplicaSet makes in
+# the moment between the scale and the adoption is never scheduled (nor started), and the
+# ReplicaSet deletes it (unscheduled goes first) once it has the warm one.
+WARM_GATE = "torpor.dev/warm-resume"
 
 
 def pool_key(template: str) -> str:
@@ -112,6 +116,26 @@ def poolable(pod_template: Mapping[str, Any]) -> bool:
     return True
 
 
+def warm_gated(pod_template: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``pod_template`` (a pod's or a ReplicaSet's) with the warm-resume gate."""
+    gated = copy.deepcopy(dict(pod_template))
+    spec = gated.setdefault("spec", {})
+    gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != WARM_GATE]
+    spec["schedulingGates"] = [*gates, {"name": WARM_GATE}]
+    return gated
+
+
+def is_warm_gated(pod_or_template: Mapping[str, Any]) -> bool:
+    gates = (pod_or_template.get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == WARM_GATE for g in gates)
+
+
+# Strategic merge patch of a ReplicaSet: its pod template loses the gate, any other gate stays.
+UNGATE_PATCH: dict[str, Any] = {
+    "spec": {"template": {"spec": {"schedulingGates": [{"name": WARM_GATE, "$patch": "delete"}]}}}
+}
+
+
 def claimable(pod: Pod, template: str, version: str) -> bool:
     """Whether ``pod`` is a ready, untaken pool pod of ``version`` of ``template``."""
     meta = pod.get("metadata") or {}
@@ -160,8 +184,11 @@ __all__ = [
     "ANNOTATION_SECRET",
     "LABEL_POOL",
     "LABEL_POOL_VERSION",
+    "UNGATE_PATCH",
+    "WARM_GATE",
     "claim_patch",
     "claimable",
+    "is_warm_gated",
     "pool_key",
     "pool_pod_body",
     "pool_selector",
@@ -169,4 +196,5 @@ __all__ = [
     "sandbox_env",
     "slot_name",
     "template_version",
+    "warm_gated",
 ]

@@ -16,18 +16,22 @@ from shared.runtime.kubernetes.objects import (
     rerendered_pod_template,
     uses_claim,
 )
+from shared.runtime.kubernetes.pools import warm_gated
 from shared.runtime.kubernetes.volume_claims import VolumeClaims
 
 log = structlog.get_logger()
 
 
 class Rerendering(VolumeClaims):
-    async def _rerender(self, name: str, seen: dict[str, Any] | None = None) -> bool:
+    async def _rerender(
+        self, name: str, seen: dict[str, Any] | None = None, *, gate: bool = False
+    ) -> bool:
         """Scale a stopped workload to 1 with its pod template rendered from the template as
         it is *now* (an upgraded ``sandbox-base`` reaches a paused sandbox when it resumes).
         False when there is nothing to re-render (already running, or a ReplicaSet that predates
         the sandbox-env record): the caller then only scales. ``seen``: the ReplicaSet as just
-        read (the patch tests its version: a change since makes it read again)."""
+        read (the patch tests its version: a change since makes it read again). ``gate``: the
+        template carries the warm-resume gate (a warm pod is about to be adopted, ``.pools``)."""
         what = f"re-render ReplicaSet {self._ns}/{name}"
         for _ in range(PATCH_ATTEMPTS):
             if seen is not None:
@@ -56,6 +60,8 @@ class Rerendering(VolumeClaims):
             fresh = rerendered_pod_template(rs, current)
             if fresh is None:
                 return False
+            if gate:
+                fresh = warm_gated(fresh)
             if uses_claim(fresh):  # e.g. a template that turned from persist: none to layer
                 await self._ensure_claim(name, rs["metadata"]["uid"], size)
             ops = [
@@ -77,7 +83,7 @@ class Rerendering(VolumeClaims):
                 if lost_race(e):
                     continue
                 raise
-            log.info("k8s_pod_template_rerendered", name=name, template=template)
+            log.info("k8s_pod_template_rerendered", name=name, template=template, gated=gate)
             return True
         msg = f"{what}: still contended after {PATCH_ATTEMPTS} attempts"
         raise Conflict(msg)

@@ -64,7 +64,12 @@ from shared.runtime.kubernetes.objects import (
     uses_claim,
 )
 from shared.runtime.kubernetes.pool_claiming import PoolClaiming
-from shared.runtime.kubernetes.pools import ANNOTATION_BOUND, ANNOTATION_CLAIMED, template_version
+from shared.runtime.kubernetes.pools import (
+    ANNOTATION_BOUND,
+    ANNOTATION_CLAIMED,
+    WARM_GATE,
+    template_version,
+)
 from shared.runtime.kubernetes.rerendering import Rerendering
 from shared.runtime.readiness import not_ready_reason
 from shared.spans import Spans
@@ -211,14 +216,17 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
                 pods=resume.pods,
             )
             spans.mark("take")
-        adopted = tried = False
+        adopted = tried = gated = False
         try:
             if taken is not None and resume is not None:
                 # Its kept files (persist: store) go in while the rest happens.
                 endpoint = Endpoint(host=taken["status"]["podIP"], pod_uid=taken["metadata"]["uid"])
                 self._import_early(name, endpoint, resume.token, resume.pod_template)
             rs = resume.rs if resume is not None else None
-            if replicas == 1 and await self._rerender(name, rs):
+            # With a warm pod taken, the pod template is gated: what the ReplicaSet makes before
+            # the adoption below is never started, and goes once it has the warm pod.
+            if replicas == 1 and await self._rerender(name, rs, gate=taken is not None):
+                gated = taken is not None
                 spans.mark("rerender")
             else:
                 spans.mark("rerender")
@@ -229,8 +237,8 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
                 spans.mark("patch_scale")
             if taken is not None and resume is not None:
                 # After the scale: a ReplicaSet at 0 would adopt the pod and delete it. Its
-                # controller may have started a cold pod meanwhile; with two, it deletes the one
-                # not ready, which is that one.
+                # controller may have made a (gated) pod meanwhile; with two, it deletes the one
+                # not scheduled, or else not ready, which is that one.
                 owner_uid = (resume.rs.get("metadata") or {}).get("uid")
                 tried = True
                 adopted = await self._adopt(taken, resume.labels, claimer=name, owner_uid=owner_uid)
@@ -240,6 +248,11 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
                 await self._forget_import(taken["metadata"]["uid"])
                 if not tried:  # _adopt deletes the pod it fails to label
                     await self._delete_pod(taken)  # taken for nothing: it goes, never served
+            if gated:
+                # Before anything else may make a pod of it (a crash of the pod, the next
+                # resume); not adopted: the gated pod goes, and a cold one starts.
+                await self._ungate(name, drop_gated_pods=not adopted)
+                spans.mark("ungate")
         log.info("k8s_workload_scaled", name=name, replicas=replicas, **spans.as_ms())
 
     async def set_network(self, name: str, policy: NetworkPolicy) -> None:
@@ -268,6 +281,13 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
             msg = f"ReplicaSet {self._ns}/{name} not found"
             raise NotFound(msg)
         rs_uid = rs.metadata.uid
+        pod_spec = rs.spec.template.spec if rs.spec and rs.spec.template else None
+        if pod_spec is not None and any(
+            g.name == WARM_GATE for g in pod_spec.scheduling_gates or []
+        ):
+            # A resume ended between gating its pod template and lifting the gate (it died): a
+            # gated pod is never scheduled. Harmless should one be mid-way (its pod starts cold).
+            await self._ungate(name, drop_gated_pods=True)
         try:
             async with asyncio.timeout(timeout):
                 endpoint = await self._wait_pods(name, lambda pods: _ready_bound(pods, rs_uid))
