@@ -92,7 +92,8 @@ class PoolClaiming(PoolFilling):
         token = env.pop(ACCESS_TOKEN_ENV, None)
         if not token:
             return None
-        pods, _ = await self._pods(selector(pool_selector(template, version)))
+        # Cached: a claim is a patch at the version listed (a pod taken since is skipped).
+        pods, _ = await self._pods(selector(pool_selector(template, version)), cached=True)
         ready = [p for p in pods if claimable(p, template, version)]
         if not ready:
             return None
@@ -123,8 +124,8 @@ class PoolClaiming(PoolFilling):
         the sandbox starts cold. Only a pod made from ``version`` of the template (the labels,
         re-checked on the pod). ``pods``: the pool's pods as just listed (else listed here)."""
         spans = Spans()
-        if pods is None:
-            pods, _ = await self._pods(selector(pool_selector(template, version)))
+        if pods is None:  # cached: the claim below is a patch at the version listed
+            pods, _ = await self._pods(selector(pool_selector(template, version)), cached=True)
             spans.mark("list")
         for pod in (p for p in pods if claimable(p, template, version)):
             pod_name = pod["metadata"]["name"]

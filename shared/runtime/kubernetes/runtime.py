@@ -165,9 +165,11 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
         resource_version: str | None = None,
     ) -> Workload:
         what = f"annotate ReplicaSet {self._ns}/{name}"
-        # The pods (for the answer) while the ReplicaSet is read: an annotation patch changes
-        # no pod, and a replay's mark is on a resume's path.
-        rs, (pods, _) = await asyncio.gather(self._read(name), self._pods(sandbox_selector(name)))
+        # The pods (for the answer; cached) while the ReplicaSet is read: an annotation patch
+        # changes no pod, and a replay's mark is on a resume's path.
+        rs, (pods, _) = await asyncio.gather(
+            self._read(name), self._pods(sandbox_selector(name), cached=True)
+        )
         for attempt in range(PATCH_ATTEMPTS):
             if attempt:
                 rs = await self._read(name)
