@@ -135,9 +135,11 @@ class Layers:
         """The workload is gone: its kept files go too. Several runtimes may do it at once:
         one moves the folder aside (atomically) and removes it; the others find nothing."""
         folder = self.folder(name)
-        if not os.path.lexists(folder):
-            return
-        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+        try:
+            mode = os.lstat(folder).st_mode
+        except FileNotFoundError:
+            return  # never made, or another runtime moved it aside (one look: no gap between)
+        if not stat.S_ISDIR(mode):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(folder)
             return
