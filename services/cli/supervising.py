@@ -66,6 +66,7 @@ class Child:
 
 
 Notify = Callable[[str, Child, str], None]
+PROBED = frozenset({"starting", "ready", "running", "not ready"})  # the states a probe may change
 
 
 def _ignore(event: str, child: Child, detail: str) -> None:
@@ -138,7 +139,10 @@ class Supervisor:
     async def _probe(self) -> None:
         while not self._stopping:
             for child in self.children:
-                if not child.alive or child.state not in {"starting", "ready", "running"}:
+                # "not ready" too: a service slow to start (over 10 s on a loaded machine) is
+                # still watched, and becomes ready when it is (CI: the scheduler stayed "not
+                # ready" in the listing for good).
+                if not child.alive or child.state not in PROBED:
                     continue
                 status = await http_status("127.0.0.1", child.health_port, "/readyz")
                 if status != 200 and child.port is not None:
