@@ -19,7 +19,7 @@ from services.cli.instance import InstanceState, remove_state, write_state
 from services.cli.status_view import StatusView
 from services.cli.supervising import Child, Supervisor
 from shared.bus.credentials import OPERATOR, client_env, load_or_create
-from shared.bus.server import EmbeddedNats, free_port
+from shared.bus.server import EmbeddedNats, free_ports
 from shared.runtime.local import procfs
 from shared.runtime.local.network import release_instance
 from shared.runtime.local.pod_dirs import unmount_stopped
@@ -109,6 +109,7 @@ def run_up(plan: Plan) -> int:
         port=plan.nats_port,
         die_with_parent=True,
         passwords=passwords,
+        avoid_ports=frozenset({plan.api_port, plan.proxy_port}),
     )
     nats.start()
     try:
@@ -135,14 +136,16 @@ async def _stop_sandboxes(data_dir: Path) -> None:
 async def _supervise(plan: Plan, nats: EmbeddedNats, passwords: dict[str, str]) -> int:
     stop = asyncio.Event()
     public = {"api": plan.api_port, "proxy": plan.proxy_port}
+    planned = {plan.api_port, plan.proxy_port, nats.port, nats.monitor_port}
+    health_ports = free_ports(len(catalog.SERVICES), plan.host, avoid=planned)
     children = [
         Child(
             spec=spec,
-            health_port=free_port(plan.host),
+            health_port=health_port,
             port=public.get(spec.public_port) if spec.public_port else None,
             env=service_env(spec.name, passwords),
         )
-        for spec in catalog.SERVICES
+        for spec, health_port in zip(catalog.SERVICES, health_ports, strict=True)
     ]
     supervisor = Supervisor(
         children=children,

@@ -197,7 +197,10 @@ class FilesApi:
                     if inflater is not None and chunk:
                         chunk = inflater.decompress(chunk)
                     if chunk:
+                        # Flushed as it arrives: an upload in flight is on disk as far as it has
+                        # come, not short by a tail held in this process's buffer.
                         fh.write(chunk)
+                        fh.flush()
                     if not message.get("more_body", False):
                         break
                 if inflater is not None:

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,10 +56,33 @@ def find_nats_server() -> str:
     raise ConfigError(msg)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def free_port(host: str = "127.0.0.1", *, avoid: Collection[int] = ()) -> int:
+    return free_ports(1, host, avoid=avoid)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1", *, avoid: Collection[int] = ()) -> list[int]:
+    """``count`` distinct ports free on ``host``, none in ``avoid`` (ports picked but not bound
+    yet). Every socket stays bound until all are picked: picked one at a time, the kernel hands
+    the same port out twice in about 1 of 300 sets of ten, and the second service to bind it
+    fails for good."""
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for _ in range(count + len(avoid) + 16):
+            if len(ports) == count:
+                break
+            s = socket.socket()
+            held.append(s)
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+            if port not in avoid:
+                ports.append(port)
+    finally:
+        for s in held:
+            s.close()
+    if len(ports) < count:
+        raise OSError(f"no {count} free ports on {host}")
+    return ports
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -79,6 +102,7 @@ class EmbeddedNats:
     max_file_store: str = "8G"
     die_with_parent: bool = False
     passwords: Mapping[str, str] | None = None  # user -> password: enforce auth.conf
+    avoid_ports: frozenset[int] = frozenset()  # planned for others, not bound yet
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -128,12 +152,12 @@ class EmbeddedNats:
             msg = f"data dir {self.data_dir} is not writable: {e.strerror}"
             raise ConfigError(msg) from e
         if self.port == 0:
-            self.port = free_port(self.host)
+            self.port = free_port(self.host, avoid=self.avoid_ports)
         elif port_in_use(self.host, self.port):
             msg = f"NATS port {self.host}:{self.port} is already in use"
             raise ConfigError(msg)
         if self.monitor_port == 0 and not self.authenticated:
-            self.monitor_port = free_port(self.host)
+            self.monitor_port = free_port(self.host, avoid={*self.avoid_ports, self.port})
         conf = self._write_config()
         log = _open_owner_only(self.data_dir / "nats-server.log")
         self.process = subprocess.Popen(

@@ -24,7 +24,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 
-from shared.bus.server import find_nats_server, free_port
+from shared.bus.server import find_nats_server, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 NATS_DIR = REPO / "deploy" / "nats"
@@ -56,7 +56,7 @@ class AuthNats:
         return f"nats://{user}:{password(user)}@127.0.0.1:{self.port}"
 
     def start(self) -> AuthNats:
-        self.port, self.monitor = free_port(), free_port()
+        self.port, self.monitor = free_ports(2)
         # The shipped files, byte-identical except the four lines that name pod paths/ports.
         shutil.copy(NATS_DIR / "auth.conf", self.folder / "auth.conf")
         shutil.copy(NATS_DIR / "cluster-single.conf", self.folder / "cluster.conf")

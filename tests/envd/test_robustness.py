@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
+import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -186,3 +189,43 @@ def test_init_and_envs(daemon: Daemon) -> None:
     assert httpx.get(f"{daemon.url}/envs", headers=AUTH).json()["FROM_INIT"] == "yes"
     r = httpx.post(f"{daemon.url}/init", content=b"[1,2", headers=AUTH)
     assert r.status_code == 400
+
+
+def test_an_upload_in_flight_is_on_disk_as_far_as_it_has_come(daemon: Daemon) -> None:
+    """A first piece smaller than a write buffer (10 bytes) is in the file while the client
+    still holds the rest: an export waiting on the upload, or a reader, sees what arrived rather
+    than a file short by what sat in envd's buffer (CI: the freeze test waited 15 s for it)."""
+    target = daemon.root / "in-flight.bin"
+    go = threading.Event()
+    answers: list[httpx.Response] = []
+
+    def body() -> Iterator[bytes]:
+        yield b"0123456789"
+        go.wait(30)
+        yield b"the rest"
+
+    def upload() -> None:
+        answers.append(
+            httpx.post(
+                f"{daemon.url}/files",
+                params={"path": str(target)},
+                content=body(),
+                headers={**AUTH, "Content-Type": "application/octet-stream"},
+                timeout=60,
+            )
+        )
+
+    uploading = threading.Thread(target=upload)
+    uploading.start()
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if target.exists() and target.stat().st_size == 10:
+                break
+            time.sleep(0.02)
+        assert target.exists() and target.read_bytes() == b"0123456789"
+    finally:
+        go.set()
+        uploading.join(60)
+    assert answers[0].status_code == 200, answers[0].text
+    assert target.read_bytes() == b"0123456789the rest"

@@ -18,7 +18,7 @@ import pytest
 from services.cli import catalog
 from shared.auth.keys import KvApiKeys, KvUsers
 from shared.bus.kv import NatsBucket
-from shared.bus.server import free_port
+from shared.bus.server import free_ports
 from shared.bus.topology import KV_API_KEYS, KV_USERS
 from tests.support import placeholder
 from tests.support.env import TORPOR, clean_env, parse_exports, torpor
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 class Up:
     def __init__(self, data_dir: Path, *, placeholders: bool = False) -> None:
         self.data_dir = data_dir
-        self.api_port, self.proxy_port = free_port(), free_port()
+        self.api_port, self.proxy_port = free_ports(2)
         # placeholders: torpor up supervising idle stand-ins (tests/support/placeholder.py)
         command = placeholder.COMMAND if placeholders else TORPOR
         self.proc = subprocess.Popen(

@@ -15,7 +15,6 @@ import ipaddress
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -30,6 +29,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from shared.bus.server import free_port, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-k8s.sh"
@@ -260,12 +261,6 @@ def write_kubeconfig(path: Path, *, server: str, ca: Path, cert: Path, key: Path
 # ---------------------------------------------------------------- processes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _die_with_parent() -> None:
     # If pytest is killed, the kernel kills the control plane too: no orphans.
     import ctypes
@@ -394,8 +389,7 @@ class ControlPlane:
         )
         admin = pki.issue("admin", common_name="torpor-test-admin", orgs=("system:masters",))
         kcm = pki.issue("kcm", common_name="system:kube-controller-manager")
-        etcd_port, peer_port = free_port(), free_port()
-        self.api_port = free_port()
+        etcd_port, peer_port, self.api_port = free_ports(3)
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         self.processes["etcd"] = spawn(

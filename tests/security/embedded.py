@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.cli import catalog
-from shared.bus.server import free_port
+from shared.bus.server import free_ports
 from tests.support import placeholder, pods, processes
 from tests.support.env import cli_env
 from tests.support.stack import up_args
@@ -49,7 +49,7 @@ def placeholder_up(root: Path, *, timeout: float = 90) -> Iterator[EmbeddedBus]:
     itself without competing."""
     data_dir = root / "data"
     proc = processes.spawn(
-        up_args(data_dir, free_port(), free_port()),
+        up_args(data_dir, *free_ports(2)),
         env=cli_env(TORPOR_STOP_GRACE="5"),
         log=root / "up.log",
         command=placeholder.COMMAND,
@@ -65,11 +65,30 @@ def placeholder_up(root: Path, *, timeout: float = 90) -> Iterator[EmbeddedBus]:
             ):
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError("placeholder torpor up was not ready in time")
+                raise RuntimeError(_not_ready(root, data_dir, timeout))
             time.sleep(0.3)
         yield EmbeddedBus.of(data_dir)
     finally:
         processes.stop([proc], sig=signal.SIGINT, grace=30, group=False)
+
+
+def _not_ready(root: Path, data_dir: Path, timeout: float) -> str:
+    """Why the instance is not ready: the tail of ``torpor up``'s output and of the log of every
+    placeholder that has not logged its readiness (a CI failure is diagnosed from this alone)."""
+    parts = [f"placeholder torpor up was not ready in {timeout:.0f} s"]
+    if not (data_dir / "torpor.json").exists():
+        parts.append("no torpor.json yet")
+    parts.append("up.log: " + _tail(root / "up.log"))
+    for name in catalog.NAMES:
+        path = data_dir / "logs" / f"{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else None
+        if text is None or placeholder.READY not in text:
+            parts.append(f"{name}.log: " + ("(none)" if text is None else _tail(path)))
+    return "\n".join(parts)
+
+
+def _tail(path: Path, size: int = 2000) -> str:
+    return path.read_text(errors="replace")[-size:] if path.exists() else "(none)"
 
 
 def service_pids(data_dir: Path) -> dict[str, int]:

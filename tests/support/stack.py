@@ -34,7 +34,7 @@ import nats
 
 from services.cli.upping import operator_bus
 from shared.bus.credentials import read as read_credentials
-from shared.bus.server import EmbeddedNats, free_port
+from shared.bus.server import EmbeddedNats, free_port, free_ports
 from shared.bus.topology import DURABLES, ensure_topology
 from shared.runtime.local import LocalRuntime
 from shared.runtime.local.network import release_instance
@@ -319,7 +319,7 @@ class Stack:
             env |= {
                 "TORPOR_HOST": "127.0.0.1",
                 "TORPOR_PORT": str(port),
-                "TORPOR_HEALTH_PORT": str(free_port()),
+                "TORPOR_HEALTH_PORT": str(free_port(avoid=self.ports.values())),
             }
         else:
             env["TORPOR_HEALTH_PORT"] = str(port)
@@ -328,7 +328,7 @@ class Stack:
     def start_service(self, key: str) -> None:
         """(Re)start one service replica (``scaler``, ``scaler-1``, …); it keeps its port across
         restarts. Wait for it with ``wait_ready``."""
-        self.ports.setdefault(key, free_port())
+        self.ports.setdefault(key, free_port(avoid=self.ports.values()))
         self.procs[key] = processes.spawn(
             ["run", service_of(key)], env=self.service_env(key), log=self.logs / f"{key}.log"
         )
@@ -389,7 +389,8 @@ class Stack:
     # ------------------------------------------------------------ torpor up
 
     async def _start_up(self, timeout: float = 120) -> None:
-        self.ports |= {"api": free_port(), "proxy": free_port()}
+        api, proxy = free_ports(2, avoid=self.ports.values())
+        self.ports |= {"api": api, "proxy": proxy}
         self.procs["up"] = processes.spawn(
             up_args(self.data_dir, self.ports["api"], self.ports["proxy"]),
             env=cli_env(**{"TORPOR_LOG_FORMAT": self.log_format, **self.env}),
