@@ -285,14 +285,14 @@ async def _respond(
                 chunk = await conn.next_body()
             except UpstreamError as e:  # the sandbox (or the client) went away mid-stream
                 log.info("upstream_stream_ended", error=repr(e))
-                ended = chunked  # a short Content-Length body cannot be ended honestly
+                ended = False  # closed without the answer's end: the client sees it broken
                 break
             if chunk is None or cycle.disconnected:
                 break
             cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
             if cycle.flow.write_paused:
                 await cycle.flow.drain()
-    _finish(cycle, b"0\r\n\r\n" if chunked else b"", close=not ended)
+    _finish(cycle, b"0\r\n\r\n" if chunked and ended else b"", close=not ended)
 
 
 async def _watch_client(cycle: RequestResponseCycle, conn: UpstreamConnection) -> None:

@@ -256,8 +256,10 @@ async def _pump_response(
             try:
                 chunk = await conn.next_body()
             except UpstreamError as e:  # the sandbox (or the client) went away mid-stream
+                # Unfinished on purpose: uvicorn then closes the client's connection without
+                # the answer's end (no last chunk), so the client sees a broken answer.
                 log.info("upstream_stream_ended", error=repr(e))
-                break
+                return
             if chunk is None:
                 break
             await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -495,8 +495,9 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
                 self._done(conn, b"0\r\n\r\n" if chunked else b"", close=False)
             elif conn.error is not None:
                 log.info("upstream_stream_ended", error=repr(conn.error))
-                # a chunked answer ends here; a short Content-Length body cannot end honestly
-                self._done(conn, b"0\r\n\r\n" if chunked else b"", close=not chunked)
+                # Cut short: closed without the answer's end (no last chunk), so the client sees
+                # a broken answer, never a complete one that lacks the sandbox's tail.
+                self._done(conn, b"", close=True)
 
         # ---- the end of an exchange ---------------------------------------------------------
 

@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from shared.bus.server import free_port
+from shared.bus.server import free_ports
 from shared.ports.workloads import ANNOTATION_SNAPSHOT
 from tests.deploy.apiserver import Apiserver
 from tests.deploy.kustomize import REPO
@@ -176,11 +176,7 @@ def _run_cycle(
         (templates / key).write_text(text)
     config = configmap(docs, "torpor-config")["data"]
     base = clean_env()
-    # free_port() may hand out a just-released port twice: take distinct ones up front.
-    ports: list[int] = []
-    while len(ports) < len(SERVICES):
-        if (port := free_port()) not in ports:
-            ports.append(port)
+    ports = free_ports(len(SERVICES))
     api_port, proxy_port = ports.pop(), ports.pop()
     health: dict[str, int] = {}
     env_of: dict[str, dict[str, str]] = {}

@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from shared.bus.server import free_port, free_ports
 from tests.k8s.rig import (
     BINARIES,
     BUILD_SCRIPT,
@@ -47,7 +48,6 @@ from tests.k8s.rig import (
     ClusterAccess,
     ClusterUnavailable,
     ControlPlane,
-    free_port,
     k8s_bin_dir,
     spawn,
     stop_process,
@@ -466,6 +466,7 @@ state = "{base / "state"}"
         root.mkdir(parents=True, exist_ok=True)
         resolv = self.workdir / "resolv.conf"
         resolv.write_text("# pods of the test rig resolve nothing outside\n")
+        port, healthz = free_ports(2)
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -476,10 +477,10 @@ state = "{base / "state"}"
             "cgroupRoot": self.cgroup_root,
             "cgroupsPerQOS": True,
             "address": "127.0.0.1",
-            "port": free_port(),
+            "port": port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
-            "healthzPort": free_port(),
+            "healthzPort": healthz,
             "authentication": {
                 "anonymous": {"enabled": False},
                 "webhook": {"enabled": False},
@@ -566,7 +567,7 @@ state = "{base / "state"}"
         CAP_SYS_RESOURCE, so its own oom_score_adj stays 0)."""
         assert self.plane is not None
         assert self.pod_cidr is not None
-        healthz = free_port()
+        healthz, metrics = free_ports(2)
         config = {
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
             "kind": "KubeProxyConfiguration",
@@ -575,7 +576,7 @@ state = "{base / "state"}"
             "hostnameOverride": self.node_name,
             "bindAddress": self.node_ip,
             "healthzBindAddress": f"127.0.0.1:{healthz}",
-            "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            "metricsBindAddress": f"127.0.0.1:{metrics}",
             "clusterCIDR": str(self.pod_cidr),
             "detectLocalMode": "ClusterCIDR",
             "nodePortAddresses": [f"{self.node_ip}/32"],

@@ -20,7 +20,7 @@ import nats
 import pytest
 from e2b import Sandbox
 
-from shared.bus.server import free_port
+from shared.bus.server import free_port, free_ports
 from shared.bus.topology import STREAM_DLQ
 from shared.webhooks.signing import verify
 from tests.platform_events.receiver import Receiver
@@ -51,7 +51,8 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Re
             }
         },
     )
-    stack.ports |= {"api": free_port(), "proxy": free_port()}
+    api, proxy = free_ports(2, avoid=stack.ports.values())
+    stack.ports |= {"api": api, "proxy": proxy}
     stack.env |= {
         # Loopback receivers are allowed here (tests may only reach 127.0.0.0/8); the control
         # plane's own ports on it must stay refused.

@@ -11,6 +11,7 @@ import hashlib
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -217,6 +218,8 @@ HOSTILE = {
     b"/split": b"HTTP/1.1 200 OK\r\nX-Evil: a\rSet-Cookie: x=1\r\nContent-Length: 2\r\n\r\nok",
     b"/endless-head": b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * (2 * 1024 * 1024),
     b"/short": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this",
+    # a stream the sandbox stops in the middle (its pod killed): no last chunk
+    b"/chunked-cut": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
     b"/garbage": b"\x00\x01\x02 not http at all\r\n\r\n",
     # two answers to one request: the second must never reach the client (it would answer the
     # client's next request on that connection, perhaps one for another sandbox)
@@ -350,6 +353,38 @@ def test_a_body_cut_short_closes_the_client_connection(
     # padded or completed by the next exchange
     assert answer.status == 200
     assert answer.body == b"only this"
+
+
+@pytest.mark.parametrize("way", ["relay", "fast-path", "asgi-path"])
+def test_a_chunked_answer_cut_short_reaches_the_client_broken(
+    hostile: tuple[Rig, SandboxRecord, int], way: str
+) -> None:
+    """The sandbox stops mid-answer: the client gets what came, then a closed connection without
+    the last chunk, so it sees a broken answer (an SDK: a network error, a command stream
+    without its end), never a complete one that silently lacks the sandbox's tail."""
+    rig, sbx, port = hostile
+    headers = list(to(sbx, port).items())
+    if way == "asgi-path":
+        headers.append(("X-API-KEY", "alice-key"))  # a key: the ASGI app decides
+    raw = head("GET", "/chunked-cut", authority(rig.proxy), headers)
+    before = fast_count(rig.app)
+    with connect(rig.proxy) as sock:
+        if way == "fast-path":  # a head in two pieces goes to uvicorn's protocol, then fast
+            sock.sendall(raw[:10])
+            time.sleep(0.2)
+            sock.sendall(raw[10:])
+        else:
+            sock.sendall(raw)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head_part, _, body = data.partition(b"\r\n\r\n")
+    assert head_part.startswith(b"HTTP/1.1 200"), data[:200]
+    assert b"transfer-encoding: chunked" in head_part.lower()
+    assert body == b"5\r\nhello\r\n", body  # what came, and no "0\r\n\r\n" after it
+    assert (fast_count(rig.app) > before) is (way != "asgi-path")
+    with httpx.Client(timeout=10) as client, pytest.raises(httpx.RemoteProtocolError):
+        client.get(f"{rig.proxy}/chunked-cut", headers=dict(headers))
 
 
 def _read_all(sock: socket.socket) -> Answer:
