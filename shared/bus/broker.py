@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+import nats.errors
 import structlog
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.nats.security import NatsUserPassword
 from nats.aio.client import Client
+from nats.js.errors import ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from shared.bus.middleware import LogContextMiddleware, RetryDlqMiddleware
@@ -18,6 +23,7 @@ from shared.bus.topology import Durable, ensure_topology
 from shared.settings import BusSettings
 
 log = structlog.get_logger()
+T = TypeVar("T")
 
 
 def connect_options(settings: BusSettings) -> dict[str, Any]:
@@ -85,20 +91,55 @@ def subscriber_args(durable: Durable, *, max_workers: int = 8) -> dict[str, Any]
     }
 
 
+# A service binds its buckets (and may converge the topology) as it starts, when the bus may be
+# restarting (a NATS restart, a rolling upgrade): a call that gets no answer is asked again for a
+# while, rather than the service exiting (CI: the API's start-up failed on one 5 s timeout during
+# a NATS restart).
+ANSWER_WITHIN = 60.0
+# no answer (the bus away, or a permission the user lacks: NATS answers neither), or JetStream
+# still recovering (503)
+_NO_ANSWER = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError)
+
+
+async def until_answered(
+    what: str, call: Callable[[], Awaitable[T]], *, within: float = ANSWER_WITHIN
+) -> T:
+    """``call()`` (idempotent), asked again while the bus does not answer, each retry logged;
+    after ``within`` seconds the last error is raised. Any other error fails at once."""
+    deadline = time.monotonic() + within
+    pause = 0.25
+    while True:
+        try:
+            return await call()
+        except _NO_ANSWER as e:
+            if time.monotonic() + pause >= deadline:
+                raise
+            log.warning("bus_no_answer_retry", call=what, error=type(e).__name__)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 4.0)
+
+
 async def prepare(broker: NatsBroker, settings: BusSettings) -> None:
     """Connect and converge the topology (idempotent; every replica of every service does it)."""
     await broker.connect()
     warn_if_anonymous(broker.config.connection_state.connection, settings)
     if settings.bus_provision:
-        await ensure_topology(
-            broker.config.connection_state.stream,
-            replicas=settings.bus_replicas,
-            kept_files_max_bytes=settings.kept_files_max_bytes,
+        js = broker.config.connection_state.stream
+        await until_answered(
+            "topology",
+            lambda: ensure_topology(
+                js,
+                replicas=settings.bus_replicas,
+                kept_files_max_bytes=settings.kept_files_max_bytes,
+            ),
         )
 
 
-async def key_value(broker: NatsBroker, bucket: str) -> KeyValue:
-    return await broker.key_value(bucket, declare=False)
+async def key_value(broker: NatsBroker, bucket: str, *, within: float = ANSWER_WITHIN) -> KeyValue:
+    """The bucket, bound (never created: ``prepare`` provisions); a missing one fails at once."""
+    return await until_answered(
+        f"bind {bucket}", lambda: broker.key_value(bucket, declare=False), within=within
+    )
 
 
 def accepts_anonymous(nc: Client, settings: BusSettings) -> bool:
