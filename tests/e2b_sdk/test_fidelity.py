@@ -6,6 +6,9 @@ log queries)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +18,7 @@ import pytest
 from e2b import FilesystemEventType, FileType, Sandbox, TimeoutException
 from e2b.exceptions import NotFoundException
 
+from tests.support.pods import daemon_pid
 from tests.support.stack import Stack
 from tests.support.waiting import until
 
@@ -279,6 +283,33 @@ def test_kill_breaks_a_running_command(opts: dict[str, object]) -> None:
     with pytest.raises(TimeoutException) as info:
         handle.wait()
     assert "killed or reached its end of life" in str(info.value)
+
+
+def test_a_daemon_killed_mid_command_breaks_its_stream(
+    opts: dict[str, object], stack: Stack
+) -> None:
+    """SIGKILL of the sandbox's daemon (no SIGTERM, no end event): the proxy closes the client's
+    connection without the answer's end, so the SDK raises its stream error, not "Command ended
+    without an end event" from a stream that looked complete."""
+    victim = Sandbox.create(template="base", timeout=300, **opts)  # type: ignore[arg-type]
+    try:
+        handle = victim.commands.run("sleep 60", background=True, timeout=0)
+        host = asyncio.run(_host(stack, victim.sandbox_id))
+        pid = daemon_pid(host)
+        assert pid is not None, f"no daemon listening on {host}"
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(Exception) as info:
+            handle.wait()
+        assert "without an end event" not in str(info.value), info.value
+    finally:
+        Sandbox.kill(victim.sandbox_id, **opts)  # type: ignore[arg-type]
+
+
+async def _host(stack: Stack, sandbox_id: str) -> str:
+    async with stack.store() as store:
+        record = await store.get(sandbox_id)
+    assert record is not None and record.host is not None, record
+    return str(record.host)
 
 
 def test_set_timeout_zero_kills_now(opts: dict[str, object]) -> None:
