@@ -193,7 +193,8 @@ def test_signing_out_while_answers_are_on_the_way_shows_nothing_of_the_session(
         # Route handlers run while Playwright waits (not while the test sleeps).
         until(lambda: page.wait_for_timeout(100) or len(held) >= 3, 30, "three loads held")
         answers = [(route, route.fetch()) for route in held]  # answered for the live session
-        assert [a.status for _, a in answers] == [200, 200, 200]
+        # three or more: the page's own periodic refresh may add a load meanwhile (CI: four)
+        assert len(answers) >= 3 and {a.status for _, a in answers} == {200}, answers
         page.click("#logout")
         page.wait_for_selector("#login-form", state="visible")
         for route, answer in answers:

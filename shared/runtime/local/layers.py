@@ -34,6 +34,7 @@ import re
 import shutil
 import stat
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from enum import StrEnum
@@ -153,7 +154,7 @@ class Layers:
                 os.rename(folder, trash)
         except FileNotFoundError:
             return  # deleted by someone else meanwhile
-        shutil.rmtree(trash, ignore_errors=True)
+        _remove_tree(trash)
 
     @contextlib.contextmanager
     def mounted(self, name: str, *, base: int, disk_bytes: int | None) -> Iterator[Path]:
@@ -234,6 +235,17 @@ class Layers:
             yield
         finally:
             os.close(fd)
+
+
+def _remove_tree(path: Path) -> None:
+    """``rmtree``, again while something is left: another deleter whose open of the folder's
+    lock was under way at the rename creates that file anew inside the moved folder (CI: a
+    ``.deleted-…`` folder left with it)."""
+    for _ in range(50):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.01)
 
 
 def shift_ids(root: Path, delta: int, *, base: int) -> None:
