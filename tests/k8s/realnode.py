@@ -464,6 +464,13 @@ state = "{base / "state"}"
                     (folder / knob).write_text((hierarchy / knob).read_text())
         root = self.workdir / "kubelet"
         root.mkdir(parents=True, exist_ok=True)
+        # At start-up the kubelet bind-mounts its root folder onto itself (shared propagation)
+        # while, concurrently, it makes its pod-resources socket as a temporary file renamed into
+        # place; a bind landing between the two fails the rename with EXDEV and the kubelet exits
+        # (CI: "invalid cross-device link", every real-node test in error). Mounted here first,
+        # the kubelet finds a shared mount and mounts nothing; stop() unmounts under the workdir.
+        subprocess.run(["mount", "--bind", str(root), str(root)], check=True)
+        subprocess.run(["mount", "--make-rshared", str(root)], check=True)
         resolv = self.workdir / "resolv.conf"
         resolv.write_text("# pods of the test rig resolve nothing outside\n")
         port, healthz = free_ports(2)
