@@ -42,6 +42,7 @@ from shared.runtime.kubernetes.pools import LABEL_POOL
 from tests.k8s.kubelet import TestKubelet
 from tests.k8s.realnode import RealNodeAccess
 from tests.k8s.rig import ClusterAccess
+from tests.k8s.test_pools import remove_pool_pods
 from tests.k8s.test_realnode import run_in_pod
 from tests.k8s.test_runtime_kubernetes import pods_of
 
@@ -463,11 +464,6 @@ async def test_kept_files_of_a_real_container_come_back_owned_by_user(
         # The node is the session's: leave no pool container holding its cpu.
         api = await admin_client(real_node.cluster)
         try:
-            core = k8s.CoreV1Api(api)
-            await core.delete_collection_namespaced_pod(ns, label_selector=LABEL_POOL)
-            for _ in range(600):  # bounded: until their containers are gone from the node
-                if not (await core.list_namespaced_pod(ns)).items:
-                    break
-                await asyncio.sleep(0.2)
+            await remove_pool_pods(api, ns)
         finally:
             await api.close()  # type: ignore[no-untyped-call]

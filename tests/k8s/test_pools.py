@@ -97,6 +97,18 @@ async def envs(ep: Endpoint, token: str) -> tuple[int, dict[str, str]]:
     return r.status_code, (r.json() if r.status_code == 200 else {})
 
 
+async def remove_pool_pods(api: k8s.ApiClient, ns: str) -> None:
+    """Delete the pool pods in ``ns`` and wait (bounded) until the namespace has no pod left: the
+    real node is the session's, and a container left holding its cpu keeps the next test's pod
+    Pending."""
+    core = k8s.CoreV1Api(api)
+    await core.delete_collection_namespaced_pod(ns, label_selector=LABEL_POOL)
+    for _ in range(600):
+        if not (await core.list_namespaced_pod(ns)).items:
+            return
+        await asyncio.sleep(0.2)
+
+
 async def test_create_and_resume_claim_warm_pods_adopted_by_the_replica_set(
     pooled: KubernetesRuntime, admin_api: k8s.ApiClient
 ) -> None:
@@ -574,11 +586,6 @@ async def test_two_replicas_claim_real_containers_from_one_pool(
         for rt in replicas:
             await rt.close()
         try:
-            core = k8s.CoreV1Api(api)
-            await core.delete_collection_namespaced_pod(ns, label_selector=LABEL_POOL)
-            for _ in range(600):  # bounded: until their containers are gone from the node
-                if not (await core.list_namespaced_pod(ns)).items:
-                    break
-                await asyncio.sleep(0.2)
+            await remove_pool_pods(api, ns)
         finally:
             await api.close()  # type: ignore[no-untyped-call]

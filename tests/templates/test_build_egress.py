@@ -44,17 +44,19 @@ PROBE = textwrap.dedent(
         f = line.split()
         if f[1] == "00000000":
             gw = socket.inet_ntoa(struct.pack("<L", int(f[2], 16)))
-    out = {}
+    out, via = {}, {}
     for target in sys.argv[1:]:
         host, port = target.rsplit(":", 1)
         s = socket.socket(); s.settimeout(3)
         try:
             s.connect((gw if host == "gw" else host, int(port))); out[target] = "ok"
+            via[target] = "%s:%d" % s.getsockname()
         except OSError as e:
             out[target] = type(e).__name__
         finally:
             s.close()
     print("PROBE " + json.dumps(out), flush=True)
+    print("VIA " + json.dumps(via) + " ROUTES " + open("/proc/net/route").read().replace(chr(10), " / "), flush=True)
     """
 )
 USER_SERVER = (
@@ -83,6 +85,32 @@ def host_addresses() -> list[str]:
         ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
     ).stdout
     return [a for a in re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", out) if not a.startswith("127.")]
+
+
+def _diagnosis(reached: dict[str, str], logs: list[str]) -> str:
+    """What answered, as the host and the step saw it (CI once showed a host address of the
+    Kubernetes rig reached, not reproduced since): the listeners on the reached ports, the
+    step's own address and routes, the host's addresses and the guard's input chain."""
+    if not reached:
+        return ""
+    ports = {t.rsplit(":", 1)[1] for t in reached}
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=False).stdout
+    guard = subprocess.run(
+        ["nft", "list", "chain", "inet", "torpor_guard", "input"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return "\n".join(
+        [
+            "",
+            "listeners: "
+            + "; ".join(ln for ln in listening.splitlines() if any(f":{p} " in ln for p in ports)),
+            "step: " + " | ".join(m for m in logs if "VIA " in m),
+            "host addresses: " + ", ".join(host_addresses()),
+            "guard input: " + (guard.stdout or guard.stderr),
+        ]
+    )
 
 
 @contextlib.contextmanager
@@ -146,7 +174,7 @@ def test_a_build_step_reaches_only_the_allow_list(estack: Stack, outside_host: O
         results: dict[str, str] = json.loads(lines[0])
         assert results.pop(allowed) == "ok", results  # the allow-list works: the probe too
         reached = {t: r for t, r in results.items() if r == "ok"}
-        assert reached == {}, f"a build step reached {reached}"
+        assert reached == {}, f"a build step reached {reached}" + _diagnosis(reached, logs)
         assert seen == []
     finally:
         other.kill()
