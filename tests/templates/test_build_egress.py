@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 import pytest
 from e2b import Sandbox, Template
 
+from shared.runtime.local.network import guard
 from tests.security.network_support import (
     OutsideHost,
     host_listener,
@@ -91,24 +92,16 @@ def _diagnosis(reached: dict[str, str], logs: list[str]) -> str:
     """What answered, as the host and the step saw it (CI once showed a host address of the
     Kubernetes rig reached, not reproduced since): the listeners on the reached ports, the
     step's own address and routes, the host's addresses and the guard's input chain."""
-    if not reached:
-        return ""
     ports = {t.rsplit(":", 1)[1] for t in reached}
-    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=False).stdout
-    guard = subprocess.run(
-        ["nft", "list", "chain", "inet", "torpor_guard", "input"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    listening = sh("ss", "-ltnpH", check=False).splitlines()
     return "\n".join(
         [
             "",
-            "listeners: "
-            + "; ".join(ln for ln in listening.splitlines() if any(f":{p} " in ln for p in ports)),
+            "listeners: " + "; ".join(ln for ln in listening if any(f":{p} " in ln for p in ports)),
             "step: " + " | ".join(m for m in logs if "VIA " in m),
             "host addresses: " + ", ".join(host_addresses()),
-            "guard input: " + (guard.stdout or guard.stderr),
+            "guard input: "
+            + (sh("nft", "list", "chain", "inet", guard.TABLE, "input", check=False) or "(none)"),
         ]
     )
 
