@@ -29,14 +29,21 @@ class Rig:
 
 
 @pytest.fixture
-def rig() -> Iterator[Rig]:
+def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
+    """The proxy with its compiled data path on (as in production), unless the test module says
+    ``WIRE = False`` (the modules that test the Python relay and fast path themselves)."""
     state = UpstreamState()
     lifecycle = FakeLifecycle(host=POD_HOST, resume_delay=0.5)
     keys = FakeKeys()
     keys.add("alice-key", "alice")
     keys.add("bob-key", "bob")
     app = ProxyApp(
-        ProxySettings(touch_interval=5.0, resume_wait=10, boot_grace=1.0),
+        ProxySettings(
+            touch_interval=5.0,
+            resume_wait=10,
+            boot_grace=1.0,
+            wire=getattr(request.module, "WIRE", True),
+        ),
         wiring=ProxyWiring(records=FakeRecords(lifecycle), lifecycle=lifecycle, keys=keys),
     )
     upstream = build_upstream(state)

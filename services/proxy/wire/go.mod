@@ -1,0 +1,3 @@
+module torpor/wire
+
+go 1.22
