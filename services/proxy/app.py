@@ -197,11 +197,21 @@ class ProxyApp:
         return self.wire_binary is not None and self._records_watched
 
     def _record_changed(self, sandbox_id: str) -> None:
-        if self.wire is not None:
-            if sandbox_id:
-                self.wire.forget(sandbox_id)
-            else:
-                self.wire.forget_all()
+        if self.wire is None:
+            return
+        if not sandbox_id:
+            self.wire.forget_all()
+            return
+        wiring = self._wiring
+        record = wiring.records.peek(sandbox_id) if wiring is not None else None
+        self.wire.forget_unless(sandbox_id, self.wire_route(record))
+
+    def wire_route(self, record: SandboxRecord | None) -> object:
+        """What of a record a hand-over to the compiled data path rests on (None: the
+        sandbox must not be served there): where it runs, its token, its generation."""
+        if record is None or self.waker is None or self.waker.needs_waking(record):
+            return None
+        return (upstream_host(record), record.envd_access_token, record.generation)
 
     async def _find_wire(self) -> None:
         from services.proxy.wire_build import WireUnavailableError, find_or_build

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
     from services.proxy.app import ProxyApp
     from services.proxy.slots import ExchangeSlots
+    from shared.domain.record import SandboxRecord
     from shared.web.limits import HttpLimits
 
 log = structlog.get_logger()
@@ -129,6 +130,7 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
             # the sandbox's access token when this request presented it: the connection may
             # then go to the compiled data path (services.proxy.wire_link) once idle
             self._token: str | None = None
+            self._record: SandboxRecord | None = None
             self._activity = True
             self._started = 0.0
             self._retried = False
@@ -319,6 +321,7 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
             record = wiring.records.peek(target.sandbox_id)
             if record is None or proxy.waker.needs_waking(record):
                 raise _Handover
+            self._record = record
             if wiring.keys is not None and b"x-api-key" in routing:
                 raise _Handover
             try:
@@ -568,6 +571,7 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
                     token=WireLink.token_digest(self._token),
                     api_keys=proxy.wiring is not None and proxy.wiring.keys is not None,
                     daemon=self._target.is_daemon,
+                    route=proxy.wire_route(self._record),
                 ),
             )
             if not adopted:
@@ -680,17 +684,26 @@ def _wire(proxy: ProxyApp, protocol: asyncio.Protocol) -> WireLink | None:
         per_client_counts(state).remove(client)
 
     def returned(sock: socket.socket, data: bytes, _client: str) -> None:
+        def protocol() -> asyncio.Protocol:
+            back = cls(config, state, app_state, loop)
+            made = back.connection_made
+
+            def connection_made(transport: asyncio.BaseTransport) -> None:
+                made(transport)
+                # The bytes the process read come first: fed before the transport's first
+                # read (it starts reading after connection_made returns).
+                if data and not transport.is_closing():
+                    back.data_received(data)
+
+            back.connection_made = connection_made
+            return back  # type: ignore[no-any-return]
+
         async def adopt_back() -> None:
             try:
-                _transport, back = await loop.connect_accepted_socket(
-                    lambda: cls(config, state, app_state, loop), sock
-                )
+                await loop.connect_accepted_socket(protocol, sock)
             except OSError as e:
                 log.info("proxy_wire_return_failed", error=repr(e))
                 sock.close()
-                return
-            if data:
-                back.data_received(data)
 
         task = loop.create_task(adopt_back())
         _tasks.add(task)

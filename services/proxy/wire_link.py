@@ -60,7 +60,17 @@ BODY_GRACE = 0.5
 class Adoptable:
     """What the relay tells the link about a connection it hands over."""
 
-    __slots__ = ("api_keys", "client", "daemon", "port", "routing", "sandbox", "token", "upstream")
+    __slots__ = (
+        "api_keys",
+        "client",
+        "daemon",
+        "port",
+        "route",
+        "routing",
+        "sandbox",
+        "token",
+        "upstream",
+    )
 
     def __init__(
         self,
@@ -73,6 +83,7 @@ class Adoptable:
         token: str,
         api_keys: bool,
         daemon: bool,
+        route: object,
     ) -> None:
         self.client = client
         self.sandbox = sandbox
@@ -82,6 +93,7 @@ class Adoptable:
         self.token = token
         self.api_keys = api_keys
         self.daemon = daemon
+        self.route = route  # what of the record the decision rests on (``forget_unless``)
 
 
 class WireLink:
@@ -110,6 +122,7 @@ class WireLink:
         self._ids = itertools.count(1)
         self._held: dict[int, tuple[str, str]] = {}  # id -> (client, sandbox)
         self._sandboxes: dict[str, int] = {}  # sandbox -> connections held
+        self._routes: dict[str, object] = {}  # sandbox -> its route when last handed over
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -216,14 +229,23 @@ class WireLink:
         self._held[conn_id] = (what.client, what.sandbox)
         self.adoptions += 1
         self._sandboxes[what.sandbox] = self._sandboxes.get(what.sandbox, 0) + 1
+        if self._routes.get(what.sandbox, what.route) != what.route:
+            self._send({"op": "forget", "sandbox": what.sandbox})  # older hand-overs
+        self._routes[what.sandbox] = what.route
         return True
 
-    def forget(self, sandbox_id: str) -> None:
-        """The sandbox's record changed: its connections come back at their next request."""
-        if sandbox_id in self._sandboxes:
+    def forget_unless(self, sandbox_id: str, route: object) -> None:
+        """The sandbox's record changed: unless what the hand-overs rested on is the same
+        (``route``; None: no longer routable), its connections come back at their next
+        request. A touch or a metadata change leaves them where they are."""
+        if sandbox_id in self._sandboxes and (
+            route is None or self._routes.get(sandbox_id) != route
+        ):
+            self._routes.pop(sandbox_id, None)
             self._send({"op": "forget", "sandbox": sandbox_id})
 
     def forget_all(self) -> None:
+        self._routes.clear()
         for sandbox_id in list(self._sandboxes):
             self._send({"op": "forget", "sandbox": sandbox_id})
 
@@ -307,6 +329,7 @@ class WireLink:
             self._sandboxes[sandbox_id] = left
         else:
             self._sandboxes.pop(sandbox_id, None)
+            self._routes.pop(sandbox_id, None)
 
     def _lost(self, why: str) -> None:
         """The process is gone: its connections with it (their clients see them close)."""
@@ -325,5 +348,6 @@ class WireLink:
     def _release_all(self) -> None:
         held, self._held = self._held, {}
         self._sandboxes.clear()
+        self._routes.clear()
         for client, _ in held.values():
             self._on_closed(client)

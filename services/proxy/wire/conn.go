@@ -91,8 +91,8 @@ func (cc *clientConn) serve() {
 
 // fill reads once into buf; false on EOF, error or timeout (the connection is done).
 func (cc *clientConn) fill() bool {
-	if cap(cc.buf)-len(cc.buf) < 16*1024 {
-		grown := make([]byte, len(cc.buf), 2*cap(cc.buf)+64*1024)
+	if cap(cc.buf)-len(cc.buf) < 4*1024 {
+		grown := make([]byte, len(cc.buf), 2*cap(cc.buf)+8*1024)
 		copy(grown, cc.buf)
 		cc.buf = grown
 	}
