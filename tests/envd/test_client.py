@@ -66,11 +66,13 @@ async def test_start_process_shows_up_in_sdk_list(
     assert listed[pid].tag == "svc"
     assert listed[pid].args == config.args
     assert listed[pid].envs == {"X": "replayed"}
+    # The shell creates the file (the redirection) before echo writes it: wait for the line.
+    started = daemon.root / "started.txt"
     deadline = time.monotonic() + 10
-    while not (daemon.root / "started.txt").exists():
+    while not (started.exists() and started.read_text().endswith("\n")):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert (daemon.root / "started.txt").read_text() == "replayed\n"
+    assert started.read_text() == "replayed\n"
     # Start order: the client's List reports oldest first.
     processes = await client.list_processes(_endpoint(daemon), access_token=TOKEN)
     assert processes[-1].pid == pid
