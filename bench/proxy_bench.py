@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -95,9 +94,6 @@ def serve_proxy(port: int, pod_host: str) -> None:
 
         async def touch(self, sandbox_id: str, *, seen_at: datetime | None = None) -> None:
             pass
-
-        def subscribe(self, changed: Callable[[str], None]) -> None:
-            pass  # the one record never changes (services.proxy.app.RecordChanges)
 
     configure(LoggingSettings(log_level="warning"), service="proxy")  # as in production
     static = Static()

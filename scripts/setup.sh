@@ -73,12 +73,3 @@ fi
 # compile once here (PYTHONDONTWRITEBYTECODE may be set in the environment) so pods start fast.
 PYTHONDONTWRITEBYTECODE= .venv/bin/python -X pycache_prefix=.venv/var/torpor-pycache -m services.envd --precompile >/dev/null 2>&1 \
   || echo "setup: could not precompile the daemon's bytecode (pods will start slower)" >&2
-# The proxy's compiled data path (services/proxy/wire, Go; cached in ~/.cache/torpor/wire under a
-# hash of its sources). Optional off CI: without Go the proxy relays every exchange in Python.
-if command -v go >/dev/null 2>&1; then
-  .venv/bin/python -m services.proxy.wire_build >/dev/null \
-    || { echo "setup: go build of the proxy's data path failed (python -m services.proxy.wire_build)" >&2; [[ ${CI:-} != true ]]; }
-else
-  echo "setup: no Go: the proxy relays every exchange in Python (install Go for its compiled data path)" >&2
-  [[ ${CI:-} != true ]]
-fi

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol
 
 import structlog
 from prometheus_client import (
@@ -49,11 +49,6 @@ from shared.errors import QuotaExceeded
 from shared.web.limits import HttpLimits
 from shared.web.requests import BodyReader, InFlight, RequestRefused, check_declared
 
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from services.proxy.wire_link import WireLink
-
 log = structlog.get_logger()
 
 
@@ -67,15 +62,6 @@ class RecordSource(Protocol):
 
     def remember(self, record: SandboxRecord) -> None:
         """A fresher record learnt another way (e.g. a resume result)."""
-        ...
-
-
-@runtime_checkable
-class RecordChanges(Protocol):
-    def subscribe(self, changed: Callable[[str], None]) -> None:
-        """Call ``changed(sandbox_id)`` whenever that sandbox's record may have changed
-        (``changed("")``: any may have). The compiled data path needs it to hand a sandbox's
-        connections back (``services.proxy.wire_link``); without it that path stays off."""
         ...
 
 
@@ -136,12 +122,6 @@ class ProxyApp:
         self._pool: UpstreamPool | None = None
         self.waker: Waker | None = None
         self.activity: ActivityThrottle | None = None
-        # The compiled data path: its binary once found (lifespan), its process once a
-        # connection is first handed over (services.proxy.relay, services.proxy.wire_link).
-        self.wire_binary: Path | None = None
-        self.wire: WireLink | None = None
-        self._records_watched = False
-        self._wire_task: asyncio.Task[None] | None = None
         self._requests = Counter(
             "torpor_proxy_requests_total",
             "Proxied requests by outcome",
@@ -158,11 +138,6 @@ class ProxyApp:
             "torpor_proxy_fast_path",
             "Proxied HTTP exchanges served without the ASGI app (services.proxy.relay, "
             "services.proxy.fastpath)",
-            registry=self.registry,
-        )
-        self.wire_exchanges = Counter(
-            "torpor_proxy_wire_exchanges",
-            "Proxied HTTP exchanges served by the compiled data path (services.proxy.wire_link)",
             registry=self.registry,
         )
         self.handovers = Counter(
@@ -182,44 +157,6 @@ class ProxyApp:
             admit=wiring.admit_resume,
         )
         self.activity = ActivityThrottle(wiring.lifecycle, interval=self.settings.touch_interval)
-        if isinstance(wiring.records, RecordChanges):
-            wiring.records.subscribe(self._record_changed)
-            self._records_watched = True
-
-    @property
-    def wire_held(self) -> int:
-        """Client connections the compiled data path holds (they count as open)."""
-        return self.wire.held if self.wire is not None else 0
-
-    @property
-    def wire_ready(self) -> bool:
-        """Whether connections may be handed to the compiled data path."""
-        return self.wire_binary is not None and self._records_watched
-
-    def _record_changed(self, sandbox_id: str) -> None:
-        if self.wire is None:
-            return
-        if not sandbox_id:
-            self.wire.forget_all()
-            return
-        wiring = self._wiring
-        record = wiring.records.peek(sandbox_id) if wiring is not None else None
-        self.wire.forget_unless(sandbox_id, self.wire_route(record))
-
-    def wire_route(self, record: SandboxRecord | None) -> object:
-        """What of a record a hand-over to the compiled data path rests on (None: the
-        sandbox must not be served there): where it runs, its token, its generation."""
-        if record is None or self.waker is None or self.waker.needs_waking(record):
-            return None
-        return (upstream_host(record), record.envd_access_token, record.generation)
-
-    async def _find_wire(self) -> None:
-        from services.proxy.wire_build import WireUnavailableError, find_or_build
-
-        try:
-            self.wire_binary = await asyncio.to_thread(find_or_build, self.settings.wire_binary)
-        except WireUnavailableError as e:
-            log.info("proxy_wire_unavailable", reason=str(e))
 
     @property
     def wiring(self) -> ProxyWiring | None:
@@ -248,10 +185,6 @@ class ProxyApp:
         return self._pool
 
     async def aclose(self) -> None:
-        if self._wire_task is not None:
-            self._wire_task.cancel()
-        if self.wire is not None:
-            await self.wire.stop()
         if self.activity is not None:
             await self.activity.drain()
         if self._pool is not None:
@@ -294,8 +227,6 @@ class ProxyApp:
                     if self._connect is not None and self._wiring is None:
                         stack = self._connect()
                         self.attach(await stack.__aenter__())
-                    if self.settings.wire:
-                        self._wire_task = asyncio.create_task(self._find_wire())
                 except Exception as e:
                     await send({"type": "lifespan.startup.failed", "message": repr(e)})
                     return

@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import socket
 import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -48,7 +46,6 @@ from services.proxy.fastpath import FAST_BODY_BYTES, fast_protocol, response_hea
 from services.proxy.forwarding import HOP_BY_HOP, PRIVATE
 from services.proxy.routing import BadTargetError, Target, target_from
 from services.proxy.upstream import UpstreamConnection, UpstreamError
-from services.proxy.wire_link import Adoptable, WireLink
 from shared.web.protocol import per_client_counts, refusal
 
 if TYPE_CHECKING:
@@ -57,7 +54,6 @@ if TYPE_CHECKING:
 
     from services.proxy.app import ProxyApp
     from services.proxy.slots import ExchangeSlots
-    from shared.domain.record import SandboxRecord
     from shared.web.limits import HttpLimits
 
 log = structlog.get_logger()
@@ -67,13 +63,9 @@ _NOT_FORWARDED = HOP_BY_HOP | PRIVATE | {b"expect"}
 _NOT_RELAYED = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
 _NO_BODY_STATUS = frozenset({204, 304})
 # Request headers that route or authorise; the head's one scan keeps the first of each.
-_ROUTING = frozenset(
-    {b"e2b-sandbox-id", b"e2b-sandbox-port", b"host", b"x-api-key", b"x-access-token"}
-)
+_ROUTING = frozenset({b"e2b-sandbox-id", b"e2b-sandbox-port", b"host", b"x-api-key"})
 
 _tasks: set[asyncio.Task[None]] = set()  # strong references to the few spawned tasks
-# Seconds between the compiled data path's loss and its next start.
-WIRE_RESTART_DELAY = 5.0
 
 # What the connection's single timer is waiting for.
 _HEAD, _BODY, _IDLE, _BUSY = range(4)
@@ -127,10 +119,6 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
             self._slots: ExchangeSlots | None = None
             self._in_flight: str | None = None
             self._sandbox = ""
-            # the sandbox's access token when this request presented it: the connection may
-            # then go to the compiled data path (services.proxy.wire_link) once idle
-            self._token: str | None = None
-            self._record: SandboxRecord | None = None
             self._activity = True
             self._started = 0.0
             self._retried = False
@@ -158,7 +146,7 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
                 self.config.limit_concurrency is not None
                 or transport.get_extra_info("sslcontext") is not None
                 or limits.is_trusted(self.client)
-                or len(state.connections) + proxy.wire_held > limits.max_connections
+                or len(state.connections) > limits.max_connections
             ):
                 self._hand_over(b"")
                 return
@@ -321,20 +309,12 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
             record = wiring.records.peek(target.sandbox_id)
             if record is None or proxy.waker.needs_waking(record):
                 raise _Handover
-            self._record = record
             if wiring.keys is not None and b"x-api-key" in routing:
                 raise _Handover
             try:
                 proxy.authorise_by_token({"headers": headers}, target, record)
             except RefusedError:
                 raise _Handover from None
-            token = record.envd_access_token
-            given = routing.get(b"x-access-token")
-            self._token = (
-                token
-                if token and given is not None and hmac.compare_digest(given, token.encode())
-                else None
-            )
             if not proxy.in_flight.try_acquire(self.client):
                 raise _Handover  # the ASGI path answers the 429
             self._in_flight = self.client
@@ -551,35 +531,8 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
             if self._buf:
                 self._wait = _HEAD
                 self._next()
-            elif not (self._token is not None and self._to_wire()):
+            else:
                 self._set_deadline(_IDLE, self.config.timeout_keep_alive)
-
-        def _to_wire(self) -> bool:
-            """Hand the idle connection to the compiled data path; False: it stays here."""
-            link = _wire(proxy, self)
-            transport = self.transport
-            if link is None or transport is None or self._target is None or self._token is None:
-                return False
-            adopted = link.adopt(
-                transport,
-                Adoptable(
-                    client=self.client,
-                    sandbox=self._sandbox,
-                    port=self._port,
-                    upstream=self._host,
-                    routing=self._target_key or (None, None, None),
-                    token=WireLink.token_digest(self._token),
-                    api_keys=proxy.wiring is not None and proxy.wiring.keys is not None,
-                    daemon=self._target.is_daemon,
-                    route=proxy.wire_route(self._record),
-                ),
-            )
-            if not adopted:
-                return False
-            self._counted = False  # the link counts the connection for its client now
-            self._wait = _BUSY
-            transport.close()  # ours only: the process holds its own descriptor
-            return True
 
         # ---- handing the connection to uvicorn ----------------------------------------------
 
@@ -661,79 +614,3 @@ def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol
             self._message_done = True
 
     return RelayProtocol
-
-
-def _wire(proxy: ProxyApp, protocol: asyncio.Protocol) -> WireLink | None:
-    """The running link to the compiled data path, started at the first hand-over (it needs
-    the server's state, which only a connection sees); None while there is none."""
-    link = proxy.wire
-    if link is not None:
-        if link.running:
-            return link
-        if time.monotonic() < link.lost_at + WIRE_RESTART_DELAY or link.held:
-            return None  # a crash loop must not cost every request a start
-    if not proxy.wire_ready or proxy.wire_binary is None:
-        return None
-    config = protocol.config  # type: ignore[attr-defined]
-    state = protocol.server_state  # type: ignore[attr-defined]
-    app_state = protocol.app_state  # type: ignore[attr-defined]
-    loop = protocol.loop  # type: ignore[attr-defined]
-    cls: Any = type(protocol)
-
-    def closed(client: str) -> None:
-        per_client_counts(state).remove(client)
-
-    def returned(sock: socket.socket, data: bytes, _client: str) -> None:
-        def protocol() -> asyncio.Protocol:
-            back = cls(config, state, app_state, loop)
-            made = back.connection_made
-
-            def connection_made(transport: asyncio.BaseTransport) -> None:
-                made(transport)
-                # The bytes the process read come first: fed before the transport's first
-                # read (it starts reading after connection_made returns).
-                if data and not transport.is_closing():
-                    back.data_received(data)
-
-            back.connection_made = connection_made
-            return back  # type: ignore[no-any-return]
-
-        async def adopt_back() -> None:
-            try:
-                await loop.connect_accepted_socket(protocol, sock)
-            except OSError as e:
-                log.info("proxy_wire_return_failed", error=repr(e))
-                sock.close()
-
-        task = loop.create_task(adopt_back())
-        _tasks.add(task)
-        task.add_done_callback(_tasks.discard)
-
-    def report(sandboxes: list[str], latencies: list[float], refused: int) -> None:
-        if proxy.activity is not None:
-            for sandbox_id in sandboxes:
-                proxy.activity.seen(sandbox_id)
-        for seconds in latencies:
-            proxy.observe_proxied(float(seconds), fast=True)
-        proxy.wire_exchanges.inc(len(latencies))
-        for _ in range(refused):
-            proxy.count_refusal(502)
-
-    link = WireLink(
-        proxy.wire_binary,
-        limits=proxy.limits,
-        keep_alive=float(config.timeout_keep_alive),
-        max_body=min(FAST_BODY_BYTES, proxy.settings.max_body_bytes),
-        upstream_limit=proxy.settings.max_connections,
-        on_return=returned,
-        on_closed=closed,
-        on_report=report,
-    )
-    try:
-        link.start(list(state.default_headers))
-    except OSError as e:
-        log.warning("proxy_wire_start_failed", error=repr(e))
-        proxy.wire_binary = None
-        return None
-    proxy.wire = link
-    return link

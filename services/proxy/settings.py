@@ -50,9 +50,3 @@ class ProxySettings(SettingsBase):
     Checked after the proxy's own authorisation, so an unauthorised body is 401 unread."""
     body_timeout: float = Field(default=900.0, gt=0)
     """Seconds for a whole proxied request body to arrive; later is 408."""
-    wire: bool = True
-    """Serve kept-alive client connections from the compiled data path (`torpor-wire`, Go,
-    built from `services/proxy/wire` into the cache on first use) once their first exchange
-    has been decided here. Without Go (or `false`) every exchange is relayed in Python."""
-    wire_binary: str = ""
-    """A prebuilt `torpor-wire` to run instead of building one (`TORPOR_PROXY_WIRE_BINARY`)."""

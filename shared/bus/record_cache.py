@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
 
 import structlog
 from nats.js.kv import KeyValue
@@ -27,19 +26,6 @@ class KvRecordCache:
         self._missing: dict[str, float] = {}
         self._ready = False
         self._task: asyncio.Task[None] | None = None
-        self._listeners: list[Callable[[str], None]] = []
-
-    def subscribe(self, changed: Callable[[str], None]) -> None:
-        """``changed(sandbox_id)`` after each change of a record here; ``changed("")`` when the
-        whole cache is replaced or stops being current (``services.proxy.app.RecordChanges``)."""
-        self._listeners.append(changed)
-
-    def _changed(self, sandbox_id: str) -> None:
-        for changed in self._listeners:
-            try:
-                changed(sandbox_id)
-            except Exception as e:  # a listener's failure must not stop the watch
-                log.warning("record_listener_failed", error=repr(e))
 
     @property
     def ready(self) -> bool:
@@ -77,7 +63,6 @@ class KvRecordCache:
         ):
             self._records[record.sandbox_id] = record
             self._missing.pop(record.sandbox_id, None)
-            self._changed(record.sandbox_id)
 
     async def _read(self, sandbox_id: str) -> SandboxRecord | None:
         from nats.js.errors import KeyNotFoundError
@@ -99,7 +84,6 @@ class KvRecordCache:
             except Exception as e:
                 log.warning("record_watch_failed", error=repr(e))
             self._ready = False
-            self._changed("")
             await asyncio.sleep(1.0)
 
     async def _watch(self) -> None:
@@ -110,19 +94,16 @@ class KvRecordCache:
                 if entry is None:  # the initial values have all been delivered
                     self._records = fresh
                     self._ready = True
-                    self._changed("")
                     log.info("record_watch_ready", sandboxes=len(self._records))
                     continue
                 target = self._records if self._ready else fresh
                 if entry.value is None or entry.operation in ("DEL", "PURGE"):
                     target.pop(entry.key, None)
-                else:
-                    try:
-                        target[entry.key] = SandboxRecord.model_validate_json(entry.value)
-                    except ValueError:
-                        log.warning("record_unreadable", sandbox_id=entry.key)
-                if self._ready:
-                    self._changed(entry.key)
+                    continue
+                try:
+                    target[entry.key] = SandboxRecord.model_validate_json(entry.value)
+                except ValueError:
+                    log.warning("record_unreadable", sandbox_id=entry.key)
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]

@@ -7,7 +7,6 @@ import asyncio
 import base64
 import json
 import secrets
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from shared.auth.keys import hash_secret
@@ -53,28 +52,9 @@ class FakeKeys:
         return next((u for s, u in self.users.items() if hash_secret(s) == digest), None)
 
 
-class _Watched(dict[str, SandboxRecord]):
-    """The fake's records: every change is told to the listeners (as the proxy's KV watch
-    does: ``services.proxy.app.RecordChanges``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.listeners: list[Callable[[str], None]] = []
-
-    def __setitem__(self, key: str, value: SandboxRecord) -> None:
-        super().__setitem__(key, value)
-        for changed in self.listeners:
-            changed(key)
-
-    def __delitem__(self, key: str) -> None:
-        super().__delitem__(key)
-        for changed in self.listeners:
-            changed(key)
-
-
 class FakeLifecycle:
     def __init__(self, *, host: str = "127.0.0.1", resume_delay: float = 0.0) -> None:
-        self.records: _Watched = _Watched()
+        self.records: dict[str, SandboxRecord] = {}
         self.host = host
         self.resume_delay = resume_delay
         self.resume_calls = 0
@@ -220,9 +200,6 @@ class FakeRecords:
 
     def remember(self, record: SandboxRecord) -> None:
         pass
-
-    def subscribe(self, changed: Callable[[str], None]) -> None:
-        self._lifecycle.records.listeners.append(changed)
 
 
 class FakeSnapshots:

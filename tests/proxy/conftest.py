@@ -29,21 +29,14 @@ class Rig:
 
 
 @pytest.fixture
-def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
-    """The proxy with its compiled data path on (as in production), unless the test module says
-    ``WIRE = False`` (the modules that test the Python relay and fast path themselves)."""
+def rig() -> Iterator[Rig]:
     state = UpstreamState()
     lifecycle = FakeLifecycle(host=POD_HOST, resume_delay=0.5)
     keys = FakeKeys()
     keys.add("alice-key", "alice")
     keys.add("bob-key", "bob")
     app = ProxyApp(
-        ProxySettings(
-            touch_interval=5.0,
-            resume_wait=10,
-            boot_grace=1.0,
-            wire=getattr(request.module, "WIRE", True),
-        ),
+        ProxySettings(touch_interval=5.0, resume_wait=10, boot_grace=1.0),
         wiring=ProxyWiring(records=FakeRecords(lifecycle), lifecycle=lifecycle, keys=keys),
     )
     upstream = build_upstream(state)

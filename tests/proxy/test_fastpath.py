@@ -43,11 +43,6 @@ from .test_proxy import make, to
 HOSTILE_HOST = "127.0.4.214"  # this file's raw upstream (other proxy tests use .213)
 
 
-# This module tests the Python fast path: the rig keeps every exchange in Python
-# (tests/proxy/test_wire.py tests the compiled data path).
-WIRE = False
-
-
 def fast_count(app: ProxyApp) -> float:
     return app.fast_exchanges._value.get()
 
@@ -175,7 +170,7 @@ def small() -> Iterator[tuple[str, SandboxRecord, int, UpstreamState]]:
     state = UpstreamState()
     lifecycle = FakeLifecycle(host=HOSTILE_HOST)
     app = ProxyApp(
-        ProxySettings(body_timeout=5.0, wire=WIRE),
+        ProxySettings(body_timeout=5.0),
         wiring=ProxyWiring(records=FakeRecords(lifecycle), lifecycle=lifecycle, keys=None),
         limits=SMALL,
     )

@@ -39,11 +39,6 @@ from .test_proxy import make, to
 RELAY_HOST = "127.0.4.215"  # this file's own upstream address (other proxy tests use .213/.214)
 
 
-# This module tests the Python relay: the rig keeps every exchange in Python
-# (tests/proxy/test_wire.py tests the compiled data path).
-WIRE = False
-
-
 def relayed(app: ProxyApp) -> float:
     return app.fast_exchanges._value.get()
 
@@ -226,7 +221,7 @@ def small() -> Iterator[tuple[str, SandboxRecord, int, UpstreamState]]:
     state = UpstreamState()
     lifecycle = FakeLifecycle(host=RELAY_HOST)
     app = ProxyApp(
-        ProxySettings(body_timeout=5.0, wire=WIRE),
+        ProxySettings(body_timeout=5.0),
         wiring=ProxyWiring(records=FakeRecords(lifecycle), lifecycle=lifecycle, keys=None),
         limits=SMALL,
     )
@@ -280,7 +275,7 @@ def test_a_connection_over_the_per_client_limit_is_503_from_the_relay_too() -> N
     state = UpstreamState()
     lifecycle = FakeLifecycle(host=RELAY_HOST)
     app = ProxyApp(
-        ProxySettings(wire=WIRE),
+        ProxySettings(),
         wiring=ProxyWiring(records=FakeRecords(lifecycle), lifecycle=lifecycle, keys=None),
         limits=FEW,
     )

@@ -13,10 +13,6 @@ from tests.security.rawhttp import authority, connect, read_answer
 from .test_proxy import make
 from .test_relay import handovers, relayed
 
-# This module tests the Python relay's and fast path's header scans: the rig keeps every
-# exchange in Python (tests/proxy/test_wire.py tests the compiled data path).
-WIRE = False
-
 
 def send(rig: Rig, lines: list[str], body: bytes = b"") -> tuple[int, dict[str, object], bool]:
     """One raw request (its header lines as given, repeats kept): the status, the sandbox's

@@ -1,3 +1,0 @@
-module torpor/wire
-
-go 1.22
