@@ -131,27 +131,30 @@ class Reconciler:
             await self.stop_strays(set(names))
             await self._addresses.release_orphans(set(names))
             await self._id_ranges.release_orphans(set(names))
-            await self._sweep_network(names)
+            await self._sweep_network()
             for orphan in await asyncio.to_thread(self._launcher.layers.names):
                 # Its workload was deleted while no runtime ran (looked up again: it may have
                 # been created since ``names`` was read).
                 if orphan not in names and await self._store.get(orphan) is None:
                     await self._launcher.delete_layer(orphan)
 
-    async def _sweep_network(self, names: list[str]) -> None:
+    async def _sweep_network(self) -> None:
         """Keep the network of every pod still running (adopted after a restart); remove the
-        rest of this instance's namespaces, links and rules."""
-        keep = {}
-        for name in names:
-            current = await self._store.get(name)
-            if current is None:
-                continue
-            record = current[0]
-            for pod in [*record.terminating, *([record.pod] if record.pod else [])]:
-                alive = procfs.is_pod_alive(pod.pid, pod.uid, pod.start_ticks)
-                if pod.address is not None and alive:
-                    keep[pod_net_id(pod.uid)] = (pod.address, record.network)
-        await self._network.sweep(keep)
+        rest of this instance's namespaces, links and rules. Under the sweep lock, with the
+        workloads listed again inside it: another process's pod being started meanwhile is
+        recorded before this looks, or starts after it is done."""
+        async with self._network.sweep_lock():
+            keep = {}
+            for name in await self._store.names():
+                current = await self._store.get(name)
+                if current is None:
+                    continue
+                record = current[0]
+                for pod in [*record.terminating, *([record.pod] if record.pod else [])]:
+                    alive = procfs.is_pod_alive(pod.pid, pod.uid, pod.start_ticks)
+                    if pod.address is not None and alive:
+                        keep[pod_net_id(pod.uid)] = (pod.address, record.network)
+            await self._network.sweep(keep)
 
     async def apply_network(self, name: str) -> None:
         """Give the workload's running pod the record's current policy (a live change)."""

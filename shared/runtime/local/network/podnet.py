@@ -175,16 +175,23 @@ class PodNetwork:
     @contextlib.asynccontextmanager
     async def address_lock(self, address: str) -> AsyncIterator[None]:
         """Held while a pod is started at ``address``: the processes of one instance (several
-        services may each run a reconciler) never start two pods at one address."""
+        services may each run a reconciler) never start two pods at one address, and no
+        ``sweep_lock`` holder takes a starting pod's namespace for a leftover."""
         folder = self._data_dir / "network"
         folder.mkdir(exist_ok=True)
         path = folder / f"{ipaddress.IPv4Address(address)}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        async with _flocked(folder / "sweep.lock", fcntl.LOCK_SH), _flocked(path, fcntl.LOCK_EX):
             yield
-        finally:
-            os.close(fd)
+
+    @contextlib.asynccontextmanager
+    async def sweep_lock(self) -> AsyncIterator[None]:
+        """Held while leftovers are found and removed: no pod of another process of the
+        instance is between its namespace's creation and its record then (a runtime starting
+        beside one that fills its pool once swept that one's fresh namespace)."""
+        folder = self._data_dir / "network"
+        folder.mkdir(parents=True, exist_ok=True)
+        async with _flocked(folder / "sweep.lock", fcntl.LOCK_EX):
+            yield
 
     async def _list_table(self) -> str | None:
         listed = await run([self._nft, "list", "table", "inet", self.names.table], check=False)
@@ -290,3 +297,13 @@ def _enable_forwarding() -> None:
     except OSError as e:
         msg = f"cannot enable IPv4 forwarding ({e.strerror}): pods would have no egress"
         raise ConfigError(msg) from e
+
+
+@contextlib.asynccontextmanager
+async def _flocked(path: Path, mode: int) -> AsyncIterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        await asyncio.to_thread(fcntl.flock, fd, mode)
+        yield
+    finally:
+        os.close(fd)  # also releases the lock
