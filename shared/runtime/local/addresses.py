@@ -1,14 +1,14 @@
 """Each workload's pod address: reserved in the workloads' KV bucket for the workload's lifetime.
 
 An address is one of the instance's pod range (:mod:`.network`), the address of the pod's own
-network namespace, where its daemon listens; key ``addr.<a>-<b>-<c>-<d>`` holds
-``{"workload": name}``. It stays reserved while the workload is paused, so no other pod can take
-it over.
+network namespace, where its daemon listens; key ``addr.<a>-<b>-<c>-<d>`` holds a
+:class:`.records.Reservation` (the workload's name, and when). It stays reserved while the
+workload is paused, so no other pod can take it over.
 """
 
 from __future__ import annotations
 
-import json
+import time
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
@@ -16,7 +16,7 @@ from nats.js.kv import KeyValue
 from shared.bus.kv import key_names
 from shared.errors import RuntimeFailure
 from shared.runtime.local.network import PodNetwork
-from shared.runtime.local.records import reservation_holder
+from shared.runtime.local.records import reservation_holder, reservation_of, reservation_value
 
 ADDRESS_PREFIX = "addr."
 
@@ -53,7 +53,7 @@ class AddressPool:
 
     async def transfer(self, address: str, name: str) -> None:
         """Workload ``name`` holds ``address`` now (a warm pod claimed with its address)."""
-        await self._kv.put(address_key(address), json.dumps({"workload": name}).encode())
+        await self._kv.put(address_key(address), reservation_value(name))
 
     async def release_held(self, address: str, name: str) -> None:
         """Release ``address`` only while ``name`` holds it (safe to repeat after a crash)."""
@@ -61,10 +61,12 @@ class AddressPool:
             await self.release(address)
 
     async def release_orphans(self, names: set[str]) -> None:
-        """Release addresses held by workloads not in ``names`` (e.g. deleted while down)."""
+        """Release addresses left over by workloads not in ``names`` (e.g. deleted while down);
+        never one reserved a moment ago by a create under way in another process."""
+        now = time.time()
         for address in await self._candidates():
-            holder = await self.holder(address)  # one read per key, not two
-            if holder is not None and holder not in names:
+            reservation = await reservation_of(self._kv, address_key(address))
+            if reservation is not None and reservation.is_left_over(names, now):
                 await self.release(address)
 
     async def holder(self, address: str) -> str | None:
@@ -85,7 +87,7 @@ class AddressPool:
 
     async def _claim(self, address: str, name: str) -> bool:
         try:
-            await self._kv.create(address_key(address), json.dumps({"workload": name}).encode())
+            await self._kv.create(address_key(address), reservation_value(name))
         except KeyWrongLastSequenceError:
             return False
         return True

@@ -163,7 +163,7 @@ class RuntimeInstance:
                 await self._reconciler_.stop_everything()
         finally:
             if self._stop_pods_on_close:  # even when NATS is gone: never leave orphans
-                await self._reconciler_.stop_strays(set())
+                await self._reconciler_.stop_every_pod()
                 await self._network.release()
                 if self._launcher is not None:
                     await self._launcher.close()

@@ -128,7 +128,7 @@ class Reconciler:
             if current is not None and _needs_work(current[0]):
                 self.kick(name)
         if stray_sweep:
-            await self.stop_strays(set(names))
+            await self.stop_strays()
             await self._addresses.release_orphans(set(names))
             await self._id_ranges.release_orphans(set(names))
             await self._sweep_network()
@@ -145,12 +145,8 @@ class Reconciler:
         recorded before this looks, or starts after it is done."""
         async with self._network.sweep_lock():
             keep = {}
-            for name in await self._store.names():
-                current = await self._store.get(name)
-                if current is None:
-                    continue
-                record = current[0]
-                for pod in [*record.terminating, *([record.pod] if record.pod else [])]:
+            for record in await self._records():
+                for pod in record.pods():
                     alive = procfs.is_pod_alive(pod.pid, pod.uid, pod.start_ticks)
                     if pod.address is not None and alive:
                         keep[pod_net_id(pod.uid)] = (pod.address, record.network)
@@ -172,19 +168,30 @@ class Reconciler:
                 applied = current[0].network
                 await self._network.apply_policy(pod_net_id(pod.uid), pod.address, applied)
 
-    async def stop_strays(self, names: set[str]) -> None:
-        """Stop this data dir's pods that no record of ``names`` knows."""
-        known: set[str] = set()
+    async def stop_strays(self) -> None:
+        """Stop this data dir's pods that no record knows.
+
+        Another process of this instance may be starting or claiming a pod meanwhile: the pods
+        are listed first, under the sweep lock (a start records its pod before it lets go of
+        that lock), and the records after, the pools' before the sandboxes' (a claimed pod is
+        on the sandbox's record before it leaves the pool's), so no such pod looks unknown."""
+        async with self._network.sweep_lock():
+            running = await self._launcher.scan()
+            known = {pod.uid for record in await self._records() for pod in record.pods()}
+            for uid in running:
+                if uid not in known and uid not in self._starting:
+                    log.info("runtime_local_stray_stopped", pod_uid=uid)
+                    await self._launcher.stop_stray(uid)
+
+    async def _records(self) -> list[WorkloadRecord]:
+        """Every record, read now: the pools' first (see ``stop_strays``)."""
+        names = sorted(await self._store.names(), key=lambda n: not is_pool_name(n))
+        records = []
         for name in names:
             current = await self._store.get(name)
             if current is not None:
-                known.update(p.uid for p in current[0].terminating)
-                if current[0].pod is not None:
-                    known.add(current[0].pod.uid)
-        for uid in await self._launcher.scan():
-            if uid not in known and uid not in self._starting:
-                log.info("runtime_local_stray_stopped", pod_uid=uid)
-                await self._launcher.stop_stray(uid)
+                records.append(current[0])
+        return records
 
     async def stop_everything(self) -> None:
         """Stop every pod of this data dir; ``replicas`` stay, so the next start restarts them."""
@@ -192,8 +199,7 @@ class Reconciler:
             current = await self._store.get(name)
             if current is None:
                 continue
-            record = current[0]
-            for pod in [*record.terminating, *([record.pod] if record.pod else [])]:
+            for pod in current[0].pods():
                 await self._discard(pod)
 
             def change(r: WorkloadRecord) -> WorkloadRecord:
@@ -201,7 +207,12 @@ class Reconciler:
 
             with contextlib.suppress(NotFound):
                 await self._store.mutate(name, change)
-        await self.stop_strays(set())
+        await self.stop_every_pod()
+
+    async def stop_every_pod(self) -> None:
+        """Stop every pod of this data dir, recorded or not (reads no record: NATS may be gone)."""
+        for uid in await self._launcher.scan():
+            await self._launcher.stop_stray(uid)
 
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coro)

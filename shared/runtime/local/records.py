@@ -8,7 +8,7 @@ reservations of :mod:`.addresses`). The KV revision of ``wl.<name>`` is the work
 from __future__ import annotations
 
 import asyncio
-import json
+import time
 import weakref
 from collections.abc import Callable
 from typing import Literal
@@ -93,6 +93,10 @@ class WorkloadRecord(_Frozen):
     not_before: float = 0.0  # wall clock: no restart before this (crash back-off)
     deleting: bool = False
     pool: Pool | None = None  # a pool workload: its pod waits, warm, for a sandbox to claim it
+
+    def pods(self) -> list[PodRecord]:
+        """Every pod the record knows: the terminating ones and the current one."""
+        return [*self.terminating, *([self.pod] if self.pod is not None else [])]
 
 
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-revision check
@@ -198,15 +202,43 @@ class WorkloadStore:
         return await self._keys(WORKLOAD_PREFIX)
 
 
-async def reservation_holder(kv: KeyValue, key: str) -> str | None:
-    """The workload holding a reservation key (an address, a host id range), or ``None``.
+# A reservation this old whose workload has no record is left over (its creator died between
+# reserving and writing the record, or the workload was deleted while no runtime ran). A younger
+# one may be a create under way in another process: reserved, its record not written yet.
+LEFT_OVER_AFTER = 60.0
 
-    Both pools store ``{"workload": name}`` under their key; this is the one reader of it."""
+
+class Reservation(_Frozen):
+    """What a reservation key (an address, a host id range) holds."""
+
+    workload: str
+    at: float = 0.0  # wall clock of the reservation or its last move (0: a key from before)
+
+    def is_left_over(self, names: set[str], now: float) -> bool:
+        """Whether a sweep that found the workloads ``names`` may release it."""
+        return self.workload not in names and now - self.at >= LEFT_OVER_AFTER
+
+
+def reservation_value(workload: str) -> bytes:
+    """The value of a reservation key for ``workload``, made or moved now."""
+    return Reservation(workload=workload, at=time.time()).model_dump_json().encode()
+
+
+async def reservation_of(kv: KeyValue, key: str) -> Reservation | None:
+    """The reservation under ``key``, or ``None``: the one reader of both pools' keys."""
     try:
         entry = await kv.get(key)
     except KeyNotFoundError:
         return None
     if entry.value is None:
         return None
-    holder = json.loads(entry.value).get("workload")
-    return holder if isinstance(holder, str) else None
+    try:
+        return Reservation.model_validate_json(entry.value, strict=False)
+    except ValueError:
+        return None  # not a reservation: never taken for one
+
+
+async def reservation_holder(kv: KeyValue, key: str) -> str | None:
+    """The workload holding a reservation key, or ``None``."""
+    reservation = await reservation_of(kv, key)
+    return reservation.workload if reservation is not None else None

@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import stat
+import time
 from pathlib import Path
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -29,7 +29,7 @@ from nats.js.kv import KeyValue
 
 from shared.bus.kv import key_names
 from shared.errors import RuntimeFailure
-from shared.runtime.local.records import reservation_holder
+from shared.runtime.local.records import reservation_holder, reservation_of, reservation_value
 
 IDS_PER_POD = 65536
 FIRST_BASE = 1 << 30  # far above the ids of real host users and of subuid ranges (100000+)
@@ -57,7 +57,7 @@ class IdRangePool:
             if base in taken:
                 continue
             try:
-                await self._kv.create(range_key(base), json.dumps({"workload": name}).encode())
+                await self._kv.create(range_key(base), reservation_value(name))
             except KeyWrongLastSequenceError:
                 continue
             return base
@@ -70,7 +70,7 @@ class IdRangePool:
 
     async def transfer(self, base: int, name: str) -> None:
         """Workload ``name`` holds range ``base`` now (a warm pod claimed with its ids)."""
-        await self._kv.put(range_key(base), json.dumps({"workload": name}).encode())
+        await self._kv.put(range_key(base), reservation_value(name))
 
     async def release_held(self, base: int, name: str) -> None:
         """Release range ``base`` only while ``name`` holds it (safe to repeat)."""
@@ -89,9 +89,13 @@ class IdRangePool:
         return sorted(int(k.removeprefix(RANGE_PREFIX)) for k in keys if k.startswith(RANGE_PREFIX))
 
     async def release_orphans(self, names: set[str]) -> None:
-        for base in await self._candidates():  # holder() below: one read per key, not two
-            holder = await self.holder(base)
-            if holder is not None and holder not in names:
+        """As :meth:`.addresses.AddressPool.release_orphans`: a range reserved a moment ago
+        by a create under way elsewhere is kept (two workloads on one range could signal
+        each other)."""
+        now = time.time()
+        for base in await self._candidates():
+            reservation = await reservation_of(self._kv, range_key(base))
+            if reservation is not None and reservation.is_left_over(names, now):
                 await self.release(base)
 
 

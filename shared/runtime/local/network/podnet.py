@@ -165,12 +165,8 @@ class PodNetwork:
     async def _instance_lock(self) -> AsyncIterator[None]:
         """Serialises claims by the processes of one instance (they share the data dir)."""
         self._data_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._data_dir / "network.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        async with _flocked(self._data_dir / "network.lock", fcntl.LOCK_EX):
             yield
-        finally:
-            os.close(fd)  # also releases the lock
 
     @contextlib.asynccontextmanager
     async def address_lock(self, address: str) -> AsyncIterator[None]:
