@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -195,3 +196,11 @@ def host_listener(host: str) -> Iterator[tuple[int, list[object]]]:
         stop.set()
         thread.join(2)
         server.close()
+
+
+def host_addresses() -> list[str]:
+    """The host's own IPv4 addresses but loopback: what a sandbox must not reach."""
+    out = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    return [a for a in re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", out) if not a.startswith("127.")]

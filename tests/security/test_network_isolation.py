@@ -12,7 +12,6 @@ import json
 import re
 import secrets
 import socket
-import subprocess
 import textwrap
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from shared.runtime.local.network.names import InstanceNames
 from tests.security.network_support import PROBE as NS_PROBE
 from tests.security.network_support import (
     OutsideHost,
+    host_addresses,
     host_listener,
     in_netns,
     require_root_network,
@@ -100,13 +100,6 @@ def probe(sbx: Sandbox, targets: list[str]) -> dict[str, str]:
     sbx.files.write("/tmp/probe.py", PROBE)
     result = sbx.commands.run("python3 /tmp/probe.py " + " ".join(targets), timeout=120)
     return json.loads(result.stdout)
-
-
-def host_addresses() -> list[str]:
-    out = subprocess.run(
-        ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
-    ).stdout
-    return [a for a in re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", out) if not a.startswith("127.")]
 
 
 def test_a_sandbox_reaches_nothing_of_the_host_or_other_sandboxes(stack: Stack) -> None:

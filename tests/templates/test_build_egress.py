@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import re
 import secrets
 import subprocess
 import textwrap
@@ -25,6 +24,7 @@ from e2b import Sandbox, Template
 from shared.runtime.local.network import guard
 from tests.security.network_support import (
     OutsideHost,
+    host_addresses,
     host_listener,
     outside_host,
     require_root_network,
@@ -79,13 +79,6 @@ def estack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             },
         )
     )
-
-
-def host_addresses() -> list[str]:
-    out = subprocess.run(
-        ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
-    ).stdout
-    return [a for a in re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", out) if not a.startswith("127.")]
 
 
 def _diagnosis(reached: dict[str, str], logs: list[str]) -> str:

@@ -379,7 +379,14 @@ class Pools:
             await self._bind_daemon(record, claim)
             mark("daemon")
         except (RuntimeFailure, OSError, httpx.HTTPError, NotFound) as e:
-            log.warning("runtime_local_pool_claim_failed", workload=name, error=str(e)[:300])
+            # repr: some httpx errors have no message; the address says which daemon it dialled
+            log.warning(
+                "runtime_local_pool_claim_failed",
+                workload=name,
+                pod_uid=pod.uid,
+                address=record.address,
+                error=repr(e)[:300],
+            )
             await self._give_up(record)
             return None
 
