@@ -20,6 +20,7 @@ from nats.js.kv import KeyValue
 
 from shared.bus.middleware import LogContextMiddleware, RetryDlqMiddleware
 from shared.bus.topology import Durable, ensure_topology
+from shared.errors import ConfigError
 from shared.settings import BusSettings
 
 log = structlog.get_logger()
@@ -101,17 +102,41 @@ ANSWER_WITHIN = 60.0
 _NO_ANSWER = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError)
 
 
+def denied_by_bus(nc: Client, before: Exception | None) -> str | None:
+    """The server's word to this connection since its last error was ``before``, when it was a
+    missing permission (NATS sends it apart from the request, which then just times out)."""
+    error = nc.last_error
+    if error is None or error is before:
+        return None
+    text = str(error)
+    return text if "permissions violation" in text.lower() else None
+
+
 async def until_answered(
-    what: str, call: Callable[[], Awaitable[T]], *, within: float = ANSWER_WITHIN
+    what: str,
+    call: Callable[[], Awaitable[T]],
+    *,
+    within: float = ANSWER_WITHIN,
+    nc: Client | None = None,
 ) -> T:
     """``call()`` (idempotent), asked again while the bus does not answer, each retry logged;
-    after ``within`` seconds the last error is raised. Any other error fails at once."""
+    after ``within`` seconds the last error is raised. Any other error fails at once, and so
+    does a missing permission of ``nc``'s user refused during the call (asking again would not
+    help): one line."""
     deadline = time.monotonic() + within
     pause = 0.25
     while True:
+        before = nc.last_error if nc is not None else None
         try:
             return await call()
         except _NO_ANSWER as e:
+            denied = denied_by_bus(nc, before) if nc is not None else None
+            if denied is not None:
+                msg = (
+                    f"{what}: the bus refused this service's NATS user ({denied}); its "
+                    "permissions (auth.conf) do not match this version of torpor"
+                )
+                raise ConfigError(msg) from e
             if time.monotonic() + pause >= deadline:
                 raise
             log.warning("bus_no_answer_retry", call=what, error=type(e).__name__)
@@ -122,7 +147,8 @@ async def until_answered(
 async def prepare(broker: NatsBroker, settings: BusSettings) -> None:
     """Connect and converge the topology (idempotent; every replica of every service does it)."""
     await broker.connect()
-    warn_if_anonymous(broker.config.connection_state.connection, settings)
+    nc = broker.config.connection_state.connection
+    warn_if_anonymous(nc, settings)
     if settings.bus_provision:
         js = broker.config.connection_state.stream
         await until_answered(
@@ -132,13 +158,17 @@ async def prepare(broker: NatsBroker, settings: BusSettings) -> None:
                 replicas=settings.bus_replicas,
                 kept_files_max_bytes=settings.kept_files_max_bytes,
             ),
+            nc=nc,
         )
 
 
 async def key_value(broker: NatsBroker, bucket: str, *, within: float = ANSWER_WITHIN) -> KeyValue:
     """The bucket, bound (never created: ``prepare`` provisions); a missing one fails at once."""
     return await until_answered(
-        f"bind {bucket}", lambda: broker.key_value(bucket, declare=False), within=within
+        f"bind {bucket}",
+        lambda: broker.key_value(bucket, declare=False),
+        within=within,
+        nc=broker.config.connection_state.connection,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,11 +21,12 @@ from pydantic import BaseModel
 
 from shared.bus import subjects as s
 from shared.bus import topology as t
-from shared.bus.broker import key_value, make_broker, prepare, subscriber_args
+from shared.bus.broker import ANSWER_WITHIN, key_value, make_broker, prepare, subscriber_args
 from shared.bus.event_log import NatsEventLog
 from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import KvSandboxStore
 from shared.domain.record import SandboxRecord
+from shared.errors import ConfigError
 from shared.settings import BusSettings
 from tests.deploy.nats_auth import (
     NATS_DIR,
@@ -32,6 +34,7 @@ from tests.deploy.nats_auth import (
     Errors,
     connect,
     load_generator,
+    password,
     start_auth_nats,
 )
 
@@ -472,6 +475,30 @@ async def test_platform_cannot_consume_a_service_queue(provisioned: AuthNats) ->
         assert info.config.filter_subjects == list(t.SCHEDULER_LIFECYCLE.filters)
         stored = await js_admin.get_last_msg(t.STREAM_CMD, s.of(s.CMD_PAUSE, sid))
         assert stored.data
+
+
+async def test_a_missing_permission_fails_at_once_in_one_readable_line(
+    provisioned: AuthNats,
+) -> None:
+    """A service whose user may not bind a bucket (an auth.conf older than the code) says so in
+    one line at the first refusal, rather than asking again for a minute as it does while the
+    bus restarts (NATS answers neither: the refusal comes apart from the request)."""
+    settings = BusSettings(nats_url=provisioned.url("scheduler"), bus_provision=False)
+    broker = make_broker(settings, service="scheduler")
+    await prepare(broker, settings)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConfigError) as refused:
+            await key_value(broker, t.KV_API_KEYS)
+        assert time.monotonic() - started < ANSWER_WITHIN / 4
+        line = str(refused.value)
+        assert "\n" not in line and "permissions violation" in line.lower()
+        assert line.startswith(f"bind {t.KV_API_KEYS}: the bus refused")
+        assert password("scheduler") not in line
+        # Its own bucket still binds: the refusal named one call, not the connection.
+        assert await key_value(broker, t.KV_SANDBOXES, within=5) is not None
+    finally:
+        await broker.stop()
 
 
 async def test_platform_cannot_do_anything_else(provisioned: AuthNats) -> None:
