@@ -3,7 +3,7 @@ sandbox (auto-resume).
 
     .venv/bin/python bench/proxy_bench.py [--requests 2000] [--concurrency 32] [--no-resume]
         [--rounds 3] [--client httpx|lean] [--baseline <checkout of another commit>]
-        [--pump haproxy|socat|haproxy-http|none] [--out NAME.json]
+        [--pump haproxy|socat|haproxy-http|none] [--client-cpu N] [--out NAME.json]
 
 Part 1 runs the real in-sandbox daemon (``python -m services.envd``) on its own loopback
 address and the proxy (``ProxyApp``, the production ASGI app under uvicorn) in a separate
@@ -285,6 +285,7 @@ def overhead(
     baseline: Path | None = None,
     rounds: int = 3,
     pump: str = "none",
+    client_cpu: int | None = None,
 ) -> list[dict[str, object]]:
     from shared.bus.server import free_port
 
@@ -339,6 +340,9 @@ def overhead(
             pump_index = len(procs)
             procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
     rows: list[dict[str, object]] = []
+    affinity = os.sched_getaffinity(0)
+    if client_cpu is not None:  # after the servers started: they keep every CPU
+        os.sched_setaffinity(0, {client_cpu})
     try:
         direct = f"http://{POD_HOST}:{envd_port}"
         proxied = f"http://127.0.0.1:{proxy_port}"
@@ -443,6 +447,7 @@ def overhead(
                 rows.append(row)
                 _print_row(row)
     finally:
+        os.sched_setaffinity(0, affinity)
         for proc in procs:
             proc.terminate()
         for proc in procs:
@@ -534,6 +539,14 @@ def main() -> int:
         "hop); skipped with a message when not installed",
     )
     parser.add_argument(
+        "--client-cpu",
+        type=int,
+        default=None,
+        help="run the client on this CPU alone (the servers keep every CPU): a client on a "
+        "machine of its own, as the SDK is in production, instead of one sharing the servers' "
+        "cores and caches",
+    )
+    parser.add_argument(
         "--out", default="proxy_bench.json", help="result file name in bench/results/"
     )
     parser.add_argument(
@@ -546,7 +559,9 @@ def main() -> int:
 
     print(
         f"proxy vs direct: {args.requests} requests per cell, {args.rounds} rounds, "
-        f"client {args.client}, load {os.getloadavg()[0]:.1f}",
+        f"client {args.client}"
+        + (f" on CPU {args.client_cpu} alone" if args.client_cpu is not None else "")
+        + f", load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     _print_header()
@@ -557,6 +572,7 @@ def main() -> int:
         baseline=args.baseline,
         rounds=args.rounds,
         pump=args.pump,
+        client_cpu=args.client_cpu,
     )
     resume: dict[str, object] | None = None
     if not args.no_resume:
@@ -580,6 +596,7 @@ def main() -> int:
             "client": args.client,
             "baseline": str(args.baseline) if args.baseline else None,
             "pump": args.pump,
+            "client_cpu": args.client_cpu,
             "overhead": rows,
             "first_request_after_pause": resume,
         },
