@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Awaitable, Callable
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+from shared.errors import ConfigError
 
 log = structlog.get_logger()
 
@@ -24,6 +27,23 @@ _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Servic
 
 async def always_ready() -> bool:
     return True
+
+
+def inherited_listener(fd: int) -> socket.socket:
+    """The listening TCP socket a supervisor handed down as file descriptor ``fd``
+    (``TORPOR_HEALTH_FD``); ``ConfigError`` when ``fd`` is no such socket."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as e:
+        msg = f"TORPOR_HEALTH_FD={fd}: not an open socket ({e.strerror})"
+        raise ConfigError(msg) from e
+    tcp = sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
+    if not tcp or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        sock.detach()  # not ours to close
+        msg = f"TORPOR_HEALTH_FD={fd}: not a listening TCP socket"
+        raise ConfigError(msg)
+    sock.setblocking(False)
+    return sock
 
 
 class HealthServer:
@@ -37,9 +57,11 @@ class HealthServer:
         ready: ReadyCheck = always_ready,
         registry: CollectorRegistry = REGISTRY,
         ready_timeout: float = 2.0,
+        sock: socket.socket | None = None,
     ) -> None:
         self._host = host
         self._port = port
+        self._sock = sock  # a listening socket to serve instead of binding host:port
         self._ready = ready
         self._registry = registry
         self._ready_timeout = ready_timeout
@@ -53,7 +75,10 @@ class HealthServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> HealthServer:
-        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        if self._sock is not None:
+            self._server = await asyncio.start_server(self._handle, sock=self._sock)
+        else:
+            self._server = await asyncio.start_server(self._handle, self._host, self._port)
         log.info("health_listening", host=self._host, port=self.port)
         return self
 

@@ -227,6 +227,9 @@ class HealthSettings(SettingsBase):
     """Listen address of the probes and metrics."""
     health_port: int = Field(default=8080, ge=0, le=65535)
     """Their port (0: any free port). The scheduler's default is 8083; ``--health-port`` wins."""
+    health_fd: int | None = Field(default=None, ge=3)
+    """A listening socket handed down by a supervisor (``torpor up``), as an open file
+    descriptor: served instead of binding ``health_port``, so a restart never loses the port."""
 
 
 DAY = 86400

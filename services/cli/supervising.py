@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +44,9 @@ def _child_setup() -> None:
 class Child:
     spec: ServiceSpec
     health_port: int
+    # The supervisor's listening socket on health_port, handed to every run of the service: no
+    # other process can take the port between the pick and a start, or while it restarts.
+    health_socket: socket.socket | None = field(default=None, repr=False)
     port: int | None = None  # the public port, for api/proxy
     env: dict[str, str] = field(default_factory=dict, repr=False)  # its own (bus credentials)
     pid: int | None = None
@@ -99,6 +103,10 @@ class Supervisor:
         }
         if child.port is not None:
             env |= {"TORPOR_HOST": "127.0.0.1", "TORPOR_PORT": str(child.port)}
+        handed: tuple[int, ...] = ()
+        if child.health_socket is not None:
+            handed = (child.health_socket.fileno(),)
+            env["TORPOR_HEALTH_FD"] = str(handed[0])
         self.log_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.log_dir, 0o700)
         with _open_log(self.log_dir / f"{child.name}.log") as log:
@@ -110,6 +118,7 @@ class Supervisor:
                 env=env,
                 start_new_session=True,
                 preexec_fn=_child_setup,
+                pass_fds=handed,
             )
         child.pid = child.process.pid
         child.started_at = time.monotonic()

@@ -19,7 +19,7 @@ from services.cli.instance import InstanceState, remove_state, write_state
 from services.cli.status_view import StatusView
 from services.cli.supervising import Child, Supervisor
 from shared.bus.credentials import OPERATOR, client_env, load_or_create
-from shared.bus.server import EmbeddedNats, free_ports
+from shared.bus.server import EmbeddedNats, free_ports, listeners
 from shared.runtime.local import procfs
 from shared.runtime.local.network import release_instance
 from shared.runtime.local.pod_dirs import unmount_stopped
@@ -134,19 +134,42 @@ async def _stop_sandboxes(data_dir: Path) -> None:
 
 
 async def _supervise(plan: Plan, nats: EmbeddedNats, passwords: dict[str, str]) -> int:
-    stop = asyncio.Event()
     public = {"api": plan.api_port, "proxy": plan.proxy_port}
     planned = {plan.api_port, plan.proxy_port, nats.port, nats.monitor_port}
-    health_ports = free_ports(len(catalog.SERVICES), plan.host, avoid=planned)
+    # The workers serve their probes on a socket held here for good (handed to each run); the
+    # api and proxy answer on their public port, so theirs is only a port nobody listens on.
+    workers = [spec for spec in catalog.SERVICES if spec.public_port is None]
+    sockets = dict(
+        zip(
+            (spec.name for spec in workers),
+            listeners(len(workers), plan.host, avoid=planned),
+            strict=True,
+        )
+    )
+    spare = iter(free_ports(len(catalog.SERVICES) - len(workers), plan.host, avoid=planned))
     children = [
         Child(
             spec=spec,
-            health_port=health_port,
+            health_port=(
+                int(sockets[spec.name].getsockname()[1]) if spec.name in sockets else next(spare)
+            ),
+            health_socket=sockets.get(spec.name),
             port=public.get(spec.public_port) if spec.public_port else None,
             env=service_env(spec.name, passwords),
         )
-        for spec, health_port in zip(catalog.SERVICES, health_ports, strict=True)
+        for spec in catalog.SERVICES
     ]
+    try:
+        return await _run(plan, nats, passwords, children)
+    finally:
+        for sock in sockets.values():
+            sock.close()
+
+
+async def _run(
+    plan: Plan, nats: EmbeddedNats, passwords: dict[str, str], children: list[Child]
+) -> int:
+    stop = asyncio.Event()
     supervisor = Supervisor(
         children=children,
         env=child_env(plan, nats.url) | control_ports_env(plan, nats.url, children),

@@ -85,6 +85,37 @@ def free_ports(count: int, host: str = "127.0.0.1", *, avoid: Collection[int] = 
     return ports
 
 
+def listeners(
+    count: int, host: str = "127.0.0.1", *, avoid: Collection[int] = ()
+) -> list[socket.socket]:
+    """``count`` listening TCP sockets on free ports of ``host``, none in ``avoid``: for ports a
+    supervisor hands down to its children (``pass_fds``), so no other process can take one
+    between the pick and a child's start, or while a child restarts."""
+    held: list[socket.socket] = []
+    skipped: list[socket.socket] = []
+    try:
+        for _ in range(count + len(avoid) + 16):
+            if len(held) == count:
+                break
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, 0))
+            (held if int(s.getsockname()[1]) not in avoid else skipped).append(s)
+        if len(held) < count:
+            raise OSError(f"no {count} free ports on {host}")
+        for s in held:
+            s.listen(128)
+            s.set_inheritable(False)  # handed to one child each, explicitly
+    except BaseException:
+        for s in held:
+            s.close()
+        raise
+    finally:
+        for s in skipped:
+            s.close()
+    return held
+
+
 def port_in_use(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import io
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Generic, Literal, TypeVar
 import structlog
 
 from shared.errors import ConfigError, TorporError
-from shared.health import HealthServer
+from shared.health import HealthServer, inherited_listener
 from shared.lifecycle.hosting import Context, WorkerHost, until_signalled
 from shared.logging import configure
 from shared.ports.envd import Envd
@@ -63,6 +64,7 @@ class _Config(Generic[S]):
     settings: S
     health_host: str
     health_port: int
+    health_sock: socket.socket | None  # handed down by a supervisor: served, not bound
     runtime: RuntimeSettings | None
     local: LocalRuntimeSettings | None
 
@@ -82,6 +84,11 @@ def run_worker(spec: WorkerSpec[S], argv: list[str] | None = None) -> int:
             settings=spec.settings(),
             health_host=health.health_host,
             health_port=args.health_port if args.health_port is not None else port,
+            health_sock=(
+                inherited_listener(health.health_fd)
+                if health.health_fd is not None and args.health_port is None
+                else None
+            ),
             runtime=load(RuntimeSettings) if pods else None,
             local=load(LocalRuntimeSettings) if pods else None,
         )
@@ -109,7 +116,12 @@ async def _serve(spec: WorkerSpec[S], config: _Config[S]) -> int:
             envd=envd,
         )
         host = spec.host(ctx, config.settings)
-        server = HealthServer(host=config.health_host, port=config.health_port, ready=host.ready)
+        server = HealthServer(
+            host=config.health_host,
+            port=config.health_port,
+            ready=host.ready,
+            sock=config.health_sock,
+        )
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
         try:
             await server.start()

@@ -22,7 +22,7 @@ import structlog
 
 from services.cli import catalog
 from shared.bus.broker import make_broker, prepare
-from shared.health import HealthServer
+from shared.health import HealthServer, inherited_listener
 from shared.settings import BusSettings, HealthSettings, LoggingSettings, load
 
 COMMAND = [sys.executable, "-m", "tests.support.placeholder"]
@@ -41,7 +41,8 @@ async def serve(name: str, *, bus: BusSettings, health: HealthSettings) -> int:
     async def ready() -> bool:
         return await broker.ping(timeout=1.0)
 
-    server = HealthServer(host=health.health_host, port=health.health_port, ready=ready)
+    sock = inherited_listener(health.health_fd) if health.health_fd is not None else None
+    server = HealthServer(host=health.health_host, port=health.health_port, ready=ready, sock=sock)
     try:
         # Probes answer first (live, not ready) so a slow bus shows up as "not ready".
         await server.start()
