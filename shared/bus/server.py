@@ -65,23 +65,10 @@ def free_ports(count: int, host: str = "127.0.0.1", *, avoid: Collection[int] = 
     yet). Every socket stays bound until all are picked: picked one at a time, the kernel hands
     the same port out twice in about 1 of 300 sets of ten, and the second service to bind it
     fails for good."""
-    held: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        for _ in range(count + len(avoid) + 16):
-            if len(ports) == count:
-                break
-            s = socket.socket()
-            held.append(s)
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-            if port not in avoid:
-                ports.append(port)
-    finally:
-        for s in held:
-            s.close()
-    if len(ports) < count:
-        raise OSError(f"no {count} free ports on {host}")
+    held = _bound(count, host, avoid)
+    ports = [int(s.getsockname()[1]) for s in held]
+    for s in held:
+        s.close()
     return ports
 
 
@@ -91,21 +78,32 @@ def listeners(
     """``count`` listening TCP sockets on free ports of ``host``, none in ``avoid``: for ports a
     supervisor hands down to its children (``pass_fds``), so no other process can take one
     between the pick and a child's start, or while a child restarts."""
+    held = _bound(count, host, avoid, reuse=True)
+    for s in held:
+        s.listen(128)
+        s.set_inheritable(False)  # handed to one child each, explicitly
+    return held
+
+
+def _bound(
+    count: int, host: str, avoid: Collection[int], *, reuse: bool = False
+) -> list[socket.socket]:
+    """``count`` sockets bound to distinct free ports of ``host``, none in ``avoid``."""
     held: list[socket.socket] = []
-    skipped: list[socket.socket] = []
+    skipped: list[socket.socket] = []  # kept bound until the end: the kernel would hand it again
     try:
         for _ in range(count + len(avoid) + 16):
             if len(held) == count:
                 break
             s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            skipped.append(s)  # closed at the end unless it is kept
+            if reuse:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, 0))
-            (held if int(s.getsockname()[1]) not in avoid else skipped).append(s)
+            if int(s.getsockname()[1]) not in avoid:
+                held.append(skipped.pop())
         if len(held) < count:
             raise OSError(f"no {count} free ports on {host}")
-        for s in held:
-            s.listen(128)
-            s.set_inheritable(False)  # handed to one child each, explicitly
     except BaseException:
         for s in held:
             s.close()

@@ -52,7 +52,7 @@ async def test_a_starting_runtime_keeps_what_a_create_beside_it_just_reserved(
     assert await addresses.reserve("sbx-next") not in {address}
 
 
-async def test_the_stray_sweep_waits_for_a_pod_start_under_way(
+async def test_the_leftover_sweep_waits_for_a_pod_start_under_way(
     local_runtime: LocalRuntimeFactory, data_dir: Path
 ) -> None:
     """A pod being started is recorded before its start lets go of the sweep lock; the sweep
@@ -60,7 +60,7 @@ async def test_the_stray_sweep_waits_for_a_pod_start_under_way(
     runtime = await local_runtime()
     other_process = PodNetwork(data_dir)
     async with other_process.address_lock("10.0.0.9"):
-        sweep = asyncio.create_task(runtime._reconciler.stop_strays())
+        sweep = asyncio.create_task(runtime._reconciler.sweep_leftovers())
         await asyncio.sleep(0.5)
         assert not sweep.done()
     await asyncio.wait_for(sweep, 10)

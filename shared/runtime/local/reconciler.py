@@ -128,29 +128,14 @@ class Reconciler:
             if current is not None and _needs_work(current[0]):
                 self.kick(name)
         if stray_sweep:
-            await self.stop_strays()
+            await self.sweep_leftovers()
             await self._addresses.release_orphans(set(names))
             await self._id_ranges.release_orphans(set(names))
-            await self._sweep_network()
             for orphan in await asyncio.to_thread(self._launcher.layers.names):
                 # Its workload was deleted while no runtime ran (looked up again: it may have
                 # been created since ``names`` was read).
                 if orphan not in names and await self._store.get(orphan) is None:
                     await self._launcher.delete_layer(orphan)
-
-    async def _sweep_network(self) -> None:
-        """Keep the network of every pod still running (adopted after a restart); remove the
-        rest of this instance's namespaces, links and rules. Under the sweep lock, with the
-        workloads listed again inside it: another process's pod being started meanwhile is
-        recorded before this looks, or starts after it is done."""
-        async with self._network.sweep_lock():
-            keep = {}
-            for record in await self._records():
-                for pod in record.pods():
-                    alive = procfs.is_pod_alive(pod.pid, pod.uid, pod.start_ticks)
-                    if pod.address is not None and alive:
-                        keep[pod_net_id(pod.uid)] = (pod.address, record.network)
-            await self._network.sweep(keep)
 
     async def apply_network(self, name: str) -> None:
         """Give the workload's running pod the record's current policy (a live change)."""
@@ -168,8 +153,10 @@ class Reconciler:
                 applied = current[0].network
                 await self._network.apply_policy(pod_net_id(pod.uid), pod.address, applied)
 
-    async def stop_strays(self) -> None:
-        """Stop this data dir's pods that no record knows.
+    async def sweep_leftovers(self) -> None:
+        """Stop this data dir's pods that no record knows; keep the network of every recorded
+        pod still running (adopted after a restart) and remove the rest of this instance's
+        namespaces, links and rules.
 
         Another process of this instance may be starting or claiming a pod meanwhile: the pods
         are listed first, under the sweep lock (a start records its pod before it lets go of
@@ -177,14 +164,22 @@ class Reconciler:
         on the sandbox's record before it leaves the pool's), so no such pod looks unknown."""
         async with self._network.sweep_lock():
             running = await self._launcher.scan()
-            known = {pod.uid for record in await self._records() for pod in record.pods()}
+            records = await self._records()
+            known = {pod.uid for record in records for pod in record.pods()}
             for uid in running:
                 if uid not in known and uid not in self._starting:
                     log.info("runtime_local_stray_stopped", pod_uid=uid)
                     await self._launcher.stop_stray(uid)
+            keep = {}
+            for record in records:
+                for pod in record.pods():
+                    alive = procfs.is_pod_alive(pod.pid, pod.uid, pod.start_ticks)
+                    if pod.address is not None and alive:
+                        keep[pod_net_id(pod.uid)] = (pod.address, record.network)
+            await self._network.sweep(keep)
 
     async def _records(self) -> list[WorkloadRecord]:
-        """Every record, read now: the pools' first (see ``stop_strays``)."""
+        """Every record, read now: the pools' first (see ``sweep_leftovers``)."""
         names = sorted(await self._store.names(), key=lambda n: not is_pool_name(n))
         records = []
         for name in names:

@@ -173,8 +173,7 @@ class PodNetwork:
         """Held while a pod is started at ``address``: the processes of one instance (several
         services may each run a reconciler) never start two pods at one address, and no
         ``sweep_lock`` holder takes a starting pod's namespace for a leftover."""
-        folder = self._data_dir / "network"
-        folder.mkdir(exist_ok=True)
+        folder = self._lock_dir()
         path = folder / f"{ipaddress.IPv4Address(address)}.lock"
         async with _flocked(folder / "sweep.lock", fcntl.LOCK_SH), _flocked(path, fcntl.LOCK_EX):
             yield
@@ -184,10 +183,13 @@ class PodNetwork:
         """Held while leftovers are found and removed: no pod of another process of the
         instance is between its namespace's creation and its record then (a runtime starting
         beside one that fills its pool once swept that one's fresh namespace)."""
+        async with _flocked(self._lock_dir() / "sweep.lock", fcntl.LOCK_EX):
+            yield
+
+    def _lock_dir(self) -> Path:
         folder = self._data_dir / "network"
         folder.mkdir(parents=True, exist_ok=True)
-        async with _flocked(folder / "sweep.lock", fcntl.LOCK_EX):
-            yield
+        return folder
 
     async def _list_table(self) -> str | None:
         listed = await run([self._nft, "list", "table", "inet", self.names.table], check=False)
