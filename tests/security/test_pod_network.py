@@ -106,6 +106,65 @@ async def test_isolation_and_nat(network: PodNetwork, outside_host: OutsideHost)
         await net.teardown(bob, bob_ip)
 
 
+_CONNECT_FROM = (
+    "import socket,sys\n"
+    "s=socket.socket(); s.settimeout(2); s.bind((sys.argv[1], 0))\n"
+    "try:\n"
+    "    s.connect((sys.argv[2], int(sys.argv[3]))); print('ok', s.recv(16).decode())\n"
+    "except OSError as e:\n"
+    "    print(type(e).__name__)\n"
+)
+
+
+async def test_a_pod_reaches_no_host_address_but_its_gateway_whatever_the_host_holds(
+    network: PodNetwork, outside_host: OutsideHost
+) -> None:
+    """The guard refuses a pod's packet to a host address outside the pod ranges before
+    connection tracking, NAT and routing: no translation, route or connection state of the host
+    makes one pass. The host here is set up the worst way: the pod's link takes packets for
+    127/8 (``route_localnet``), a DNAT of the test's own sends the pod's connection to the outside
+    link's host address on to a 127.0.0.1 listener, and the host opens a connection to the pod
+    from that address, so the pod's answer would be a reply ("established")."""
+    net, pod = network, "d0a7000"
+    address = net.address(7)
+    await net.setup(pod, address, NetworkPolicy())
+    ns, link, port = net.netns_path(pod), net.names.link(pod), 7003
+    table = f"torpor_test_{pod}"
+    loopback = subprocess.Popen(
+        [sys.executable, "-c", LISTENER, "127.0.0.1", str(port)], stdout=subprocess.PIPE, text=True
+    )
+    server = _listen(net, pod, 7000)
+    try:
+        assert loopback.stdout is not None
+        assert loopback.stdout.readline().strip() == "ready"
+        sh("sysctl", "-q", "-w", f"net.ipv4.conf.{link}.route_localnet=1")
+        sh(
+            "nft", "-f", "-",
+            stdin=(
+                f"add table ip {table}\n"
+                f"add chain ip {table} pre {{ type nat hook prerouting priority dstnat; }}\n"
+                f'add rule ip {table} pre iifname "{link}" ip daddr {outside_host.host_side} '
+                f"tcp dport {port} dnat to 127.0.0.1:{port}\n"
+            ),
+        )  # fmt: skip
+        got = probe(ns, outside_host.host_side, port)
+        assert not got.startswith("ok"), got
+        # The host's own connection to the pod: from the gateway (the pod route's source) it
+        # works; from another host address the pod's answer never arrives.
+        gateway = in_netns("/proc/self/ns/net", _CONNECT_FROM, str(net.gateway), address, "7000")
+        assert gateway == "ok pod"
+        other = in_netns(
+            "/proc/self/ns/net", _CONNECT_FROM, outside_host.host_side, address, "7000"
+        )
+        assert not other.startswith("ok"), other
+    finally:
+        sh("nft", "delete", "table", "ip", table, check=False)
+        for proc in (loopback, server):
+            proc.kill()
+            proc.wait()
+        await net.teardown(pod, address)
+
+
 async def test_policy_live_and_exact(network: PodNetwork, outside_host: OutsideHost) -> None:
     net, pod, address = network, "5005005", network.address(5)
     await net.setup(pod, address, NetworkPolicy(allow_internet=False))

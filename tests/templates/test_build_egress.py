@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import secrets
 import subprocess
 import textwrap
@@ -52,6 +53,11 @@ PROBE = textwrap.dedent(
         try:
             s.connect((gw if host == "gw" else host, int(port))); out[target] = "ok"
             via[target] = "%s:%d" % s.getsockname()
+            try:  # who answered: NATS greets, an HTTP server answers
+                s.settimeout(1); s.sendall(b"GET /health HTTP/1.0\\r\\n\\r\\n")
+                via[target] += " said %r" % s.recv(160)
+            except OSError as e:
+                via[target] += " said nothing (%s)" % type(e).__name__
         except OSError as e:
             out[target] = type(e).__name__
         finally:
@@ -82,9 +88,14 @@ def estack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def _diagnosis(reached: dict[str, str], logs: list[str]) -> str:
-    """What answered, as the host and the step saw it (CI once showed a host address of the
-    Kubernetes rig reached, not reproduced since): the listeners on the reached ports, the
-    step's own address and routes, the host's addresses and the guard's input chain."""
+    """What answered, as the host and the step saw it. CI showed it three times, never
+    reproduced here (nor in a whole-suite run with every pod SYN traced): a control-plane port
+    bound to 127.0.0.1 (the proxy's, NATS's) answered on a host address outside the pod ranges
+    (the Kubernetes rig's bridge, the outside link's host side), while the test's own 0.0.0.0
+    listener on the same address did not. The guard now refuses such packets before conntrack
+    and NAT (guard.py, ``prerouting``). So: the listeners on the reached ports, what the peer
+    said, the step's address and routes, the host's addresses, conntrack entries of those ports,
+    interfaces that take 127/8 or local sources, NAT rules, and the guard's input chain."""
     ports = {t.rsplit(":", 1)[1] for t in reached}
     listening = sh("ss", "-ltnpH", check=False).splitlines()
     return "\n".join(
@@ -93,10 +104,37 @@ def _diagnosis(reached: dict[str, str], logs: list[str]) -> str:
             "listeners: " + "; ".join(ln for ln in listening if any(f":{p} " in ln for p in ports)),
             "step: " + " | ".join(m for m in logs if "VIA " in m),
             "host addresses: " + ", ".join(host_addresses()),
+            "conntrack: " + " | ".join(_conntrack(ports)),
+            "sysctls on: " + ", ".join(_risky_sysctls()),
+            "nat rules: "
+            + " | ".join(
+                ln.strip()
+                for ln in sh("nft", "list", "ruleset", check=False).splitlines()
+                if any(w in ln for w in ("dnat", "redirect", "tproxy", "DNAT", "REDIRECT"))
+            ),
             "guard input: "
             + (sh("nft", "list", "chain", "inet", guard.TABLE, "input", check=False) or "(none)"),
         ]
     )
+
+
+def _conntrack(ports: set[str]) -> list[str]:
+    try:
+        with open("/proc/net/nf_conntrack") as f:
+            return [ln.strip() for ln in f if any(f"port={p} " in ln for p in ports)]
+    except OSError as e:
+        return [repr(e)]
+
+
+def _risky_sysctls() -> list[str]:
+    """Interfaces that accept packets for 127/8 or from the host's own addresses."""
+    found = []
+    for conf in sorted(os.listdir("/proc/sys/net/ipv4/conf")):
+        for knob in ("route_localnet", "accept_local"):
+            with open(f"/proc/sys/net/ipv4/conf/{conf}/{knob}") as f:
+                if f.read().strip() != "0":
+                    found.append(f"{conf}/{knob}")
+    return found
 
 
 @contextlib.contextmanager

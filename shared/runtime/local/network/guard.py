@@ -11,6 +11,11 @@ any outside address, to whatever answers there. In nftables a drop or reject in 
 final and an accept is not: the guard only rejects, so no other table can undo it, and it runs
 before the instances' chains (a lower priority number).
 
+- ``prerouting``: a packet from a pod link to an address of the host that is not in a pod range
+  (the gateway is; eth0's, another link's, 127/8 are not) is refused before connection tracking,
+  NAT and routing see it: whatever state, translation or route the host holds, no pod reaches a
+  host address other than its gateway. The host opens its connections to pods from the gateway
+  (the pod routes' ``src``), so replies never need another.
 - ``input``: from any pod link, only replies to connections the host opened pass.
 - ``forward``: into any pod link only replies; from a pod link only IPv4 from a pod range, and
   never to a pod range (``ranges``: the automatic pool and every range an instance claimed here;
@@ -50,13 +55,17 @@ def script(subnet: ipaddress.IPv4Network) -> str:
 add set {_T} pod_links {{ type ifname; flags interval; }}
 add set {_T} released {{ type ifname; flags interval; }}
 add set {_T} ranges {{ type ipv4_addr; flags interval; auto-merge; }}
+add chain {_T} prerouting {{ type filter hook prerouting priority raw; policy accept; }}
 add chain {_T} input {{ type filter hook input priority {PRIORITY}; policy accept; }}
 add chain {_T} forward {{ type filter hook forward priority {PRIORITY}; policy accept; }}
 add chain {_T} from_pod
+flush chain {_T} prerouting
 flush chain {_T} input
 flush chain {_T} forward
 flush chain {_T} from_pod
 add element {_T} pod_links {{ {_GLOBS} }}
+add rule {_T} prerouting iifname @pod_links fib daddr type local ip daddr != @ranges {REJECT}
+add rule {_T} prerouting iifname @pod_links meta nfproto ipv6 fib daddr type local {REJECT}
 add rule {_T} input iifname @released {REJECT}
 add rule {_T} input iifname @pod_links {_REPLIES} {REJECT}
 add rule {_T} forward iifname @released {REJECT}
