@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,3 +204,36 @@ def host_addresses() -> list[str]:
         ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
     ).stdout
     return [a for a in re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", out) if not a.startswith("127.")]
+
+
+def reach_diagnosis(reached: Mapping[str, str], names: Mapping[int, str]) -> str:
+    """The host's side of a probe that reached something it must not: which listener holds each
+    reached port (and what the test calls it), the host's addresses, conntrack entries of those
+    ports, interfaces that take packets for 127/8 or from local sources, every NAT-like rule, and
+    the guard's chains. A failure of an isolation test must say what answered."""
+    ports = {t.rsplit(":", 1)[1] for t in reached}
+    listening = sh("ss", "-ltnpH", check=False).splitlines()
+    try:
+        with open("/proc/net/nf_conntrack") as f:
+            tracked = [ln.strip() for ln in f if any(f"port={p} " in ln for p in ports)]
+    except OSError as e:
+        tracked = [repr(e)]
+    risky = []
+    for conf in sorted(os.listdir("/proc/sys/net/ipv4/conf")):
+        for knob in ("route_localnet", "accept_local"):
+            if Path(f"/proc/sys/net/ipv4/conf/{conf}/{knob}").read_text().strip() != "0":
+                risky.append(f"{conf}/{knob}")
+    ruleset = sh("nft", "list", "ruleset", check=False).splitlines()
+    nat = [ln.strip() for ln in ruleset if re.search(r"dnat|redirect|tproxy|DNAT|REDIRECT", ln)]
+    return "\n".join(
+        [
+            "",
+            "ports: " + ", ".join(f"{p}={n}" for p, n in names.items()),
+            "listeners: " + "; ".join(ln for ln in listening if any(f":{p} " in ln for p in ports)),
+            "host addresses: " + ", ".join(host_addresses()),
+            "conntrack: " + " | ".join(tracked),
+            "route_localnet/accept_local on: " + ", ".join(risky),
+            "nat rules: " + " | ".join(nat),
+            "guard: " + sh("nft", "list", "table", "inet", "torpor_guard", check=False),
+        ]
+    )

@@ -31,6 +31,7 @@ from tests.security.network_support import (
     host_addresses,
     host_listener,
     in_netns,
+    reach_diagnosis,
     require_root_network,
     sh,
 )
@@ -42,17 +43,24 @@ pytestmark = pytest.mark.slow
 PROBE = textwrap.dedent(
     """
     import json, socket, sys
-    out = {}
+    out, said = {}, {}
     for target in sys.argv[1:]:
         host, port = target.rsplit(":", 1)
         s = socket.socket(); s.settimeout(3)
         try:
             s.connect((host, int(port))); out[target] = "ok"
+            said[target] = "from %s:%d" % s.getsockname()
+            try:  # who answered: NATS greets, an HTTP server answers
+                s.settimeout(1); s.sendall(b"GET /health HTTP/1.0\\r\\n\\r\\n")
+                said[target] += " said %r" % s.recv(160)
+            except OSError as e:
+                said[target] += " said nothing (%s)" % type(e).__name__
         except OSError as e:
             out[target] = type(e).__name__
         finally:
             s.close()
     print(json.dumps(out))
+    print(json.dumps(said))
     """
 )
 # Runs inside the sandbox: listen on an address that is not its own (IP_FREEBIND lets the bind
@@ -96,10 +104,16 @@ def gateway(sbx: Sandbox) -> str:
     return out[0]
 
 
-def probe(sbx: Sandbox, targets: list[str]) -> dict[str, str]:
+def probe_said(sbx: Sandbox, targets: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Each target's result ("ok" or the error's name), and what each reached peer said."""
     sbx.files.write("/tmp/probe.py", PROBE)
     result = sbx.commands.run("python3 /tmp/probe.py " + " ".join(targets), timeout=120)
-    return json.loads(result.stdout)
+    out, said = result.stdout.splitlines()
+    return json.loads(out), json.loads(said)
+
+
+def probe(sbx: Sandbox, targets: list[str]) -> dict[str, str]:
+    return probe_said(sbx, targets)[0]
 
 
 def test_a_sandbox_reaches_nothing_of_the_host_or_other_sandboxes(stack: Stack) -> None:
@@ -134,11 +148,15 @@ def test_a_sandbox_reaches_nothing_of_the_host_or_other_sandboxes(stack: Stack) 
             targets = [f"{h}:{p}" for h in hosts for p in [*ports.values(), any_port, lo_port]]
             targets += [f"{bob_ip}:49983", f"{bob_ip}:8080"]
             own = f"{pod_address(alice)}:49983"  # the probe works: alice's own daemon answers
-            results = probe(alice, [*targets, own])
+            results, said = probe_said(alice, [*targets, own])
             assert results.pop(own) == "ok"
             assert set(results) == set(targets)
             reached = {t: r for t, r in results.items() if r == "ok"}
-            assert reached == {}, f"alice reached {reached}"
+            names = {**{p: k for k, p in ports.items() if p}, any_port: "0.0.0.0", lo_port: "lo"}
+            assert reached == {}, (
+                f"alice reached {reached}, seen {seen_any} {seen_lo}: {said}"
+                + reach_diagnosis(reached, names)
+            )
             assert seen_any == [] and seen_lo == []
     finally:
         alice.kill()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import secrets
 import subprocess
 import textwrap
@@ -22,12 +21,12 @@ from urllib.parse import urlparse
 import pytest
 from e2b import Sandbox, Template
 
-from shared.runtime.local.network import guard
 from tests.security.network_support import (
     OutsideHost,
     host_addresses,
     host_listener,
     outside_host,
+    reach_diagnosis,
     require_root_network,
     sh,
 )
@@ -87,54 +86,15 @@ def estack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     )
 
 
-def _diagnosis(reached: dict[str, str], logs: list[str]) -> str:
-    """What answered, as the host and the step saw it. CI showed it three times, never
-    reproduced here (nor in a whole-suite run with every pod SYN traced): a control-plane port
+def _diagnosis(reached: dict[str, str], logs: list[str], names: dict[int, str]) -> str:
+    """What answered, as the step and the host saw it. CI showed it three times, never
+    reproduced here (nor in a whole-suite run with every pod SYN traced): one control-plane port
     bound to 127.0.0.1 (the proxy's, NATS's) answered on a host address outside the pod ranges
-    (the Kubernetes rig's bridge, the outside link's host side), while the test's own 0.0.0.0
-    listener on the same address did not. The guard now refuses such packets before conntrack
-    and NAT (guard.py, ``prerouting``). So: the listeners on the reached ports, what the peer
-    said, the step's address and routes, the host's addresses, conntrack entries of those ports,
-    interfaces that take 127/8 or local sources, NAT rules, and the guard's input chain."""
-    ports = {t.rsplit(":", 1)[1] for t in reached}
-    listening = sh("ss", "-ltnpH", check=False).splitlines()
-    return "\n".join(
-        [
-            "",
-            "listeners: " + "; ".join(ln for ln in listening if any(f":{p} " in ln for p in ports)),
-            "step: " + " | ".join(m for m in logs if "VIA " in m),
-            "host addresses: " + ", ".join(host_addresses()),
-            "conntrack: " + " | ".join(_conntrack(ports)),
-            "sysctls on: " + ", ".join(_risky_sysctls()),
-            "nat rules: "
-            + " | ".join(
-                ln.strip()
-                for ln in sh("nft", "list", "ruleset", check=False).splitlines()
-                if any(w in ln for w in ("dnat", "redirect", "tproxy", "DNAT", "REDIRECT"))
-            ),
-            "guard input: "
-            + (sh("nft", "list", "chain", "inet", guard.TABLE, "input", check=False) or "(none)"),
-        ]
-    )
-
-
-def _conntrack(ports: set[str]) -> list[str]:
-    try:
-        with open("/proc/net/nf_conntrack") as f:
-            return [ln.strip() for ln in f if any(f"port={p} " in ln for p in ports)]
-    except OSError as e:
-        return [repr(e)]
-
-
-def _risky_sysctls() -> list[str]:
-    """Interfaces that accept packets for 127/8 or from the host's own addresses."""
-    found = []
-    for conf in sorted(os.listdir("/proc/sys/net/ipv4/conf")):
-        for knob in ("route_localnet", "accept_local"):
-            with open(f"/proc/sys/net/ipv4/conf/{conf}/{knob}") as f:
-                if f.read().strip() != "0":
-                    found.append(f"{conf}/{knob}")
-    return found
+    (the Kubernetes rig's bridge, the outside link's host side); and once, with the guard's
+    prerouting rule in place, tests/security/test_network_isolation.py saw the same on eth0's
+    address."""
+    step = " | ".join(m for m in logs if "VIA " in m)
+    return "\nstep: " + step + reach_diagnosis(reached, names)
 
 
 @contextlib.contextmanager
@@ -198,7 +158,13 @@ def test_a_build_step_reaches_only_the_allow_list(estack: Stack, outside_host: O
         results: dict[str, str] = json.loads(lines[0])
         assert results.pop(allowed) == "ok", results  # the allow-list works: the probe too
         reached = {t: r for t, r in results.items() if r == "ok"}
-        assert reached == {}, f"a build step reached {reached}" + _diagnosis(reached, logs)
+        names = {
+            **{p: k for k, p in zip(("api", "proxy", "nats"), control_plane, strict=True) if p},
+            port: "0.0.0.0",
+        }
+        assert reached == {}, f"a build step reached {reached}, seen {seen}" + _diagnosis(
+            reached, logs, names
+        )
         assert seen == []
     finally:
         other.kill()
