@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import re
 import secrets
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -47,6 +49,47 @@ PROBE = (
     "except OSError as e:\n"
     "    print(type(e).__name__, e.errno)\n"
 )
+
+# Runs inside a sandbox or build step: connect to each "host:port" ("gw": the default gateway,
+# i.e. the host), print "PROBE {target: ok | error name}", then "SAID {target: what a reached
+# peer said}" and the routes. NATS greets first; an HTTP server answers the request.
+SANDBOX_PROBE = textwrap.dedent(
+    """
+    import json, socket, struct, sys
+    gw = None
+    for line in open("/proc/net/route").read().splitlines()[1:]:
+        f = line.split()
+        if f[1] == "00000000":
+            gw = socket.inet_ntoa(struct.pack("<L", int(f[2], 16)))
+    out, said = {}, {}
+    for target in sys.argv[1:]:
+        host, port = target.rsplit(":", 1)
+        s = socket.socket(); s.settimeout(3)
+        try:
+            s.connect((gw if host == "gw" else host, int(port))); out[target] = "ok"
+            said[target] = "from %s:%d" % s.getsockname()
+            try:
+                s.settimeout(1); s.sendall(b"GET /health HTTP/1.0\\r\\n\\r\\n")
+                said[target] += " said %r" % s.recv(160)
+            except OSError as e:
+                said[target] += " said nothing (%s)" % type(e).__name__
+        except OSError as e:
+            out[target] = type(e).__name__
+        finally:
+            s.close()
+    routes = open("/proc/net/route").read().replace(chr(10), " / ")
+    print("PROBE " + json.dumps(out), flush=True)
+    print("SAID " + json.dumps(said) + " ROUTES " + routes, flush=True)
+    """
+)
+
+
+def probe_lines(text: str) -> tuple[dict[str, str], str]:
+    """SANDBOX_PROBE's results, and its SAID line, from its output."""
+    lines = text.splitlines()
+    results = [ln.split("PROBE ", 1)[1] for ln in lines if "PROBE " in ln]
+    assert len(results) == 1, text
+    return json.loads(results[0]), " | ".join(ln for ln in lines if "SAID " in ln)
 
 
 def require_root_network() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import secrets
 import socket
@@ -27,10 +26,12 @@ from shared.runtime.local.network import PodNetwork, links
 from shared.runtime.local.network.names import InstanceNames
 from tests.security.network_support import PROBE as NS_PROBE
 from tests.security.network_support import (
+    SANDBOX_PROBE,
     OutsideHost,
     host_addresses,
     host_listener,
     in_netns,
+    probe_lines,
     reach_diagnosis,
     require_root_network,
     sh,
@@ -39,30 +40,6 @@ from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
-# Runs inside the sandbox: connect to each (host, port), print {"host:port": "ok" | error}.
-PROBE = textwrap.dedent(
-    """
-    import json, socket, sys
-    out, said = {}, {}
-    for target in sys.argv[1:]:
-        host, port = target.rsplit(":", 1)
-        s = socket.socket(); s.settimeout(3)
-        try:
-            s.connect((host, int(port))); out[target] = "ok"
-            said[target] = "from %s:%d" % s.getsockname()
-            try:  # who answered: NATS greets, an HTTP server answers
-                s.settimeout(1); s.sendall(b"GET /health HTTP/1.0\\r\\n\\r\\n")
-                said[target] += " said %r" % s.recv(160)
-            except OSError as e:
-                said[target] += " said nothing (%s)" % type(e).__name__
-        except OSError as e:
-            out[target] = type(e).__name__
-        finally:
-            s.close()
-    print(json.dumps(out))
-    print(json.dumps(said))
-    """
-)
 # Runs inside the sandbox: listen on an address that is not its own (IP_FREEBIND lets the bind
 # succeed), report any connection that arrives within the given seconds.
 SQUAT = textwrap.dedent(
@@ -104,12 +81,11 @@ def gateway(sbx: Sandbox) -> str:
     return out[0]
 
 
-def probe_said(sbx: Sandbox, targets: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+def probe_said(sbx: Sandbox, targets: list[str]) -> tuple[dict[str, str], str]:
     """Each target's result ("ok" or the error's name), and what each reached peer said."""
-    sbx.files.write("/tmp/probe.py", PROBE)
+    sbx.files.write("/tmp/probe.py", SANDBOX_PROBE)
     result = sbx.commands.run("python3 /tmp/probe.py " + " ".join(targets), timeout=120)
-    out, said = result.stdout.splitlines()
-    return json.loads(out), json.loads(said)
+    return probe_lines(result.stdout)
 
 
 def probe(sbx: Sandbox, targets: list[str]) -> dict[str, str]:

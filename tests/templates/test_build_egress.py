@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import secrets
 import subprocess
-import textwrap
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
@@ -22,10 +20,12 @@ import pytest
 from e2b import Sandbox, Template
 
 from tests.security.network_support import (
+    SANDBOX_PROBE,
     OutsideHost,
     host_addresses,
     host_listener,
     outside_host,
+    probe_lines,
     reach_diagnosis,
     require_root_network,
     sh,
@@ -35,36 +35,6 @@ from tests.support.stack import SERVICES, Stack
 
 __all__ = ["outside_host"]
 
-# Runs in the build step: connect to each target ("gw" is the pod's default gateway, i.e. the
-# host), print one line "PROBE {target: ok | error name}".
-PROBE = textwrap.dedent(
-    """
-    import json, socket, struct, sys
-    gw = None
-    for line in open("/proc/net/route").read().splitlines()[1:]:
-        f = line.split()
-        if f[1] == "00000000":
-            gw = socket.inet_ntoa(struct.pack("<L", int(f[2], 16)))
-    out, via = {}, {}
-    for target in sys.argv[1:]:
-        host, port = target.rsplit(":", 1)
-        s = socket.socket(); s.settimeout(3)
-        try:
-            s.connect((gw if host == "gw" else host, int(port))); out[target] = "ok"
-            via[target] = "%s:%d" % s.getsockname()
-            try:  # who answered: NATS greets, an HTTP server answers
-                s.settimeout(1); s.sendall(b"GET /health HTTP/1.0\\r\\n\\r\\n")
-                via[target] += " said %r" % s.recv(160)
-            except OSError as e:
-                via[target] += " said nothing (%s)" % type(e).__name__
-        except OSError as e:
-            out[target] = type(e).__name__
-        finally:
-            s.close()
-    print("PROBE " + json.dumps(out), flush=True)
-    print("VIA " + json.dumps(via) + " ROUTES " + open("/proc/net/route").read().replace(chr(10), " / "), flush=True)
-    """
-)
 USER_SERVER = (
     "import http.server as h; h.HTTPServer(('0.0.0.0', 8080), h.SimpleHTTPRequestHandler)"
     ".serve_forever()"
@@ -93,8 +63,7 @@ def _diagnosis(reached: dict[str, str], logs: list[str], names: dict[int, str]) 
     (the Kubernetes rig's bridge, the outside link's host side); and once, with the guard's
     prerouting rule in place, tests/security/test_network_isolation.py saw the same on eth0's
     address."""
-    step = " | ".join(m for m in logs if "VIA " in m)
-    return "\nstep: " + step + reach_diagnosis(reached, names)
+    return "\nstep: " + probe_lines("\n".join(logs))[1] + reach_diagnosis(reached, names)
 
 
 @contextlib.contextmanager
@@ -140,7 +109,7 @@ def test_a_build_step_reaches_only_the_allow_list(estack: Stack, outside_host: O
                 f"{other_ip}:8080",
                 f"{other_ip}:49983",
             ]
-            script = base64.b64encode(PROBE.encode()).decode()
+            script = base64.b64encode(SANDBOX_PROBE.encode()).decode()
             step = (
                 f"echo {script} | base64 -d > /tmp/probe.py && "
                 f"python3 /tmp/probe.py {' '.join(targets)}  # {secrets.token_hex(4)}"
@@ -153,9 +122,7 @@ def test_a_build_step_reaches_only_the_allow_list(estack: Stack, outside_host: O
                 api_key=estack.keys["alice"],
                 api_url=estack.api_url,
             )
-        lines = [m.split("PROBE ", 1)[1] for m in logs if "PROBE " in m]
-        assert len(lines) == 1, logs
-        results: dict[str, str] = json.loads(lines[0])
+        results = probe_lines("\n".join(logs))[0]
         assert results.pop(allowed) == "ok", results  # the allow-list works: the probe too
         reached = {t: r for t, r in results.items() if r == "ok"}
         names = {
