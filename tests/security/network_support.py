@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from shared.runtime.local.mounts import mounted_under
+from shared.runtime.local.network import guard
 from shared.runtime.local.network.names import InstanceNames
 from tests.conftest import skip_or_fail
 
@@ -267,7 +268,7 @@ def reach_diagnosis(reached: Mapping[str, str], names: Mapping[int, str]) -> str
             if Path(f"/proc/sys/net/ipv4/conf/{conf}/{knob}").read_text().strip() != "0":
                 risky.append(f"{conf}/{knob}")
     ruleset = sh("nft", "list", "ruleset", check=False).splitlines()
-    nat = [ln.strip() for ln in ruleset if re.search(r"dnat|redirect|tproxy|DNAT|REDIRECT", ln)]
+    nat = [ln.strip() for ln in ruleset if re.search(r"dnat|redirect|tproxy", ln, re.IGNORECASE)]
     return "\n".join(
         [
             "",
@@ -277,6 +278,6 @@ def reach_diagnosis(reached: Mapping[str, str], names: Mapping[int, str]) -> str
             "conntrack: " + " | ".join(tracked),
             "route_localnet/accept_local on: " + ", ".join(risky),
             "nat rules: " + " | ".join(nat),
-            "guard: " + sh("nft", "list", "table", "inet", "torpor_guard", check=False),
+            "guard: " + sh("nft", "list", "table", "inet", guard.TABLE, check=False),
         ]
     )
