@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SETUP_STAMP := $(VENV)/.torpor-setup
 
-.PHONY: up test unit setup lint typecheck imports k8s-bins registry-bin rootfs images pytest
+.PHONY: up test unit setup lint typecheck imports k8s-bins registry-bin rootfs images criu pytest
 
 setup: $(SETUP_STAMP)
 
@@ -12,7 +12,7 @@ $(SETUP_STAMP): pyproject.toml scripts/setup.sh
 	touch $@
 
 # Extra flags: make up ARGS="--api-port 8000"
-up: setup
+up: setup criu
 	$(BIN)/torpor up $(ARGS)
 
 # The Kubernetes test binaries (cached outside the repo); without Go they are skipped off CI.
@@ -43,6 +43,14 @@ images: setup rootfs
 	  echo "make: scripts/build-images.sh failed; realnode tests will skip" >&2; \
 	fi
 
+# CRIU 4.2.x for the memory-keeping pause (Debian sid's package unpacked by debootstrap, cached
+# outside the repo; instant once built). Without it a pause keeps files only (process replay).
+criu:
+	@if ! scripts/build-criu.sh >/dev/null; then \
+	  if [ "$$CI" = "true" ]; then echo "make: scripts/build-criu.sh failed" >&2; exit 1; fi; \
+	  echo "make: scripts/build-criu.sh failed; pauses keep files only (process replay)" >&2; \
+	fi
+
 lint: setup
 	$(BIN)/ruff check .
 
@@ -53,7 +61,7 @@ imports: setup
 	$(BIN)/lint-imports
 
 # pytest exit code 5 ("no tests collected") is a failure, not a pass.
-pytest: setup k8s-bins registry-bin rootfs images
+pytest: setup k8s-bins registry-bin rootfs images criu
 	$(BIN)/pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
