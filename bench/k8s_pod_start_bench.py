@@ -28,9 +28,9 @@ sys.path.insert(0, str(REPO))
 
 from shared.ports.workloads import WorkloadSpec  # noqa: E402
 from shared.runtime.kubernetes import KubernetesRuntime  # noqa: E402
-from tests.k8s.kubelet import TestKubelet, real_envd_available  # noqa: E402
-from tests.k8s.plugin import admin_client, create_namespace, sandbox_templates  # noqa: E402
-from tests.k8s.rig import ControlPlane, ensure_binaries  # noqa: E402
+from tests.support.k8s.kubelet import TestKubelet, real_envd_available  # noqa: E402
+from tests.support.k8s.plugin import admin_client, create_namespace, sandbox_templates  # noqa: E402
+from tests.support.k8s.rig import ControlPlane, ensure_binaries  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "k8s_pod_start.json"
 BUILD_LOG = (

@@ -221,12 +221,12 @@ async def interleaved(
 
 @contextlib.asynccontextmanager
 async def kubernetes_rig(work: Path) -> AsyncIterator[Path]:
-    """The Kubernetes test rig (tests/k8s/rig.py: etcd, kube-apiserver, controller-manager; the
-    test kubelet running bubblewrap pods) with namespaces ``torpor-sandboxes`` and
-    ``bench-raw``; yields its kubeconfig."""
-    from tests.k8s.kubelet import TestKubelet
-    from tests.k8s.plugin import admin_client, create_namespace
-    from tests.k8s.rig import ControlPlane, ensure_binaries
+    """The Kubernetes test rig (tests/support/k8s/rig.py: etcd, kube-apiserver,
+    controller-manager; the test kubelet running bubblewrap pods) with namespaces
+    ``torpor-sandboxes`` and ``bench-raw``; yields its kubeconfig."""
+    from tests.support.k8s.kubelet import TestKubelet
+    from tests.support.k8s.plugin import admin_client, create_namespace
+    from tests.support.k8s.rig import ControlPlane, ensure_binaries
 
     plane = await asyncio.to_thread(
         ControlPlane(bin_dir=ensure_binaries(build=False), workdir=work / "plane").start
@@ -247,8 +247,8 @@ async def kubernetes_rig(work: Path) -> AsyncIterator[Path]:
         await asyncio.to_thread(plane.stop)
 
 
-KUBERNETES_RIG = "etcd + kube-apiserver + kube-controller-manager (tests/k8s/rig.py), test kubelet "
-KUBERNETES_RIG += "(bubblewrap pods)"
+KUBERNETES_RIG = "etcd + kube-apiserver + kube-controller-manager (tests/support/k8s/rig.py), "
+KUBERNETES_RIG += "test kubelet (bubblewrap pods)"
 
 
 # ---------------------------------------------------------------- the whole system
@@ -341,17 +341,18 @@ async def run_local(cycles: int, sandboxes: int, gap: float = 0.0) -> dict[str, 
 REAL_NODE = (
     "etcd + kube-apiserver + kube-controller-manager + kube-scheduler, REAL NODE: "
     "kubelet v1.36.3 + containerd 1.6 + runc + CNI bridge, sandbox-base image "
-    "(tests/k8s/realnode.py)"
+    "(tests/support/k8s/realnode.py)"
 )
 
 
 @contextlib.asynccontextmanager
 async def real_node_rig(work: Path) -> AsyncIterator[Path]:
-    """The real node: kubelet + containerd + runc, sandbox-base image (tests/k8s/realnode.py;
-    needs root, scripts/build-k8s.sh and scripts/build-images.sh), with namespaces
-    ``torpor-sandboxes`` and ``bench-raw``; yields its kubeconfig."""
-    from tests.k8s.plugin import admin_client, create_namespace
-    from tests.k8s.realnode import RealNode, ensure_images, ensure_node_binaries
+    """The real node: kubelet + containerd + runc, sandbox-base image
+    (tests/support/k8s/realnode.py; needs root, scripts/build-k8s.sh and
+    scripts/build-images.sh), with namespaces ``torpor-sandboxes`` and ``bench-raw``; yields
+    its kubeconfig."""
+    from tests.support.k8s.plugin import admin_client, create_namespace
+    from tests.support.k8s.realnode import RealNode, ensure_images, ensure_node_binaries
 
     node = RealNode(
         bin_dir=ensure_node_binaries(build=False),

@@ -154,7 +154,7 @@ if [[ ! -f $PAUSE_ARCHIVE ]]; then
   rm -rf "$W"
 fi
 
-# The current archive of each image, for importers (tests/k8s/realnode.py, podman load).
+# The current archive of each image, for importers (tests/support/k8s/realnode.py, podman load).
 {
   echo "control-plane $CP_IMAGE $CP_ARCHIVE"
   echo "sandbox-base $SB_IMAGE $SB_ARCHIVE"

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # imported by the fixture: nats is not needed by every run (`
     from shared.bus.server import EmbeddedNats
 
 # k8s_cluster, k8s_kubelet, k8s_namespace, k8s_runtime; the shared systems (stack, up)
-pytest_plugins = ["tests.k8s.plugin", "tests.support.fixtures"]
+pytest_plugins = ["tests.support.k8s.plugin", "tests.support.fixtures"]
 
 ON_CI = os.environ.get("CI", "").lower() == "true"
 

@@ -21,12 +21,12 @@ from shared.domain.record import SandboxRecord
 from shared.lifecycle.event_query import Page
 from shared.lifecycle.webhooks import Changes
 from shared.models.public_events import PublicEvent
+from shared.models.quota import Quota, QuotaOverride
 from shared.models.snapshot_records import SnapshotRecord
 from shared.models.webhooks import DeliveryRecord, Webhook
 from shared.ports.envd import EnvdTelemetry
 from shared.ports.lifecycle import Lifecycle
 from shared.ports.usage import UsageStore
-from shared.quota.models import Quota, QuotaOverride
 from shared.runtime.catalog import TemplateCatalog
 
 

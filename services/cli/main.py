@@ -277,7 +277,7 @@ def keys_quota(  # noqa: PLR0917 - one option per limit
     keep their value; --clear removes the override (the api's TORPOR_QUOTA_* apply)."""
     from services.cli.accounts import open_accounts
     from shared.auth.models import check_user_name
-    from shared.quota.models import QuotaOverride
+    from shared.models.quota import QuotaOverride
 
     try:
         check_user_name(user)

@@ -12,11 +12,9 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
 
 import structlog
 from prometheus_client import (
@@ -29,8 +27,8 @@ from prometheus_client import (
 from starlette.types import Receive, Scope, Send
 
 from services.proxy import access
-from services.proxy.access import Authenticator, RefusedError
-from services.proxy.activity import ActivityThrottle, Toucher, is_activity
+from services.proxy.access import RefusedError
+from services.proxy.activity import ActivityThrottle, is_activity
 from services.proxy.forwarding import (
     RequestBody,
     UpstreamFailedError,
@@ -38,11 +36,12 @@ from services.proxy.forwarding import (
     forward_http,
     forward_websocket,
 )
-from services.proxy.routing import BadTargetError, Target, target_of
+from services.proxy.ports import ProxyWiring
+from services.proxy.routing import BadTargetError, Target, target_of, upstream_host
 from services.proxy.settings import ProxySettings
 from services.proxy.slots import ExchangeSlots
 from services.proxy.upstream import UpstreamPool
-from services.proxy.waking import NotRunningError, Resumer, Waker
+from services.proxy.waking import NotRunningError, Waker
 from shared.domain import states
 from shared.domain.record import SandboxRecord
 from shared.errors import QuotaExceeded
@@ -50,32 +49,6 @@ from shared.web.limits import HttpLimits
 from shared.web.requests import BodyReader, InFlight, RequestRefused, check_declared
 
 log = structlog.get_logger()
-
-
-class RecordSource(Protocol):
-    async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
-
-    def peek(self, sandbox_id: str) -> SandboxRecord | None:
-        """The record when it is known without any I/O (the fast path's lookup); ``None`` means
-        "ask ``get``", not "no such sandbox"."""
-        ...
-
-    def remember(self, record: SandboxRecord) -> None:
-        """A fresher record learnt another way (e.g. a resume result)."""
-        ...
-
-
-class ProxyLifecycle(Resumer, Toucher, Protocol):
-    pass
-
-
-@dataclass(frozen=True)
-class ProxyWiring:
-    records: RecordSource
-    lifecycle: ProxyLifecycle
-    keys: Authenticator | None
-    # The owner's running quota and resume rate, before an auto-resume (None: unlimited).
-    admit_resume: Callable[[SandboxRecord], Awaitable[None]] | None = None
 
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -94,12 +67,6 @@ def _booting_until(record: SandboxRecord, grace: float) -> float:
     """Monotonic deadline for retrying refused connections: ``grace`` after the pod started."""
     age = (datetime.now(UTC) - record.started_at).total_seconds()
     return time.monotonic() + max(0.0, grace - age)
-
-
-def upstream_host(record: SandboxRecord) -> str:
-    host = record.host or ""
-    name, sep, port = host.rpartition(":")
-    return name if sep and port.isdigit() and ":" not in name else host
 
 
 class ProxyApp:

@@ -35,7 +35,7 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from services.proxy.activity import is_activity
 from services.proxy.forwarding import HOP_BY_HOP, request_head
-from services.proxy.routing import BadTargetError, target_of
+from services.proxy.routing import BadTargetError, target_of, upstream_host
 from services.proxy.upstream import (
     UpstreamConnection,
     UpstreamError,
@@ -49,7 +49,7 @@ from shared.web.requests import BodyReader, RequestRefused
 if TYPE_CHECKING:
     from starlette.types import Receive
 
-    from services.proxy.app import ProxyApp
+    from services.proxy.ports import ProxyCore
     from services.proxy.routing import Target
 
 log = structlog.get_logger()
@@ -100,7 +100,7 @@ def response_head(
     return b"".join(parts)
 
 
-def fast_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[HttpToolsProtocol]:
+def fast_protocol(proxy: ProxyCore, limits: HttpLimits) -> type[HttpToolsProtocol]:
     """uvicorn's ``http=`` class for the proxy: the guarded protocol plus the fast path."""
     guarded = guarded_protocol(limits)
 
@@ -128,7 +128,7 @@ def fast_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[HttpToolsProtocol
     return FastProxyProtocol
 
 
-def _route(proxy: ProxyApp, cycle: RequestResponseCycle) -> tuple[Target, str, int]:
+def _route(proxy: ProxyCore, cycle: RequestResponseCycle) -> tuple[Target, str, int]:
     """Target, upstream host and the body length, or ``_NotFast``."""
     scope: Any = cycle.scope
     wiring = proxy.wiring
@@ -150,7 +150,6 @@ def _route(proxy: ProxyApp, cycle: RequestResponseCycle) -> tuple[Target, str, i
     if wiring.keys is not None and any(name == b"x-api-key" for name, _ in headers):
         raise _NotFast
     from services.proxy.access import RefusedError
-    from services.proxy.app import upstream_host
 
     try:
         proxy.authorise_by_token(scope, target, record)
@@ -160,7 +159,7 @@ def _route(proxy: ProxyApp, cycle: RequestResponseCycle) -> tuple[Target, str, i
 
 
 async def _exchange(
-    proxy: ProxyApp, protocol: HttpToolsProtocol, cycle: RequestResponseCycle
+    proxy: ProxyCore, protocol: HttpToolsProtocol, cycle: RequestResponseCycle
 ) -> None:
     started = time.perf_counter()
     target, host, _ = _route(proxy, cycle)
@@ -210,7 +209,7 @@ async def _exchange(
         proxy.in_flight.release(address)
 
 
-async def _read_body(proxy: ProxyApp, cycle: RequestResponseCycle) -> bytes | None:
+async def _read_body(proxy: ProxyCore, cycle: RequestResponseCycle) -> bytes | None:
     """The rest of a small declared body, under the ASGI path's size and time limits; ``None``
     when the client went away or the request was refused (answered here)."""
     reader = BodyReader(

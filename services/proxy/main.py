@@ -12,7 +12,8 @@ from contextlib import asynccontextmanager
 import structlog
 import uvicorn
 
-from services.proxy.app import ProxyApp, ProxyWiring
+from services.proxy.app import ProxyApp
+from services.proxy.ports import ProxyWiring
 from services.proxy.settings import ProxySettings
 from shared.errors import ConfigError
 from shared.logging import configure

@@ -41,10 +41,9 @@ import structlog
 
 from services.proxy.access import RefusedError
 from services.proxy.activity import is_activity
-from services.proxy.app import upstream_host
 from services.proxy.fastpath import FAST_BODY_BYTES, fast_protocol, response_head
 from services.proxy.forwarding import HOP_BY_HOP, PRIVATE
-from services.proxy.routing import BadTargetError, Target, target_from
+from services.proxy.routing import BadTargetError, Target, target_from, upstream_host
 from services.proxy.upstream import UpstreamConnection, UpstreamError
 from shared.web.protocol import per_client_counts, refusal
 
@@ -52,7 +51,7 @@ if TYPE_CHECKING:
     from uvicorn.config import Config
     from uvicorn.server import ServerState
 
-    from services.proxy.app import ProxyApp
+    from services.proxy.ports import ProxyCore
     from services.proxy.slots import ExchangeSlots
     from shared.web.limits import HttpLimits
 
@@ -75,7 +74,7 @@ class _Handover(Exception):
     """This request (and the connection) belongs to uvicorn's protocol."""
 
 
-def relay_protocol(proxy: ProxyApp, limits: HttpLimits) -> type[asyncio.Protocol]:
+def relay_protocol(proxy: ProxyCore, limits: HttpLimits) -> type[asyncio.Protocol]:
     """uvicorn's ``http=`` class for the proxy."""
     slow = fast_protocol(proxy, limits)
     max_head = limits.max_header_bytes

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from services.proxy.settings import ENVD_PORT
+from shared.domain.record import SandboxRecord
 from shared.ids import is_valid_sandbox_id
 
 _HOST_LABEL = re.compile(r"^([0-9]{1,5})-([a-z0-9][a-z0-9-]*)$")
@@ -69,3 +70,10 @@ def target_from(sandbox_id: bytes | None, port: bytes | None, host: bytes | None
         if is_valid_sandbox_id(sid):
             return Target(sid, _port(m.group(1)))
     return None
+
+
+def upstream_host(record: SandboxRecord) -> str:
+    """The address part of a record's ``host`` (``addr:port``; an IPv6 address as it is)."""
+    host = record.host or ""
+    name, sep, port = host.rpartition(":")
+    return name if sep and port.isdigit() and ":" not in name else host

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from shared.auth.models import ApiKeyInfo, ApiKeyRecord, User, check_user_name
 from shared.auth.ports import Bucket, Users
 from shared.errors import Conflict, NotFound
-from shared.quota.models import QuotaOverride
+from shared.models.quota import QuotaOverride
 
 SECRET_PREFIX = "e2b_"  # noqa: S105 - a prefix, not a secret
 _MAX_SECRET_LEN = 256

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shared.quota.models import QuotaOverride
+from shared.models.quota import QuotaOverride
 
 # NATS KV keys allow [-/_=.a-zA-Z0-9]; a user name is also a label value on Kubernetes objects.
 _USER_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")

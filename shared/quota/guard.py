@@ -12,7 +12,8 @@ from __future__ import annotations
 from shared.domain import states
 from shared.domain.record import SandboxRecord
 from shared.errors import QuotaExceeded
-from shared.quota.models import Quota, QuotaSettings, effective
+from shared.models.quota import Quota
+from shared.quota.models import QuotaSettings, effective
 from shared.quota.ports import RecordSource, UserSource
 from shared.quota.rates import RateLimiter
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from shared.auth.models import User
 from shared.domain.record import SandboxRecord
+from shared.models.quota import QuotaOverride
 
 
 class CasBucket(Protocol):
@@ -24,8 +24,15 @@ class CasBucket(Protocol):
         ...
 
 
+class QuotaHolder(Protocol):
+    """A user as the quota sees it (``shared.auth.models.User``): only its own limits."""
+
+    @property
+    def quota(self) -> QuotaOverride | None: ...
+
+
 class UserSource(Protocol):
-    async def get(self, name: str) -> User | None: ...
+    async def get(self, name: str) -> QuotaHolder | None: ...
 
 
 class RecordSource(Protocol):

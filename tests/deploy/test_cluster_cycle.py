@@ -32,10 +32,10 @@ from tests.deploy.apiserver import Apiserver
 from tests.deploy.kustomize import REPO
 from tests.deploy.nats_auth import AuthNats, start_auth_nats
 from tests.deploy.test_manifests import _render, configmap
-from tests.k8s.kubelet import TestKubelet
-from tests.k8s.rig import ClusterAccess
 from tests.support import processes
 from tests.support.env import clean_env
+from tests.support.k8s.kubelet import TestKubelet
+from tests.support.k8s.rig import ClusterAccess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(420)]
 

@@ -16,7 +16,7 @@ from tests.conftest import skip_or_fail
 from tests.deploy.apiserver import Apiserver
 from tests.deploy.kustomize import OVERLAYS, REPO, KustomizeMissing, render
 from tests.deploy.nats_auth import load_generator
-from tests.k8s.rig import ClusterAccess
+from tests.support.k8s.rig import ClusterAccess
 
 SERVICES = ("api", "proxy", "scheduler", "snapshotter", "scaler", "deliverer", "ledger", "builder")
 # the runtime adapter; the others talk only to NATS

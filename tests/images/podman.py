@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.k8s.realnode import ensure_images, images_folder
-from tests.k8s.rig import ClusterUnavailable, stop_process
+from tests.support.k8s.realnode import ensure_images, images_folder
+from tests.support.k8s.rig import ClusterUnavailable, stop_process
 
 
 class PodmanUnavailable(Exception):

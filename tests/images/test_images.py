@@ -17,7 +17,7 @@ from testcontainers.core.config import testcontainers_config
 from testcontainers.core.container import DockerContainer
 
 from tests.images.podman import Podman
-from tests.k8s.rig import free_port
+from tests.support.k8s.rig import free_port
 
 # 1200 s: the first test also pays for a rebuild of the images when their inputs changed
 pytestmark = [pytest.mark.realnode, pytest.mark.timeout(1200)]

@@ -1,7 +1,7 @@
 """Fixtures of the Kubernetes tests.
 
 ``k8s_cluster``, ``k8s_kubelet``, ``k8s_namespace`` and ``k8s_runtime`` live in
-``tests/k8s/plugin.py`` (registered by ``tests/conftest.py``) so other folders, such as the
+``tests/support/k8s/plugin.py`` (registered by ``tests/conftest.py``) so other folders, such as the
 runtime contract suite, can use the same control plane.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes.aio import client as k8s
 
-from tests.k8s.plugin import admin_client
-from tests.k8s.rig import ClusterAccess
+from tests.support.k8s.plugin import admin_client
+from tests.support.k8s.rig import ClusterAccess
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ import yaml
 
 from tests.deploy.apiserver import Apiserver
 from tests.deploy.kustomize import REPO, command
-from tests.k8s.realnode import IMAGE_ALIASES, RealNodeAccess, images_folder, read_images
+from tests.support.k8s.realnode import IMAGE_ALIASES, RealNodeAccess, images_folder, read_images
 
 NAMESPACE = "torpor"
 DEV_OVERLAY = REPO / "deploy" / "kustomize" / "overlays" / "dev"

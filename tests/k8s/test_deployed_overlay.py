@@ -32,8 +32,8 @@ from tests.k8s.deployed import (
     Deployed,
     deploy,
 )
-from tests.k8s.provisioner import TestProvisioner
-from tests.k8s.realnode import RealNodeAccess
+from tests.support.k8s.provisioner import TestProvisioner
+from tests.support.k8s.realnode import RealNodeAccess
 from tests.support.waiting import until
 
 # 1500 s: the first test also pays for the session's real node (and, on a cold CI machine, the

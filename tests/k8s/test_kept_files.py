@@ -26,9 +26,9 @@ from shared.runtime.kubernetes.objects import (
     uses_claim,
     with_sandbox_data,
 )
-from tests.k8s.kubelet import TestKubelet
-from tests.k8s.plugin import TEST_TEMPLATES
-from tests.k8s.provisioner import bound_path
+from tests.support.k8s.kubelet import TestKubelet
+from tests.support.k8s.plugin import TEST_TEMPLATES
+from tests.support.k8s.provisioner import bound_path
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(240)]
 TOKEN = "kept-t0ken"

@@ -39,12 +39,12 @@ from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
 from shared.runtime.kubernetes.objects import ANNOTATION_PERSIST
 from shared.runtime.kubernetes.pools import LABEL_POOL
-from tests.k8s.kubelet import TestKubelet
-from tests.k8s.realnode import RealNodeAccess
-from tests.k8s.rig import ClusterAccess
 from tests.k8s.test_pools import remove_pool_pods
 from tests.k8s.test_realnode import run_in_pod
 from tests.k8s.test_runtime_kubernetes import pods_of
+from tests.support.k8s.kubelet import TestKubelet
+from tests.support.k8s.realnode import RealNodeAccess
+from tests.support.k8s.rig import ClusterAccess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
@@ -353,7 +353,7 @@ async def test_kept_files_of_a_real_container_come_back_owned_by_user(
     still ``user``'s with its mode; a held export stops the container's processes until
     thaw_files; a fresh container refuses hostile tars (nothing lands outside home/user and
     workspace) and imports a root-owned setuid member as ``user``'s, setuid gone."""
-    from tests.k8s.plugin import admin_client
+    from tests.support.k8s.plugin import admin_client
 
     ns = real_namespace
     pooled, cold = await make_runtimes(bus, Path(real_node.cluster.kubeconfig), ns, tmp_path, 120)

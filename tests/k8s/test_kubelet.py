@@ -15,7 +15,7 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio.client.exceptions import ApiException
 
 from shared.ports.workloads import LABEL_MANAGED_BY, MANAGED_BY
-from tests.k8s.kubelet import TestKubelet, real_envd_available
+from tests.support.k8s.kubelet import TestKubelet, real_envd_available
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(120)]
 

@@ -22,9 +22,9 @@ from kubernetes.aio import client as k8s
 
 from shared.ports.workloads import ENVD_PORT
 from shared.runtime.kubernetes.pools import ANNOTATION_BOUND, ANNOTATION_CLAIMED, LABEL_POOL
-from tests.k8s.kubelet import TestKubelet
-from tests.k8s.rig import ClusterAccess
 from tests.k8s.test_pools import TEMPLATE, until_settled, write_template
+from tests.support.k8s.kubelet import TestKubelet
+from tests.support.k8s.rig import ClusterAccess
 from tests.support.pods import processes_mentioning
 from tests.support.stack import Stack
 

@@ -41,10 +41,10 @@ from shared.runtime.kubernetes.pools import (
     template_version,
     warm_gated,
 )
-from tests.k8s.kubelet import TestKubelet
-from tests.k8s.realnode import RealNodeAccess
-from tests.k8s.rig import ClusterAccess
 from tests.k8s.test_runtime_kubernetes import pods_of
+from tests.support.k8s.kubelet import TestKubelet
+from tests.support.k8s.realnode import RealNodeAccess
+from tests.support.k8s.rig import ClusterAccess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(240)]
 
@@ -543,8 +543,8 @@ async def test_two_replicas_claim_real_containers_from_one_pool(
     none``, a pool of one kept by two runtimes, two creates at once through both: one takes the
     warm container (adopted by its ReplicaSet, bound to its token alone, the pool's token dead,
     still user 1000), the other starts cold; the pool refills with a container of its own."""
-    from tests.k8s.plugin import admin_client
     from tests.k8s.test_realnode import run_in_pod
+    from tests.support.k8s.plugin import admin_client
 
     templates, ns = write_template(tmp_path), real_namespace
     replicas = [await pooled_runtime(real_node.cluster, ns, templates, 1, 60) for _ in range(2)]

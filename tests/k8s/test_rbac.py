@@ -22,8 +22,8 @@ from shared.errors import RuntimeFailure
 from shared.models.network import NetworkPolicy
 from shared.ports.workloads import ANNOTATION_SNAPSHOT, WorkloadSpec
 from shared.runtime.kubernetes import KubernetesRuntime
-from tests.k8s.plugin import create_namespace, sandbox_templates
-from tests.k8s.rig import ClusterAccess
+from tests.support.k8s.plugin import create_namespace, sandbox_templates
+from tests.support.k8s.rig import ClusterAccess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(180)]
 RBAC_DIR = Path(__file__).resolve().parents[2] / "deploy" / "rbac"

@@ -22,8 +22,8 @@ from kubernetes.aio import client as k8s
 
 from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
-from tests.k8s.realnode import RealNodeAccess
 from tests.k8s.test_runtime_kubernetes import health, pods_of
+from tests.support.k8s.realnode import RealNodeAccess
 
 # 1200 s: the first test also pays for the session fixture, which rebuilds the images when
 # their inputs changed (scripts/build-images.sh, minutes) and starts the node (about a minute)
@@ -75,7 +75,7 @@ async def run_in_pod(endpoint: Endpoint, argv: list[str], *, token: str = TOKEN)
 async def test_node_is_a_real_kubelet_on_containerd(
     real_node: RealNodeAccess, real_runtime: KubernetesRuntime
 ) -> None:
-    from tests.k8s.plugin import admin_client
+    from tests.support.k8s.plugin import admin_client
 
     api = await admin_client(real_node.cluster)
     try:
@@ -95,7 +95,7 @@ async def test_node_is_a_real_kubelet_on_containerd(
 async def test_sandbox_pod_is_a_container_paused_gone_and_resumed(
     real_node: RealNodeAccess, real_runtime: KubernetesRuntime
 ) -> None:
-    from tests.k8s.plugin import admin_client
+    from tests.support.k8s.plugin import admin_client
 
     rt, name = real_runtime, "sbx-real"
     await rt.create(WorkloadSpec(name=name, owner="alice", access_token=TOKEN))
@@ -211,8 +211,8 @@ async def test_resume_runs_the_upgraded_template_image(
     """An upgraded sandbox-base reaches a paused sandbox when it resumes: the new pod runs the
     template's new image reference (a second tag of the built image here) and env, and the
     sandbox's own env is kept."""
-    from tests.k8s.plugin import admin_client
     from tests.k8s.test_template_rerender import TEMPLATE, env_of
+    from tests.support.k8s.plugin import admin_client
 
     base = real_node.images["sandbox-base"]
     for version in ("1", "2"):

@@ -13,8 +13,8 @@ from shared.oci.images import LAYER_TAR, Descriptor, Image, digest_of, parse_man
 from shared.oci.layers import file_blob
 from shared.oci.registry import Registry, RegistryError
 from tests.conftest import skip_or_fail
-from tests.k8s.registry import RunningRegistry, registry_binary, run_registry
-from tests.k8s.rig import ClusterUnavailable
+from tests.support.k8s.registry import RunningRegistry, registry_binary, run_registry
+from tests.support.k8s.rig import ClusterUnavailable
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from kubernetes.aio import client as k8s
 
-from tests.k8s.rig import ClusterAccess, ControlPlane, Pki, ensure_binaries
+from tests.support.k8s.rig import ClusterAccess, ControlPlane, Pki, ensure_binaries
 
 pytestmark = pytest.mark.k8s
 

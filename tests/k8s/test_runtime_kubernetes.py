@@ -21,7 +21,7 @@ from shared.ports.workloads import (
 )
 from shared.runtime.kubernetes import KubernetesRuntime
 from shared.runtime.kubernetes.errors import translate
-from tests.k8s.kubelet import TestKubelet
+from tests.support.k8s.kubelet import TestKubelet
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(180)]
 

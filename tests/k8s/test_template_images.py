@@ -1,6 +1,6 @@
 """Templates users build, on the real node: OCI images in the rig's registry (issue 18).
 
-The rig runs an OCI registry on 127.0.0.1 (tests/k8s/registry.py); the node's containerd pulls
+The rig runs an OCI registry on 127.0.0.1 (tests/support/k8s/registry.py); the node's containerd pulls
 from it over plain HTTP. Pods here run images by digest from that registry, through pod
 templates that are PodTemplate objects in the sandboxes' namespace (what the builder publishes).
 """
@@ -21,10 +21,10 @@ from e2b.exceptions import BuildException
 from shared.ports.workloads import WorkloadSpec
 from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
 from tests.conftest import skip_or_fail
-from tests.k8s.realnode import RealNodeAccess
-from tests.k8s.registry import push_archive
 from tests.k8s.test_realnode import run_in_pod
 from tests.k8s.test_runtime_kubernetes import pods_of
+from tests.support.k8s.realnode import RealNodeAccess
+from tests.support.k8s.registry import push_archive
 from tests.support.stack import SERVICES, Stack
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode, pytest.mark.timeout(1200)]
@@ -48,7 +48,7 @@ def base_image(real_node: RealNodeAccess) -> str:
 async def test_a_pod_runs_an_image_pulled_from_the_rigs_registry(
     real_node: RealNodeAccess, real_runtime: KubernetesRuntime, base_image: str
 ) -> None:
-    from tests.k8s.plugin import admin_client
+    from tests.support.k8s.plugin import admin_client
 
     # the registry answers the distribution API and lists the pushed tag
     async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
@@ -94,8 +94,8 @@ def kstack(
 ) -> Iterator[Stack]:
     """The services as host processes on the Kubernetes runtime of the real node, with the
     builder pushing to the rig's registry (build pods offline: the network rule)."""
-    from tests.k8s.plugin import admin_client, create_namespace, delete_namespace
     from tests.support.fixtures import started
+    from tests.support.k8s.plugin import admin_client, create_namespace, delete_namespace
 
     namespace = f"torpor-img-{uuid.uuid4().hex[:8]}"
 
@@ -184,7 +184,7 @@ def built(kstack: Stack, context: Path, real_node: RealNodeAccess) -> dict[str, 
 async def test_a_built_template_is_an_image_in_the_registry_that_sandboxes_run(
     kstack: Stack, built: dict[str, Any], real_node: RealNodeAccess
 ) -> None:
-    from tests.k8s.plugin import admin_client
+    from tests.support.k8s.plugin import admin_client
 
     info = built["info"]
     repo = f"{PREFIX}/templates/{info.template_id}"
@@ -280,7 +280,7 @@ async def test_a_rebuild_with_one_change_reuses_the_cached_steps(
 
 
 async def _pod_image(real_node: RealNodeAccess, kstack: Stack, sandbox_id: str) -> tuple[str, str]:
-    from tests.k8s.plugin import admin_client
+    from tests.support.k8s.plugin import admin_client
 
     api = await admin_client(real_node.cluster)
     try:

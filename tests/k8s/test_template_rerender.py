@@ -18,9 +18,9 @@ from kubernetes.aio import client as k8s
 from shared.ports.workloads import LABEL_OWNER, WorkloadSpec
 from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
 from shared.runtime.kubernetes.objects import ANNOTATION_SANDBOX_ENV
-from tests.k8s.kubelet import TestKubelet
-from tests.k8s.rig import ClusterAccess
 from tests.k8s.test_runtime_kubernetes import pods_of
+from tests.support.k8s.kubelet import TestKubelet
+from tests.support.k8s.rig import ClusterAccess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(180)]
 

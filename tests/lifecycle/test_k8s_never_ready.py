@@ -23,9 +23,9 @@ from shared.errors import RuntimeFailure
 from shared.ports.lifecycle import CreateRequest
 from shared.ports.workloads import ANNOTATION_SNAPSHOT
 from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
-from tests.k8s.kubelet import TestKubelet
-from tests.k8s.rig import ClusterAccess
 from tests.lifecycle.harness import System, running_system
+from tests.support.k8s.kubelet import TestKubelet
+from tests.support.k8s.rig import ClusterAccess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(300)]
 

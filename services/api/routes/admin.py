@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from services.api.deps import CallerDep, UserAdmin, WiringDep
 from services.api.errors import ApiError, error_responses
 from shared.auth.models import check_user_name
-from shared.quota.models import Quota, QuotaOverride
+from shared.models.quota import Quota, QuotaOverride
 
 router = APIRouter(prefix="/api/v1/users", tags=["admin"])
 

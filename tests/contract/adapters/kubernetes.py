@@ -14,8 +14,8 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from shared.runtime.kubernetes import KubernetesRuntime
 from tests.contract.harness import HarnessContext, RuntimeHarness
-from tests.k8s.plugin import admin_client, create_namespace, sandbox_templates
-from tests.k8s.rig import ClusterAccess
+from tests.support.k8s.plugin import admin_client, create_namespace, sandbox_templates
+from tests.support.k8s.rig import ClusterAccess
 
 
 @asynccontextmanager

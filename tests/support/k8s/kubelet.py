@@ -37,10 +37,10 @@ from kubernetes.aio.client.exceptions import ApiException
 from shared.ports.workloads import ENVD_PORT, LABEL_MANAGED_BY, MANAGED_BY
 from shared.runtime.local import bwrap as local_bwrap
 from shared.runtime.local import procfs
-from tests.k8s import provisioner
+from tests.support.k8s import provisioner
 
 log = structlog.get_logger()
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 ACCESS_TOKEN_ENV = "ENVD_ACCESS_TOKEN"
@@ -382,7 +382,7 @@ class TestKubelet:
             argv = [part.format(**values) for part in [*container.command, *(container.args or [])]]
         else:
             module = os.environ.get("TORPOR_TEST_ENVD_MODULE") or (
-                "services.envd" if real_envd_available() else "tests.k8s.standin_envd"
+                "services.envd" if real_envd_available() else "tests.support.k8s.standin_envd"
             )
             listen = f"{run.ip}:{ENVD_PORT}"
             argv = [sys.executable, "-m", module, "--listen", listen, "--root", root]

@@ -8,7 +8,7 @@ Fixtures:
 - ``k8s_namespace``: a fresh namespace, deleted afterwards.
 - ``k8s_runtime``: a ``KubernetesRuntime`` on that namespace with the admin credentials.
 - ``real_node`` (session): a second backend, a real kubelet + containerd node on its own control
-  plane (``tests/k8s/realnode.py``), for tests marked ``realnode``; ``real_namespace`` and
+  plane (``tests/support/k8s/realnode.py``), for tests marked ``realnode``; ``real_namespace`` and
   ``real_runtime`` are the same as above on it.
 """
 
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.k8s.realnode import RealNodeAccess, provide_real_node
-from tests.k8s.rig import ClusterAccess, ClusterUnavailable, provide_cluster
+from tests.support.k8s.realnode import RealNodeAccess, provide_real_node
+from tests.support.k8s.rig import ClusterAccess, ClusterUnavailable, provide_cluster
 
 # The Kubernetes client is imported where it is used: every pytest run loads this plugin, and
 # importing it costs seconds (most of `make unit`'s start-up before this was lazy).
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from kubernetes.aio import client as k8s
 
     from shared.runtime.kubernetes import KubernetesRuntime, PodTemplates
-    from tests.k8s.kubelet import TestKubelet
+    from tests.support.k8s.kubelet import TestKubelet
 
 ON_CI_ENV = "CI"
 # Test-only templates (e.g. a pod that never becomes ready), searched before deploy/sandbox-base.
@@ -85,7 +85,7 @@ def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNodeAcce
         _skip_or_fail(f"no real Kubernetes node: {e}")
         return
     # Sandbox pods mount a claim each (files kept across a pause): hostPath volumes on the node.
-    from tests.k8s.provisioner import TestProvisioner
+    from tests.support.k8s.provisioner import TestProvisioner
 
     volumes = TestProvisioner(Path(access.cluster.kubeconfig), workdir / "volumes").start()
     try:
@@ -126,7 +126,7 @@ async def real_runtime(
 def k8s_kubelet(
     k8s_cluster: ClusterAccess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TestKubelet]:
-    from tests.k8s.kubelet import TestKubelet
+    from tests.support.k8s.kubelet import TestKubelet
 
     kubelet = TestKubelet(
         kubeconfig=k8s_cluster.kubeconfig, workdir=tmp_path_factory.mktemp("kubelet")

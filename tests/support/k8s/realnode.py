@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 
 from shared.bus.server import free_port, free_ports
-from tests.k8s.rig import (
+from tests.support.k8s.rig import (
     BINARIES,
     BUILD_SCRIPT,
     REPO_ROOT,
@@ -308,9 +308,9 @@ class RealNode:
         )
 
     def _start_registry(self) -> None:
-        """The rig's OCI registry (tests/k8s/registry.py): on 127.0.0.1, so containerd and the
+        """The rig's OCI registry (tests/support/k8s/registry.py): on 127.0.0.1, so containerd and the
         host's processes reach it and no pod does."""
-        from tests.k8s.registry import run_registry
+        from tests.support.k8s.registry import run_registry
 
         assert self.registry_bin is not None
         self._registry = run_registry(self.registry_bin, self.workdir / "registry")
@@ -792,7 +792,7 @@ def provide_real_node(workdir: Path, *, on_ci: bool) -> Iterator[RealNodeAccess]
     build = on_ci or os.environ.get("TORPOR_BUILD_K8S", "") == "1"
     bin_dir = ensure_node_binaries(build=build)
     images = ensure_images(build=build or (images_folder() / "images.txt").exists())
-    from tests.k8s.registry import registry_binary
+    from tests.support.k8s.registry import registry_binary
 
     try:
         registry_bin: Path | None = registry_binary(build=build)

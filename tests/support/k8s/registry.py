@@ -19,7 +19,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.k8s.rig import REPO_ROOT, ClusterUnavailable, free_port, spawn, stop_process
+from tests.support.k8s.rig import REPO_ROOT, ClusterUnavailable, free_port, spawn, stop_process
 
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-registry.sh"
 VERSION = "v0.22.1"

@@ -32,7 +32,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from shared.bus.server import free_port, free_ports
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-k8s.sh"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
 
