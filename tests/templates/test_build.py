@@ -4,6 +4,7 @@ Template(...).build(), then Sandbox.create(name) and name:tag."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import subprocess
 import time
@@ -60,6 +61,7 @@ def context(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (ctx / "pkgs").mkdir()
     _wheel(ctx / "pkgs")
     _deb(ctx / "pkgs", tmp_path_factory.mktemp("debwork"))
+    (ctx / "pkgs" / "latest.deb").symlink_to("torpor-hello.deb")  # an in-context symlink
     (ctx / "app").mkdir()
     (ctx / "app" / "config.txt").write_text("copied into the template\n")
     return ctx
@@ -120,8 +122,59 @@ def test_sandbox_from_name_has_packages_file_and_start_command(
         # files copied for `user` are hers; her home is still hers
         owners = sbx.commands.run("stat -c %U /home/user/app/config.txt /home/user").stdout
         assert owners.split() == ["user", "user"]
+        # an in-context symlink is copied as a link, and works in the sandbox
+        link = sbx.commands.run(
+            "readlink /opt/pkgs/latest.deb && dpkg-deb -f /opt/pkgs/latest.deb Package"
+        )
+        assert link.stdout.split() == ["torpor-hello.deb", "torpor-hello"]
     finally:
         sbx.kill()
+
+
+def _host_state(path: Path) -> list[tuple[str, int, int, int, bytes]]:
+    out = []
+    for entry in [path, *sorted(path.rglob("*"))]:
+        st = entry.lstat()
+        data = entry.read_bytes() if entry.is_file() and not entry.is_symlink() else b""
+        out.append((str(entry), st.st_uid, st.st_gid, st.st_mode, data))
+    return out
+
+
+def test_a_hostile_context_changes_nothing_on_the_host(tstack: Stack, tmp_path: Path) -> None:
+    """Issue 32's critical escape through the real builder and the unmodified SDK: a COPY's
+    first glob match plants symlinks to a host folder (absolute, and relative with ``..``) in
+    the layer, the next match brings folders of the same names (a file named like the host's,
+    a new file, a nested folder). The host folder keeps its content, owners and modes; the
+    sandbox sees the tenant's files in real folders."""
+    host = tmp_path / "host-sentinel"
+    (host / "dir").mkdir(parents=True)
+    (host / "secret").write_text("host secret\n")
+    os.chmod(host / "secret", 0o600)
+    ctx = tmp_path / "ctx"
+    (ctx / "h" / "a").mkdir(parents=True)
+    os.symlink(str(host), ctx / "h" / "a" / "s")
+    os.symlink("../" * 40 + str(host).lstrip("/"), ctx / "h" / "a" / "r")
+    for name in ("s", "r"):
+        (ctx / "h" / "b" / name / "dir").mkdir(parents=True)
+        (ctx / "h" / "b" / name / "secret").write_text(f"tenant {name}\n")
+        (ctx / "h" / "b" / name / "dir" / "deep").write_text("deep\n")
+    before = _host_state(host)
+    name = f"tpl-{uuid.uuid4().hex[:8]}"
+    template = (
+        Template(file_context_path=str(ctx)).from_debian_image("bookworm").copy("h/*", "/opt/app/")
+    )
+    Template.build(template, name, **_api(tstack))
+    assert _host_state(host) == before
+    sbx = Sandbox.create(name, **tstack.sdk_opts("alice"))
+    try:
+        out = sbx.commands.run(
+            "cat /opt/app/s/secret /opt/app/r/secret /opt/app/r/dir/deep; "
+            "test -L /opt/app/s || test -L /opt/app/r || echo real-folders"
+        )
+        assert out.stdout.split("\n")[:4] == ["tenant s", "tenant r", "deep", "real-folders"]
+    finally:
+        sbx.kill()
+    assert _host_state(host) == before
 
 
 def test_sandbox_from_tag(tstack: Stack, built: dict[str, Any]) -> None:

@@ -36,12 +36,12 @@ import stat
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from pathlib import Path
 
 from shared.errors import Conflict, RuntimeFailure
-from shared.runtime.local import mounts
+from shared.runtime.local import beneath, mounts
 
 # A workload name (checked by LocalRuntime.create, and before any folder here): a DNS label.
 _NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -176,8 +176,9 @@ class Layers:
         own ids (0 = its root, 1000 = `user`)."""
         with self.mounted(name, base=base, disk_bytes=disk_bytes) as upper:
             dest.mkdir(mode=0o700)
-            _run(["cp", "-a", "--", f"{upper}/.", str(dest)], "cannot copy the sandbox's files")
-        shift_ids(dest, -base, base=0)
+            copy_tree(
+                upper, dest, ids=id_shift(-base, base=0), what="cannot copy the sandbox's files"
+            )
 
     def restore(self, name: str, source: Path, *, base: int, disk_bytes: int | None) -> None:
         """Fill the new, empty layer of ``name`` from ``source`` (an :meth:`export`), owners
@@ -186,8 +187,7 @@ class Layers:
             if any(os.scandir(upper)):
                 msg = f"the layer of {name} is not empty"
                 raise Conflict(msg)
-            _run(["cp", "-a", "--", f"{source}/.", str(upper)], "cannot copy the files in")
-            shift_ids(upper, base, base=base)
+            copy_tree(source, upper, ids=id_shift(base, base=base), what="cannot copy the files in")
 
     def hand_over(self, pool: str, name: str) -> None:
         """A warm pod's fresh layer becomes workload ``name``'s (its pod keeps using it: the
@@ -213,13 +213,8 @@ class Layers:
             inside = old_base <= value < old_base + IDS_PER_SANDBOX
             return value - old_base + new_base if inside else value
 
-        # Bottom-up: the layer's top folders change last.
-        for folder, dirs, files in os.walk(mnt, topdown=False, followlinks=False):
-            for entry in [*(os.path.join(folder, n) for n in [*dirs, *files]), folder]:
-                st = os.lstat(entry)
-                uid, gid = moved(st.st_uid), moved(st.st_gid)
-                if (uid, gid) != (st.st_uid, st.st_gid):
-                    os.chown(entry, uid, gid, follow_symlinks=False)
+        with beneath.Dir.open(mnt) as root:
+            beneath.chown_tree(root, lambda st: (moved(st.st_uid), moved(st.st_gid)))
 
     def names(self) -> set[str]:
         try:
@@ -248,23 +243,36 @@ def _remove_tree(path: Path) -> None:
         time.sleep(0.01)
 
 
-def shift_ids(root: Path, delta: int, *, base: int) -> None:
-    """Add ``delta`` to the owner and group of everything under ``root`` (``root`` included),
-    never following symlinks; an id that would leave ``base``'s range becomes ``base`` (the
+def id_shift(delta: int, *, base: int) -> Callable[[int], int]:
+    """Add ``delta`` to an id; one that would leave ``base``'s range becomes ``base`` (the
     sandbox's root)."""
 
     def shifted(value: int) -> int:
         new = value + delta
         return new if base <= new < base + IDS_PER_SANDBOX else base
 
-    for folder, dirs, files in os.walk(root, followlinks=False):
-        # Each entry once: a folder when the walk enters it (a folder listed in ``dirs`` would
-        # otherwise be shifted twice, and land outside the range: as the sandbox's root), a
-        # symlink to a folder (listed in ``dirs``, never entered) here.
-        links = [n for n in dirs if os.path.islink(os.path.join(folder, n))]
-        for entry in [folder, *(os.path.join(folder, n) for n in [*links, *files])]:
-            st = os.lstat(entry)
-            os.chown(entry, shifted(st.st_uid), shifted(st.st_gid), follow_symlinks=False)
+    return shifted
+
+
+def shift_ids(root: Path, delta: int, *, base: int) -> None:
+    """Shift the owner and group of everything under ``root`` (``root`` included) by
+    ``delta`` (see :func:`id_shift`): a descriptor walk beneath ``root``, each entry once,
+    never through a symlink."""
+    shifted = id_shift(delta, base=base)
+    with beneath.Dir.open(root) as folder:
+        beneath.chown_tree(folder, lambda st: (shifted(st.st_uid), shifted(st.st_gid)))
+
+
+def copy_tree(source: Path, dest: Path, *, ids: Callable[[int], int], what: str) -> None:
+    """``cp -a source/. dest`` beneath both roots (``beneath.copy_tree``): files, modes, xattrs,
+    times, hard links, symlinks as links, whiteouts; owners through ``ids``. A tree a sandbox
+    changes meanwhile cannot lead the copy out of either root."""
+    try:
+        with beneath.Dir.open(source) as src, beneath.Dir.open(dest) as dst:
+            beneath.copy_tree(src, dst, beneath.CopyRules(ids=ids))
+    except OSError as e:
+        msg = f"{what}: {e.strerror} ({str(e.filename)[:120]})"
+        raise RuntimeFailure(msg) from e
 
 
 def _mount_image(image: Path, mnt: Path, *, size: int, base: int) -> None:

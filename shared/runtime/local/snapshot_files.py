@@ -19,14 +19,13 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import subprocess
-import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from shared.errors import Conflict, NotFound, RuntimeFailure
 from shared.models.snapshot_records import is_snapshot_id
-from shared.runtime.local.layers import Layers, shift_ids
+from shared.runtime.local import beneath
+from shared.runtime.local.layers import Layers, copy_tree, id_shift
 
 FILES = "files"
 LAYER = "layer"
@@ -39,12 +38,11 @@ def snapshot_dir(data_dir: Path, snapshot_id: str) -> Path:
     return data_dir / "snapshots" / snapshot_id
 
 
-def _copy_into(source: Path, target: Path) -> None:
-    """``source``'s contents into the folder ``target`` (clones where the filesystem can)."""
-    argv = ["cp", "-a", "--reflink=auto", "--sparse=always", "--", f"{source}/.", str(target)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeFailure(f"copying files failed: {done.stderr.strip()[-300:]}")
+def _copy_into(source: Path, target: Path, *, ids: Callable[[int], int]) -> None:
+    """``source``'s contents into the folder ``target`` (clones where the filesystem can), owners
+    through ``ids``; beneath both (``beneath``): a running sandbox swapping a folder for a
+    symlink meanwhile cannot lead the copy out of its files."""
+    copy_tree(source, target, ids=ids, what="copying files failed")
 
 
 def _part(name: str) -> str:
@@ -72,16 +70,16 @@ def save(
     scratch = folder / f"{FILES}.partial"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(mode=0o700)
+    # The sandbox's own ids (0 = its root, 1000 = `user`), whatever range it had.
+    own = id_shift(-id_base, base=0)
     if layer is not None:
         with layer as upper:
             (scratch / LAYER).mkdir(mode=0o755)
-            _copy_into(upper, scratch / LAYER)
+            _copy_into(upper, scratch / LAYER, ids=own)
     for name, source in volumes.items():
-        if source.is_dir():
+        if source.is_dir() and not source.is_symlink():
             (scratch / _part(name)).mkdir(mode=0o755)
-            _copy_into(source, scratch / name)
-    # The sandbox's own ids (0 = its root, 1000 = `user`), whatever range it had.
-    shift_ids(scratch, -id_base, base=0)
+            _copy_into(source, scratch / name, ids=own)
     scratch.rename(final)
     return _size(final)
 
@@ -111,19 +109,16 @@ def restore(
         source = final / _part(part)
         if not source.is_dir():
             continue
-        staging = data_dir / "snapshots" / f".restore-{uuid.uuid4().hex[:12]}"
+        target.mkdir(parents=True, exist_ok=True)
+        # The folder itself keeps its owner and mode; what it holds is replaced.
+        rules = beneath.CopyRules(ids=id_shift(id_base, base=id_base), merge=True, root_meta=False)
         try:
-            staging.mkdir(mode=0o700)
-            _copy_into(source, staging)
-            shift_ids(staging, id_base, base=id_base)
-            target.mkdir(parents=True, exist_ok=True)
-            for entry in staging.iterdir():  # the folder itself keeps its owner and mode
-                argv = ["cp", "-a", "--reflink=auto", "--", str(entry), str(target)]
-                done = subprocess.run(argv, capture_output=True, text=True, check=False)
-                if done.returncode != 0:
-                    raise RuntimeFailure(f"restoring files failed: {done.stderr.strip()[-300:]}")
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            with beneath.Dir.open(source) as src, beneath.Dir.open(target) as dst:
+                beneath.copy_tree(src, dst, rules)
+        except OSError as e:
+            raise RuntimeFailure(
+                f"restoring files failed: {e.strerror} ({e.filename!s:.120})"
+            ) from e
 
 
 def delete(data_dir: Path, snapshot_id: str) -> None:
@@ -133,9 +128,5 @@ def delete(data_dir: Path, snapshot_id: str) -> None:
 
 
 def _size(root: Path) -> int:
-    total = 0
-    for entry in root.rglob("*"):
-        with contextlib.suppress(OSError):
-            if entry.is_file() and not entry.is_symlink():
-                total += entry.lstat().st_blocks * 512
-    return total
+    with beneath.Dir.open(root) as folder:
+        return beneath.tree_bytes(folder)

@@ -18,7 +18,9 @@ new layer, owned by the step's user.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import fnmatch
 import glob
 import os
 import re
@@ -27,14 +29,18 @@ import stat
 import tarfile
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from shared.errors import RuntimeFailure
 from shared.models.template_records import TEMPLATE_LAYERS_DIR
+from shared.runtime.local import beneath
 
 _KEY_RE = re.compile(r"^[a-f0-9]{64}$")
 USER_IDS = {"root": 0, "user": 1000}
 MAX_ARCHIVE_MEMBERS = 100_000
+MAX_CONTEXT_BYTES = 8 * 2**30  # unpacked: the upload's own cap bounds it compressed only
+MAX_MEMBER_PATH_BYTES = 1024
 LOCK_FILE = ".builds.lock"
 
 
@@ -143,21 +149,120 @@ def _lock(data_dir: Path, how: int) -> Iterator[bool]:
         os.close(fd)  # closing releases the lock
 
 
-def _member_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    """tarfile's ``data`` filter, except that a symlink may point anywhere (it is a name inside
-    the sandbox, as in E2B; nothing here follows it: a member written through it is refused
-    by the same filter, which resolves the path it would land on)."""
+@dataclass(frozen=True)
+class ContextLimits:
+    """Bounds of an unpacked build context (a tar bomb stops at the first one it passes)."""
+
+    members: int = MAX_ARCHIVE_MEMBERS
+    total_bytes: int = MAX_CONTEXT_BYTES
+    path_bytes: int = MAX_MEMBER_PATH_BYTES
+
+
+def _member_name(name: str, limits: ContextLimits) -> PurePosixPath:
+    """A member's name as a path beneath the context, or RuntimeFailure: never absolute, no
+    ``..``, no control byte, bounded (tarfile's own filters are not relied on: CVE-2025-4517)."""
+    shown = name[:80]
+    if len(name.encode("utf-8", "surrogateescape")) > limits.path_bytes:
+        raise RuntimeFailure(
+            f"the archive entry {shown!r}... is longer than {limits.path_bytes} bytes"
+        )
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise RuntimeFailure(f"the archive entry {shown!r} has a control character in its name")
+    if name.startswith("/"):
+        raise RuntimeFailure(f"the archive entry {shown!r} is an absolute path")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise RuntimeFailure(f"the archive entry {shown!r} leads out of the context ('..')")
+    if any(len(p.encode("utf-8", "surrogateescape")) > 255 for p in parts):
+        raise RuntimeFailure(f"the archive entry {shown!r} has a name longer than 255 bytes")
+    return PurePosixPath(*parts) if parts else PurePosixPath()
+
+
+def unpack(archive: Path, context: beneath.Dir, limits: ContextLimits | None = None) -> int:
+    """Unpack the build context ``archive`` into the empty folder ``context``, every member
+    checked here and written beneath it; the number of members. Refused: absolute names,
+    ``..``, names too long, hard links to anything but a regular file unpacked before, devices,
+    FIFOs, more members or bytes than ``limits``. Symlinks are made as links (their text is a
+    name inside the sandbox, never followed here: a later member through one fails); setuid,
+    setgid and sticky bits are dropped."""
+    limits = limits or ContextLimits()
+    count = 0
+    total = 0
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            for member in tar:
+                count += 1
+                if count > limits.members:
+                    raise RuntimeFailure(f"the archive has more than {limits.members} entries")
+                total += max(member.size, 0)
+                if total > limits.total_bytes:
+                    raise RuntimeFailure(f"the archive holds more than {limits.total_bytes} bytes")
+                _unpack_member(tar, member, context, limits)
+    except (tarfile.TarError, EOFError) as e:
+        raise RuntimeFailure(f"cannot unpack the copied files: {e}") from e
+    except OSError as e:
+        raise RuntimeFailure(
+            f"cannot unpack the copied files: {e.strerror} ({e.filename!s:.80})"
+        ) from e
+    return count
+
+
+def _unpack_member(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, context: beneath.Dir, limits: ContextLimits
+) -> None:
+    path = _member_name(member.name, limits)
+    shown = member.name[:80]
+    if not path.parts:
+        return  # the context folder itself
+    mode = member.mode & 0o777
+    if path.parent.parts:
+        context.makedirs(path.parent, 0o755)
+    if member.isdir():
+        existing = context.lookup(path)
+        if existing is not None and not stat.S_ISDIR(existing.st_mode):
+            context.remove(path)
+            existing = None
+        if existing is None:
+            context.mkdir(path, 0o700)
+        context.chmod(path, mode | 0o700)
+        return
     if member.issym():
-        return tarfile.tar_filter(member, dest)
-    return tarfile.data_filter(member, dest)
+        context.remove(path)
+        context.symlink(member.linkname, path)
+        return
+    if member.islnk():
+        target = _member_name(member.linkname, limits)
+        st = context.lookup(target) if target.parts else None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            raise RuntimeFailure(f"the archive entry {shown!r} links to no file of the archive")
+        context.remove(path)
+        context.link(target, path)
+        return
+    if not member.isreg():
+        raise RuntimeFailure(f"the archive entry {shown!r} is not a file, folder or link")
+    context.remove(path)
+    data = tar.extractfile(member)
+    fd = context.open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        if data is not None:
+            shutil.copyfileobj(data, out, 1 << 20)
+        os.fchmod(out.fileno(), mode)
 
 
 def _lookup(path: PurePosixPath, lowers: Sequence[Path]) -> os.stat_result | None:
-    """``path`` (absolute, inside the sandbox) in the stack of lower trees, top first."""
-    relative = str(path).lstrip("/")
+    """``path`` (absolute, inside the sandbox) in the stack of lower trees, top first (resolved
+    beneath each tree: a symlink on the way is no folder, never followed)."""
+    rel = PurePosixPath(str(path).lstrip("/") or ".")
     for lower in lowers:
-        with contextlib.suppress(OSError):
-            return os.lstat(lower / relative)
+        try:
+            with beneath.Dir.open(lower) as tree_dir:
+                st = tree_dir.lstat(rel)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                msg = f"{path} passes through a symlink in the template"
+                raise RuntimeFailure(msg) from e
+            continue
+        return st
     return None
 
 
@@ -166,23 +271,35 @@ def make_parents(
 ) -> None:
     """Create ``path``'s folders in the layer; one that exists below keeps its owner and mode
     there (overlayfs shows the upper folder's attributes: a ``/home/user`` made here as root's
-    would lock `user` out of their home)."""
+    would lock `user` out of their home). A symlink on the way, in the layer or below, is
+    refused: nothing a COPY writes goes through a link."""
+    with beneath.Dir.open(layer_tree) as tree_dir:
+        _make_parents(tree_dir, path, lowers, owner=owner)
+
+
+def _make_parents(
+    tree_dir: beneath.Dir, path: PurePosixPath, lowers: Sequence[Path], *, owner: int
+) -> None:
     current = PurePosixPath("/")
     for part in path.parts[1:]:
         current = current / part
-        target = layer_tree / str(current).lstrip("/")
-        if target.is_dir() and not target.is_symlink():
+        rel = PurePosixPath(str(current).lstrip("/"))
+        here = tree_dir.lookup(rel)
+        if here is not None and stat.S_ISDIR(here.st_mode):
             continue
+        if here is not None:
+            msg = f"{current} is not a folder in the template"
+            raise RuntimeFailure(msg)
         below = _lookup(current, lowers)
         if below is not None and not stat.S_ISDIR(below.st_mode):
             msg = f"{current} is not a folder in the template"
             raise RuntimeFailure(msg)
-        target.mkdir(mode=0o755)
+        tree_dir.mkdir(rel, 0o755)
         if below is not None:
-            os.chmod(target, stat.S_IMODE(below.st_mode))
-            os.chown(target, below.st_uid, below.st_gid, follow_symlinks=False)
+            tree_dir.chmod(rel, stat.S_IMODE(below.st_mode))
+            tree_dir.chown(rel, below.st_uid, below.st_gid)
         else:
-            os.chown(target, owner, owner, follow_symlinks=False)
+            tree_dir.chown(rel, owner, owner)
 
 
 def copy_in(
@@ -196,85 +313,105 @@ def copy_in(
     mode: int | None,
     lowers: Sequence[Path],
     scratch: Path,
+    limits: ContextLimits | None = None,
 ) -> int:
     """E2B's COPY: unpack ``archive`` (the build context the SDK uploaded) in ``scratch``, then
     copy what ``src`` (a path or glob, relative to the context) matches to ``dest`` (relative
     to ``workdir``) in the layer; the number of files copied. Docker's rules: a folder copies
-    its contents; a single file to a ``dest`` not ending in ``/`` is that file's new name."""
-    context = scratch / "context"
-    context.mkdir(mode=0o700)
-    with tarfile.open(archive, "r:*") as tar:
-        members = tar.getmembers()
-        if len(members) > MAX_ARCHIVE_MEMBERS:
-            msg = f"the archive has more than {MAX_ARCHIVE_MEMBERS} entries"
-            raise RuntimeFailure(msg)
-        try:
-            tar.extractall(context, filter=_member_filter)  # noqa: S202 - filtered: see _member_filter
-        except (tarfile.TarError, OSError) as e:
-            msg = f"cannot unpack the copied files: {e}"
-            raise RuntimeFailure(msg) from e
-    if PurePosixPath(src).is_absolute() or ".." in PurePosixPath(src).parts:
-        msg = f"COPY source {src!r} must be relative to the build context"
-        raise RuntimeFailure(msg)
-    matches = sorted(glob.glob(src, root_dir=context, recursive=False, include_hidden=True))
-    inside = os.path.realpath(context)
-    for match in matches:
-        # Through a symlink of the archive a glob could reach the host's files: never.
-        parent = os.path.realpath(os.path.dirname(context / match))
-        if parent != inside and not parent.startswith(inside + os.sep):
-            msg = f"COPY source {src!r} leads out of the build context"
-            raise RuntimeFailure(msg)
-    if not matches:
-        msg = f"COPY source {src!r} matched no file"
+    its contents; a single file to a ``dest`` not ending in ``/`` is that file's new name.
+
+    Everything is done beneath the context and the layer (``beneath``): a glob never descends
+    through a symlink of the context, and an entry already in the layer (made by an earlier
+    match) is replaced, never written through."""
+    source = PurePosixPath(src)
+    if "\x00" in src or source.is_absolute() or ".." in source.parts:
+        msg = f"COPY source {src[:80]!r} must be relative to the build context"
         raise RuntimeFailure(msg)
     target = PurePosixPath(workdir) / dest
-    if ".." in target.parts:
-        msg = f"COPY destination {dest!r} may not contain '..'"
+    if ".." in target.parts or "\x00" in dest:
+        msg = f"COPY destination {dest[:80]!r} may not contain '..'"
         raise RuntimeFailure(msg)
-    single_file = len(matches) == 1 and (context / matches[0]).is_file()
-    into_folder = dest.endswith("/") or not single_file
-    folder = target if into_folder else target.parent
-    make_parents(layer_tree, folder, lowers, owner=owner)
-    copied = 0
-    for match in matches:
-        source = context / match
-        if source.is_dir() and not source.is_symlink():
-            copied += _copy_tree(source, layer_tree, folder, owner=owner, mode=mode)
-        else:
-            name = PurePosixPath(match).name if into_folder else target.name
-            copied += _copy_one(source, layer_tree / str(folder / name).lstrip("/"), owner, mode)
+    folder_path = scratch / "context"
+    folder_path.mkdir(mode=0o700)
+    with beneath.Dir.open(folder_path) as context, beneath.Dir.open(layer_tree) as tree_dir:
+        unpack(archive, context, limits)
+        matches = _glob(context, source)
+        if not matches:
+            msg = f"COPY source {src[:80]!r} matched no file"
+            raise RuntimeFailure(msg)
+        first = context.lstat(matches[0])
+        single_file = len(matches) == 1 and stat.S_ISREG(first.st_mode)
+        into_folder = dest.endswith("/") or not single_file
+        folder = target if into_folder else target.parent
+        _make_parents(tree_dir, folder, lowers, owner=owner)
+        rules = beneath.CopyRules(
+            ids=lambda _: owner,
+            file_mode=mode,
+            strip_setid=True,
+            special="refuse",
+            merge=True,
+            root_meta=False,
+            xattrs=False,
+        )
+        layer_folder = PurePosixPath(str(folder).lstrip("/") or ".")
+        copied = 0
+        try:
+            for match in matches:
+                st = context.lstat(match)
+                with tree_dir.dir(layer_folder) as into:
+                    if stat.S_ISDIR(st.st_mode):
+                        with context.dir(match) as tree_source:
+                            copied += beneath.copy_tree(tree_source, into, rules)
+                    else:
+                        name = match.name if into_folder else target.name
+                        copied += _copy_entry(context, match, into, name, rules)
+        except OSError as e:
+            msg = f"cannot copy {src[:80]!r}: {e.strerror} ({e.filename!s:.80})"
+            raise RuntimeFailure(msg) from e
     return copied
 
 
-def _copy_tree(
-    source: Path, layer_tree: Path, folder: PurePosixPath, *, owner: int, mode: int | None
+def _copy_entry(
+    context: beneath.Dir,
+    match: PurePosixPath,
+    into: beneath.Dir,
+    name: str,
+    rules: beneath.CopyRules,
 ) -> int:
-    copied = 0
-    base = layer_tree / str(folder).lstrip("/")
-    for current, dirs, files in os.walk(source, followlinks=False):
-        rel = Path(current).relative_to(source)
-        for d in dirs:
-            path = base / rel / d
-            if (Path(current) / d).is_symlink():
-                copied += _copy_one(Path(current) / d, path, owner, mode)
+    """One matched non-folder (a file or a symlink) as ``name`` in the folder ``into``: copied
+    through a one-entry tree so the same code (and the same rules) write it."""
+    with context.dir(match.parent if match.parent.parts else ".") as parent:
+        return beneath.copy_one(parent, match.name, into, name, rules)
+
+
+def _glob(context: beneath.Dir, pattern: PurePosixPath) -> list[PurePosixPath]:
+    """What ``pattern`` (relative; ``*``, ``?``, ``[...]`` in any part; hidden names included)
+    matches in the context, sorted; every folder on the way is a real folder (a symlink of the
+    context is matched as itself, never entered)."""
+    found = [PurePosixPath()]
+    parts = [p for p in pattern.parts if p != "."]
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        step: list[PurePosixPath] = []
+        for base in found:
+            st = context.lookup(base) if base.parts else None
+            if base.parts and (st is None or not stat.S_ISDIR(st.st_mode)):
                 continue
-            path.mkdir(mode=0o755, exist_ok=True)
-            os.chown(path, owner, owner, follow_symlinks=False)
-        for f in files:
-            copied += _copy_one(Path(current) / f, base / rel / f, owner, mode)
-    return copied
+            if glob.has_magic(part):
+                names = [
+                    n
+                    for n in context.scandir(base if base.parts else ".")
+                    if fnmatch.fnmatchcase(n, part)
+                ]
+            else:
+                names = [part] if context.lookup(base / part) is not None else []
+            step.extend(base / n for n in names)
+        found = step
+        if not last:
+            found = [p for p in found if _is_folder(context, p)]
+    return sorted(p for p in found if p.parts) if parts else [PurePosixPath()]
 
 
-def _copy_one(source: Path, target: Path, owner: int, mode: int | None) -> int:
-    if target.is_dir() and not target.is_symlink():
-        shutil.rmtree(target)
-    with contextlib.suppress(FileNotFoundError):
-        target.unlink()
-    if source.is_symlink():
-        os.symlink(os.readlink(source), target)
-    else:
-        shutil.copy2(source, target, follow_symlinks=False)
-        if mode is not None:
-            os.chmod(target, mode)
-    os.chown(target, owner, owner, follow_symlinks=False)
-    return 1
+def _is_folder(context: beneath.Dir, path: PurePosixPath) -> bool:
+    st = context.lookup(path)
+    return st is not None and stat.S_ISDIR(st.st_mode)

@@ -29,6 +29,7 @@ from nats.js.kv import KeyValue
 
 from shared.bus.kv import key_names
 from shared.errors import RuntimeFailure
+from shared.runtime.local import beneath
 from shared.runtime.local.records import reservation_holder, reservation_of, reservation_value
 
 IDS_PER_POD = 65536
@@ -152,15 +153,17 @@ def chown_tree(root: Path, base: int, *, owner: int = 0) -> None:
     os.chown(root, top, top, follow_symlinks=False)
     if valid_owner(st.st_uid, base):
         return  # the pod's own already (another of its users): only the top changes
-    for folder, dirs, files in os.walk(root, followlinks=False):
-        for entry in [*dirs, *files]:
-            with contextlib.suppress(OSError):
-                path = os.path.join(folder, entry)
-                st = os.lstat(path)
-                # Shift ids into the range (0 -> base, 1000 -> base+1000); foreign ids -> base.
-                uid = st.st_uid if valid_owner(st.st_uid, base) else base + st.st_uid % IDS_PER_POD
-                gid = st.st_gid if valid_owner(st.st_gid, base) else base + st.st_gid % IDS_PER_POD
-                os.chown(path, uid, gid, follow_symlinks=False)
+
+    def shifted(entry: os.stat_result) -> tuple[int, int]:
+        # Shift ids into the range (0 -> base, 1000 -> base+1000); foreign ids -> base.
+        uid = entry.st_uid if valid_owner(entry.st_uid, base) else base + entry.st_uid % IDS_PER_POD
+        gid = entry.st_gid if valid_owner(entry.st_gid, base) else base + entry.st_gid % IDS_PER_POD
+        return uid, gid
+
+    # A descriptor walk beneath the folder: a running pod sharing the volume may swap a
+    # folder for a symlink meanwhile; the walk never leaves the volume.
+    with contextlib.suppress(OSError), beneath.Dir.open(root) as folder:
+        beneath.chown_tree(folder, shifted)
 
 
 def valid_owner(uid: int, base: int) -> bool:
