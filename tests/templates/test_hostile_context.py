@@ -295,3 +295,20 @@ def test_a_benign_context_keeps_files_modes_and_in_context_links(tmp_path: Path)
     assert (app / "again").read_text() == "a\n"
     assert os.readlink(app / "dangling") == "/usr/lib/whatever"  # a name inside the sandbox
     assert {p.lstat().st_uid for p in app.rglob("*")} == {1000}
+
+
+def test_removing_a_layer_never_follows_its_links(tmp_path: Path, host: Path) -> None:
+    """The garbage collection's removal of a layer (and of a leftover that is itself a
+    symlink) removes the links, never what they name."""
+    before = _state(host)
+    data_dir = tmp_path / "data"
+    layers = template_layers.root(data_dir)
+    tree = layers / ("a" * 64) / "tree"
+    (tree / "opt").mkdir(parents=True)
+    os.symlink(str(host), tree / "opt" / "s")
+    os.symlink("../../../../host/secret", tree / "opt" / "f")
+    os.symlink(str(host), layers / ".staging-planted")
+    template_layers.remove(data_dir, "a" * 64)
+    template_layers.remove(data_dir, ".staging-planted")
+    assert not os.listdir(layers)
+    assert _state(host) == before

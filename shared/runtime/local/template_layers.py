@@ -10,9 +10,10 @@ A layer appears under its key only complete (built aside, then renamed); it is n
 removed while a sandbox may use it (a pod mounts it, id-mapped, as an overlay lower layer:
 ``pod_dirs.mount_root``).
 
-COPY steps never run a pod: the uploaded archive is unpacked here (no absolute paths, no ``..``,
-no links out of the archive, no device files, no setuid bits: tarfile's ``data`` filter) into a
-new layer, owned by the step's user.
+COPY steps never run a pod: the uploaded archive is unpacked here and copied into a new layer,
+owned by the step's user, every member checked by :func:`unpack` (not by tarfile's filters) and
+every file operation beneath the context or the layer (``beneath``: no symlink is followed, so
+nothing a tenant's archive holds leads a write, a chown or a removal out of them).
 """
 
 from __future__ import annotations
