@@ -104,7 +104,41 @@ def precompile() -> int:
     return 0
 
 
+def _out_of_reach() -> None:
+    """Put the daemon and the pod's PID 1 out of reach of the sandbox code it serves (which runs
+    as the same uid, or as a root without CAP_SYS_PTRACE): no ptrace, pidfd_getfd, process_vm_*,
+    /proc/<pid>/fd, mem or environ of either. Before this, no sandbox code runs.
+
+    - The daemon turns non-dumpable: tracing it would then need CAP_SYS_PTRACE. The processes it
+      starts exec, and are dumpable again (gdb, strace work among them).
+    - It enters a Landlock domain (scoped to abstract unix sockets, restricting nothing else),
+      which every process it starts inherits: a process in a domain may trace only processes in
+      the same or a nested one, and PID 1 (bwrap's init, which bwrap makes dumpable again
+      itself) is in none. Needs Landlock ABI 6 (Linux 6.12); without it this says so."""
+    import ctypes
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_dumpable, pr_set_no_new_privs = 4, 38
+    create_ruleset, restrict_self = 444, 446  # the same on x86_64 and arm64
+    scope_abstract_unix_socket = 1
+    if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+        print("envd: cannot make itself non-dumpable", file=sys.stderr)
+    attr = ctypes.create_string_buffer(struct.pack("QQQ", 0, 0, scope_abstract_unix_socket))
+    ruleset = libc.syscall(create_ruleset, attr, ctypes.sizeof(attr), 0)
+    if (
+        ruleset < 0
+        or libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0
+        or libc.syscall(restrict_self, ruleset, 0) != 0
+    ):
+        err = os.strerror(ctypes.get_errno())
+        print(f"envd: no Landlock domain ({err}): PID 1 is traceable", file=sys.stderr)
+    if ruleset >= 0:
+        os.close(ruleset)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _out_of_reach()
     gc.disable()  # until start-up is done (services.envd.server.serve): a few % of it
     args = parse_args(argv)
     # Read once (parse_args' default); processes the daemon starts must not inherit the token.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from shared.errors import ConfigError
 from shared.ports.runtime import Runtime
@@ -34,6 +34,11 @@ class LocalRuntimeSettings(SettingsBase):
         except ConfigError as e:
             raise ValueError(str(e)) from None
         return value
+
+    pod_log_bytes: int = Field(default=8 * 2**20, ge=64 * 2**10, le=2**30)
+    """local: bytes of a pod's own output (its PID 1's and daemon's stdout and stderr) kept on
+    the host, the newest; what the pod writes beyond goes. Read back by the API's errors and the
+    dead pod's `logs/<sandbox>.last.log`."""
 
 
 async def open_runtime(
@@ -93,6 +98,7 @@ async def open_runtime(
         supervise=supervise,
         stop_pods_on_close=False,
         pod_cidr=(local or LocalRuntimeSettings()).pod_cidr,
+        pod_log_bytes=(local or LocalRuntimeSettings()).pod_log_bytes,
         pools=settings.pool_sizes,
     )
     return await runtime.start()

@@ -16,7 +16,7 @@ from shared.ports.workloads import WorkloadSpec
 from shared.runtime.local import LocalRuntime, procfs, userns
 from shared.runtime.local.records import WorkloadRecord, WorkloadStore
 from tests.contract.harness import read_file
-from tests.security.pod_support import create, host_uids, pod_pids, run
+from tests.security.pod_support import create, host_uids, pod_of, pod_pids, run
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -88,8 +88,12 @@ def test_kernel_knobs_and_namespaces_are_out_of_reach(stack: Stack) -> None:
 def test_no_host_secret_in_environ_or_etc(stack: Stack) -> None:
     sbx = create(stack)
     try:
-        code, out = run(sbx, "tr '\\0' '\\n' < /proc/1/environ", user="root")
-        assert code == 0, out
+        # PID 1 is out of the sandbox's reach (test_pod_descriptors.py); the host reads it.
+        code, out = run(sbx, "cat /proc/1/environ", user="root")
+        assert code != 0 and "Permission denied" in out, out
+        inner = procfs.inner_pid(pod_of(stack, sbx.sandbox_id).pid)
+        assert inner is not None
+        out = Path(f"/proc/{inner}/environ").read_bytes().decode().replace("\0", "\n")
         names = {line.split("=", 1)[0] for line in out.splitlines() if line}
         assert names <= set(procfs.SPAWN_ENV), f"PID 1 carries the runtime's env: {names}"
         assert "NATS_URL" not in out and "TORPOR" not in out
@@ -176,7 +180,10 @@ async def test_runtime_refuses_hostile_env_and_names(runtime: LocalRuntime, tmp_
     good = f"g{uuid.uuid4().hex[:8]}"
     await runtime.create(WorkloadSpec(name=good, owner="alice", envs={"OK": "--ro-bind / /x"}))
     ep = await runtime.wait_ready(good, timeout=60)
-    environ = await read_file(ep, "/proc/1/environ") or b""
+    [pod] = procfs.scan_pods(tmp_path / "data")
+    inner = procfs.inner_pid(pod.pid)  # PID 1: out of the sandbox's reach, read by the host
+    assert inner is not None
+    environ = Path(f"/proc/{inner}/environ").read_bytes()
     assert runtime.canary.encode() not in environ  # type: ignore[attr-defined]
     assert set(environ.decode().strip("\0").split("\0")) == {
         f"{k}={v}" for k, v in procfs.SPAWN_ENV.items()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.runtime.local import LocalRuntime, procfs
+from shared.runtime.local import LocalRuntime, bwrap, procfs
 from tests.security.pod_support import create, no_pod_left, pod_of, run
 from tests.support.stack import Stack
 
@@ -54,13 +54,13 @@ async def test_forged_pods_inside_a_sandbox_are_never_touched(stack: Stack, tmp_
     forgeries = [
         # Another tenant's real pod: killing the victim must not kill these.
         {"TORPOR_POD_UID": victim_pod.uid, "TORPOR_WORKLOAD": victim.sandbox_id,
-         "TORPOR_RUNTIME_ROOT": str(data), "TORPOR_X": token},
+         "TORPOR_RUNTIME_ID": bwrap.runtime_id(data), "TORPOR_X": token},
         # A pod no record knows: the stray sweep must not "stop" it.
         {"TORPOR_POD_UID": str(uuid.uuid4()), "TORPOR_WORKLOAD": "ghost",
-         "TORPOR_RUNTIME_ROOT": str(data), "TORPOR_X": token},
+         "TORPOR_RUNTIME_ID": bwrap.runtime_id(data), "TORPOR_X": token},
         # Marks pointing at a canary folder, with a path for a uid.
         {"TORPOR_POD_UID": "../../canary", "TORPOR_WORKLOAD": "x",
-         "TORPOR_RUNTIME_ROOT": str(canary), "TORPOR_X": token},
+         "TORPOR_RUNTIME_ID": bwrap.runtime_id(canary), "TORPOR_X": token},
     ]  # fmt: skip
     try:
         for marks in forgeries:

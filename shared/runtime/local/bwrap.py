@@ -12,6 +12,7 @@ in the PID namespace tree makes it one of ours (see :mod:`.procfs`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -25,7 +26,7 @@ from shared.runtime.local import etc
 
 ENV_POD_UID = "TORPOR_POD_UID"
 ENV_WORKLOAD = "TORPOR_WORKLOAD"
-ENV_RUNTIME_ROOT = "TORPOR_RUNTIME_ROOT"
+ENV_RUNTIME = "TORPOR_RUNTIME_ID"  # runtime_id() of the data dir
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 INSTALL_HINT = "install it with `apt-get install -y bubblewrap`"
 # Host directories every pod sees read-only: the OS, plus the interpreter and code of the daemon.
@@ -124,20 +125,56 @@ class UsernsFds:
 def bwrap_argv(
     launch: PodLaunch,
     *,
-    env_fd: int | None = None,
     userns: UsernsFds | None = None,
     staged: Mapping[Path, str] | None = None,
 ) -> list[str]:
-    """The pod's bwrap command line. With ``env_fd``, the pod's environment (access token, user
-    envs) is read by bwrap from that descriptor (``--args``, see :func:`env_args`) instead of
-    the command line, which every local user can read in ``ps``; only the ``TORPOR_*`` marks
-    that identify the pod stay in argv. With ``launch.id_base`` the pod gets a user namespace
-    whose ids the runtime maps (see :mod:`.userns`): pass ``userns``, and in ``staged`` where
+    """The pod's whole bwrap command line, every option in argv (test rigs; pods start with
+    :func:`hidden_argv`). With ``launch.id_base`` the pod gets a user namespace whose ids the
+    runtime maps (see :mod:`.userns`): pass ``userns``, and in ``staged`` where
     :func:`stage_prefix` makes each host path bound into the pod visible to bwrap, which then
     runs as an unprivileged host uid that may not traverse the folders above them.
 
     Hostile values cannot become options: every value follows its option as its own argv
-    element, and the environment goes through ``--args`` only after :func:`check_env`."""
+    element, and the environment is checked by :func:`check_env`."""
+    prefix, options = _options(launch, userns, staged)
+    return [*prefix, launch.bwrap, *options, *_marks(launch), "--", *launch.command]
+
+
+def hidden_argv(
+    launch: PodLaunch,
+    args_fd: int,
+    *,
+    userns: UsernsFds | None = None,
+    staged: Mapping[Path, str] | None = None,
+) -> tuple[list[str], bytes]:
+    """The pod's command line and what bwrap reads from ``args_fd`` (``--args``): every option
+    and the environment go through the descriptor, so the command line the sandbox can read
+    (``/proc/1/cmdline``: the inner bwrap is its PID 1) names no host path, and ``ps`` on the host
+    shows no access token. Only the marks that identify the pod stay in argv, before the options,
+    whose ``--clearenv`` keeps them out of the sandbox's environment."""
+    prefix, options = _options(launch, userns, staged)
+    argv = [*prefix, launch.bwrap, *_marks(launch), "--args", str(args_fd), "--", *launch.command]
+    return argv, b"".join(o.encode() + b"\0" for o in options)
+
+
+def runtime_id(runtime_root: Path) -> str:
+    """What marks a pod as started with this data dir: a digest, not the host path itself."""
+    return hashlib.sha256(str(runtime_root).encode()).hexdigest()[:20]
+
+
+def _marks(launch: PodLaunch) -> list[str]:
+    marks = {
+        ENV_POD_UID: launch.uid,
+        ENV_WORKLOAD: launch.workload,
+        ENV_RUNTIME: runtime_id(launch.runtime_root),
+    }
+    return [part for key, value in marks.items() for part in ("--setenv", key, value)]
+
+
+def _options(
+    launch: PodLaunch, userns: UsernsFds | None, staged: Mapping[Path, str] | None
+) -> tuple[list[str], list[str]]:
+    """(the prefix that runs bwrap as the range's uid, bwrap's options and environment)."""
     check_env(launch.env)
     staged = staged or {}
 
@@ -145,7 +182,7 @@ def bwrap_argv(
         return ["--ro-bind" if read_only else "--bind", staged.get(source, str(source)), dest]
 
     prefix: list[str] = []
-    argv = [launch.bwrap]
+    argv: list[str] = []
     if launch.id_base is not None:
         if userns is None:
             msg = "a pod with a user namespace needs the userns descriptors"
@@ -231,19 +268,9 @@ def bwrap_argv(
     for mount in launch.mounts:
         argv += bind(mount.source, mount.target, read_only=mount.read_only)
     argv += ["--chdir", launch.workdir]
-    marks = {
-        ENV_POD_UID: launch.uid,
-        ENV_WORKLOAD: launch.workload,
-        ENV_RUNTIME_ROOT: str(launch.runtime_root),
-    }
-    if env_fd is None:
-        for key, value in launch.env.items():
-            argv += ["--setenv", key, value]
-    else:
-        argv += ["--args", str(env_fd)]
-    for key, value in marks.items():
+    for key, value in launch.env.items():
         argv += ["--setenv", key, value]
-    return [*prefix, *argv, "--", *launch.command]
+    return prefix, argv
 
 
 def bind_sources(launch: PodLaunch) -> list[Path]:
@@ -319,15 +346,6 @@ def setpriv_path() -> str:
     return path
 
 
-def env_args(env: Mapping[str, str]) -> bytes:
-    """``--setenv`` options for bwrap's ``--args FD``: NUL-separated, never on a command line."""
-    check_env(env)
-    parts = []
-    for key, value in env.items():
-        parts += ["--setenv", key, value]
-    return b"".join(p.encode() + b"\0" for p in parts)
-
-
 def is_within(path: Path, folder: Path) -> bool:
     try:
         path.resolve().relative_to(Path(folder).resolve())
@@ -361,14 +379,13 @@ def code_dirs() -> list[Path]:
     return sorted(kept)
 
 
-def open_env_file(path: Path, env: Mapping[str, str]) -> int:
-    """The pod's environment for ``bwrap --args`` in an unlinked 0600 file (no size limit, unlike
-    a pipe written before the reader starts): a descriptor at its start, to be passed to the pod.
-    Nothing stays on disk."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+def open_args_file(path: Path, data: bytes) -> int:
+    """bwrap's ``--args`` (options and the pod's environment) in an unlinked 0600 file (no size
+    limit, unlike a pipe written before the reader starts): a descriptor at its start, to be
+    passed to the pod. Nothing stays on disk."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         os.unlink(path)
-        data = env_args(env)
         while data:
             data = data[os.write(fd, data) :]
         os.lseek(fd, 0, os.SEEK_SET)

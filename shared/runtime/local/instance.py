@@ -25,7 +25,7 @@ from shared.bus.topology import KV_WORKLOADS, workloads_bucket
 from shared.errors import RuntimeFailure, Unavailable
 from shared.models.template_records import BUILT_TEMPLATES_DIR
 from shared.redaction import redact_text
-from shared.runtime.local import bwrap, bytecode, limits
+from shared.runtime.local import bwrap, bytecode, limits, podlog
 from shared.runtime.local import rootfs as rootfs_location
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import PodLauncher
@@ -62,7 +62,9 @@ class RuntimeInstance:
         rootfs: Path | None = None,
         pools: Mapping[str, int] | None = None,
         pool_claim_timeout: float = 30.0,
+        pod_log_bytes: int = podlog.DEFAULT_CAP,
     ) -> None:
+        self._pod_log_bytes = pod_log_bytes
         self._nats_url = nats_url
         self._nats_options = dict(nats_options or {})  # credentials, inbox prefix
         self._data_dir = data_dir.resolve()
@@ -112,6 +114,7 @@ class RuntimeInstance:
             pycache=pycache,
             cgroups=cgroups,
             rootfs=rootfs,
+            log_bytes=self._pod_log_bytes,
         )
         try:
             self._nc = await nats.connect(

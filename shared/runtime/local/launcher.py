@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from shared.runtime.local import (
     limits,
     mounts,
     pod_dirs,
+    podlog,
     procfs,
     spawning,
     template_layers,
@@ -69,8 +69,10 @@ class PodLauncher:
         pycache: Path,
         cgroups: limits.Cgroups | None,
         rootfs: Path,
+        log_bytes: int = podlog.DEFAULT_CAP,
     ) -> None:
         self._data_dir = data_dir
+        self._log_bytes = log_bytes
         self._rootfs = rootfs
         self.layers = Layers(data_dir)
         self._template_dirs = template_dirs
@@ -171,7 +173,12 @@ class PodLauncher:
                 if record.pool is not None:  # a warm pod yields the CPU to sandboxes
                     await asyncio.to_thread(self._cgroups.set_cpu_weight, uid, POOL_CPU_WEIGHT)
             process = await spawning.spawn(
-                launch, pod_limits, pod_dir, enter, cgroups=self._cgroups
+                launch,
+                pod_limits,
+                pod_dir,
+                enter,
+                cgroups=self._cgroups,
+                log_bytes=self._log_bytes,
             )
         except (OSError, RuntimeFailure) as e:
             await self._discard(uid, pod_dir)
@@ -274,14 +281,16 @@ class PodLauncher:
         await self._discard(pod.uid, pod_dir)
 
     async def keep_log(self, pod: PodRecord, name: str) -> None:
-        """Keep a dead pod's log as ``logs/<name>.last.log`` (its folder goes with it)."""
+        """Keep a dead pod's log as ``logs/<name>.last.log`` (its folder goes with it): its
+        last bytes, at most the pod log's cap."""
         pod_dir = self.pod_dir(pod.uid)
         if pod_dir is not None:
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(
-                    shutil.copyfile,
-                    pod_dir / "pod.log",
+                    podlog.keep_copy,
+                    pod_dir,
                     self._data_dir / "logs" / f"{name}.last.log",
+                    self._log_bytes,
                 )
 
     async def _stop(self, uid: str) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import structlog
 
-from shared.runtime.local.bwrap import ENV_POD_UID, ENV_RUNTIME_ROOT, ENV_WORKLOAD
+from shared.runtime.local.bwrap import ENV_POD_UID, ENV_RUNTIME, ENV_WORKLOAD, runtime_id
 
 log = structlog.get_logger()
 
@@ -33,20 +33,19 @@ SPAWN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 
 
 async def spawn(
-    argv: Sequence[str], log_path: Path, *, pass_fds: Sequence[int] = ()
+    argv: Sequence[str], output: int, *, pass_fds: Sequence[int] = ()
 ) -> asyncio.subprocess.Process:
-    # Owner-only: a pod's output is its user's business (and may print their secrets).
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "ab") as out:
-        return await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            pass_fds=tuple(pass_fds),
-            env=SPAWN_ENV,
-            start_new_session=True,  # survives the owner; no terminal signals from it
-        )
+    """Start a pod: ``output`` (the pipe of its log reader, :mod:`.podlog`) is its stdout and
+    stderr; it gets no other descriptor of the runtime's but ``pass_fds``."""
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=output,
+        stderr=output,
+        pass_fds=tuple(pass_fds),
+        env=SPAWN_ENV,
+        start_new_session=True,  # survives the owner; no terminal signals from it
+    )
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -146,14 +145,14 @@ def _pids() -> list[int]:
 def _pod_processes(runtime_root: Path) -> list[_PodProcess]:
     """Every live bwrap (outer and inner) of pods started with this data dir."""
     own_ns = os.readlink("/proc/self/ns/pid")
-    root = str(runtime_root)
+    mark = runtime_id(runtime_root)
     found = []
     for pid in _pids():
         argv = _cmdline(pid)
         if not argv or os.path.basename(argv[0]) != "bwrap":
             continue
         marks = _setenv_values(argv)
-        if marks.get(ENV_RUNTIME_ROOT) != root or ENV_POD_UID not in marks:
+        if marks.get(ENV_RUNTIME) != mark or ENV_POD_UID not in marks:
             continue
         stat = _stat(pid)
         if stat is None or stat[0] in {"Z", "X"}:

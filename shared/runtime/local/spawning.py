@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from shared.errors import RuntimeFailure
-from shared.runtime.local import bwrap, limits, procfs, userns
+from shared.runtime.local import bwrap, limits, podlog, procfs, userns
 
 _HANDSHAKE_TIMEOUT = 30.0
 # Where each pod's private mount namespace stages its bind sources (see bwrap.stage_prefix).
@@ -25,28 +25,31 @@ async def spawn(
     enter: Sequence[str],
     *,
     cgroups: limits.Cgroups | None,
+    log_bytes: int = podlog.DEFAULT_CAP,
 ) -> asyncio.subprocess.Process:
     """Start bwrap, then (while it waits) map its ids and put it in its cgroups."""
     assert launch.id_base is not None
     stage, staged = bwrap.stage_prefix(STAGE_DIR, bwrap.bind_sources(launch))
-    env_fd = await asyncio.to_thread(bwrap.open_env_file, pod_dir / "env.args", launch.env)
-    block_r, block_w = os.pipe()
-    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe2(os.O_CLOEXEC)
+    info_r, info_w = os.pipe2(os.O_CLOEXEC)
+    fds = [block_r, info_w]
     try:
-        argv = [
-            *enter,
-            *limits.rlimit_wrapper(pod_limits, cgroups=cgroups is not None),
-            *stage,
-            *bwrap.bwrap_argv(
-                launch,
-                env_fd=env_fd,
-                userns=bwrap.UsernsFds(block=block_r, info=info_w),
-                staged=staged,
-            ),
-        ]
-        process = await procfs.spawn(argv, pod_dir / "pod.log", pass_fds=[env_fd, block_r, info_w])
+        userns_fds = bwrap.UsernsFds(block=block_r, info=info_w)
+        # The options' descriptor number must be in argv before the file exists: the next free
+        # one, held by a placeholder until the file takes it.
+        placeholder = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        fds.append(placeholder)
+        inner, options = bwrap.hidden_argv(launch, placeholder, userns=userns_fds, staged=staged)
+        args_fd = await asyncio.to_thread(bwrap.open_args_file, pod_dir / "bwrap.args", options)
+        os.dup2(args_fd, placeholder)
+        os.close(args_fd)
+        reader = await podlog.start_reader(pod_dir, log_bytes)
+        fds.append(reader.fd)
+        argv = [*enter, *limits.rlimit_wrapper(pod_limits, cgroups=cgroups is not None)]
+        argv += [*stage, *inner]
+        process = await procfs.spawn(argv, fds[-1], pass_fds=fds[:3])
     finally:
-        for fd in (env_fd, block_r, info_w):
+        for fd in fds:
             os.close(fd)
     child: object = None
     try:
@@ -55,6 +58,7 @@ async def spawn(
         )
         child = info.get("child-pid")
         if not isinstance(child, int):
+            await reader.drained(within=2.0)  # what bwrap said, before it is read back
             msg = f"bwrap exited before its sandbox started{_log_tail(pod_dir)}"
             raise RuntimeFailure(msg)
         await asyncio.to_thread(userns.write_maps, child, launch.id_base)
@@ -90,8 +94,5 @@ def _read_info(fd: int) -> dict[str, object]:
 
 
 def _log_tail(pod_dir: Path) -> str:
-    with contextlib.suppress(OSError):
-        lines = (pod_dir / "pod.log").read_text(errors="replace").strip().splitlines()
-        if lines:
-            return f" ({lines[-1][:300]})"
-    return ""
+    line = podlog.last_line(pod_dir)
+    return f" ({line[:300]})" if line else ""

@@ -12,6 +12,7 @@ import httpx
 
 from shared.errors import NotFound, PodNotReady, ReadyFailed, RuntimeFailure
 from shared.ports.workloads import ENVD_PORT, Endpoint
+from shared.runtime.local import podlog
 from shared.runtime.local.instance import RuntimeInstance
 from shared.runtime.local.records import WorkloadRecord
 from shared.runtime.readiness import not_ready_reason
@@ -99,14 +100,11 @@ class Waiting(RuntimeInstance):
         return record.pod is not None and record.pod.uid == uid and not record.deleting
 
     def _log_tail(self, record: WorkloadRecord) -> str:
-        candidates = [Path(record.pod.pod_dir) / "pod.log"] if record.pod else []
-        candidates.append(self._data_dir / "logs" / f"{record.name}.last.log")
-        for path in candidates:
-            with contextlib.suppress(OSError):
-                lines = path.read_text(errors="replace").strip().splitlines()
-                if lines:
-                    return f" (pod log: {lines[-1][:300]})"
-        return ""
+        """The last line of the pod's output (or of the dead pod's kept log), read by tail."""
+        lines = [podlog.last_line(Path(record.pod.pod_dir))] if record.pod else []
+        lines.append(podlog.last_line(self._data_dir / "logs", name=f"{record.name}.last.log"))
+        line = next((ln for ln in lines if ln), "")
+        return f" (pod log: {line[:300]})" if line else ""
 
 
 async def _until(event: asyncio.Event, timeout: float) -> None:
