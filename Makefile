@@ -35,6 +35,12 @@ registry-bin:
 rootfs:
 	@scripts/build-rootfs.sh >/dev/null
 
+# code-interpreter-v1's layers on that rootfs (scripts/build-code-interpreter.sh: PyPI into a venv,
+# the execution server; cached in ~/.cache/torpor/layers, instant when nothing changed). Rebuilt
+# here too because the server layer follows services/interpreter, which setup's stamp does not.
+code-interpreter: rootfs
+	@scripts/build-code-interpreter.sh >/dev/null
+
 # The images of the real test node and of testcontainers (scripts/build-images.sh: buildah, no
 # Docker engine; cached outside the repo). Needs root; off CI a failure only makes those tests skip.
 images: setup rootfs
@@ -61,7 +67,7 @@ imports: setup
 	$(BIN)/lint-imports
 
 # pytest exit code 5 ("no tests collected") is a failure, not a pass.
-pytest: setup k8s-bins registry-bin rootfs images criu
+pytest: setup k8s-bins registry-bin rootfs code-interpreter images criu
 	$(BIN)/pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

@@ -59,6 +59,10 @@ fi
 if [[ $(id -u) == 0 ]] && command -v debootstrap >/dev/null 2>&1; then
   scripts/build-rootfs.sh >/dev/null \
     || { echo "setup: scripts/build-rootfs.sh failed (local sandboxes cannot start)" >&2; [[ ${CI:-} != true ]]; }
+  # code-interpreter-v1's layers (the venv with the Jupyter kernels, the execution server) on that
+  # rootfs: cached in ~/.cache/torpor/layers by a hash of their inputs; about a minute cold.
+  scripts/build-code-interpreter.sh >/dev/null \
+    || { echo "setup: scripts/build-code-interpreter.sh failed (code-interpreter sandboxes cannot start)" >&2; [[ ${CI:-} != true ]]; }
 else
   echo "setup: the sandbox rootfs needs root and debootstrap (apt-get install -y debootstrap), then: scripts/build-rootfs.sh" >&2
 fi

@@ -22,6 +22,8 @@ from shared.models.lifecycle import TemplateLifecycle
 
 PACKAGED_TEMPLATES_DIR = Path(__file__).with_name("templates")
 DEFAULT_TEMPLATE = "sandbox-base"
+# Other names of packaged templates (E2B's SDKs and docs use both).
+TEMPLATE_ALIASES = {"code-interpreter": "code-interpreter-v1"}
 _TEMPLATE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 
 
@@ -139,6 +141,8 @@ def load_template(name: str, dirs: Sequence[Path]) -> Template:
     if not _TEMPLATE_NAME_RE.match(name):
         msg = f"invalid template name {name!r}"
         raise NotFound(msg)
+    if not any((folder / f"{name}.yaml").is_file() for folder in dirs):
+        name = TEMPLATE_ALIASES.get(name, name)
     for folder in dirs:
         path = folder / f"{name}.yaml"
         if path.is_file():

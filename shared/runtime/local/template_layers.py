@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 
 from shared.errors import RuntimeFailure
 from shared.models.template_records import TEMPLATE_LAYERS_DIR
-from shared.runtime.local import beneath
+from shared.runtime.local import beneath, cached_layers
 
 _KEY_RE = re.compile(r"^[a-f0-9]{64}$")
 USER_IDS = {"root": 0, "user": 1000}
@@ -50,6 +50,8 @@ def root(data_dir: Path) -> Path:
 
 
 def tree(data_dir: Path, key: str) -> Path:
+    if cached_layers.is_cached(key):  # a packaged template's layer built by a setup script
+        return cached_layers.tree(key)
     if not _KEY_RE.match(key):
         msg = f"invalid template layer key {key[:80]!r}"
         raise RuntimeFailure(msg)

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Builds the read-only layers of the code-interpreter-v1 template (local runtime), on top of
+# sandbox-base's root filesystem (scripts/build-rootfs.sh):
+#
+#   packages  /opt/torpor/venv: Debian's python3 in a venv (owned by `user`: `pip install`
+#             works there) with the kernels, the execution server's libraries and the data
+#             stack of deploy/code-interpreter/requirements.txt, from PyPI; the bash kernel.
+#   server    /opt/torpor/interpreter: the execution server (services/interpreter) and the
+#             IPython profile of deploy/code-interpreter/ipython.
+#
+# Each is an overlayfs upper tree (sandbox ids: 0 = its root, 1000 = `user`; whiteouts as
+# overlayfs writes them), cached outside the repo in
+# ${TORPOR_LAYER_CACHE:-~/.cache/torpor/layers}/code-interpreter-{packages,server}/<hash>/tree
+# with `current` naming the newest; <hash> covers the base rootfs and every input, so a warm run
+# returns at once. The package layer takes a few minutes cold (downloads from PyPI, uv's cache in
+# ~/.cache/torpor/uv); the server layer is a copy. Needs root (overlayfs, chroot). Prints the two
+# layer folders on stdout; progress goes to stderr.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+SRC="$REPO/deploy/code-interpreter"
+CACHE=${TORPOR_LAYER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/torpor/layers}
+UV_CACHE=${TORPOR_UV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/torpor/uv}
+UV=${UV:-$REPO/.venv/bin/uv}
+
+need_root() {
+  if [[ $(id -u) != 0 ]]; then
+    echo "build-code-interpreter: must run as root (overlayfs, chroot, sandbox ids)" >&2
+    exit 2
+  fi
+}
+ROOTFS=$("$REPO/scripts/build-rootfs.sh" | tail -n 1)
+BASE_HASH=$(basename "$ROOTFS")
+mkdir -p "$CACHE" "$UV_CACHE"
+exec 9>"$CACHE/.code-interpreter.lock"
+flock 9
+
+publish() {  # <kind> <hash>: `current` names it
+  ln -sfn "$2" "$CACHE/$1/.current.new" && mv -T "$CACHE/$1/.current.new" "$CACHE/$1/current"
+  echo "$CACHE/$1/$2"
+}
+
+# ---- packages ----------------------------------------------------------------------------
+PKG_HASH=$( { echo "$BASE_HASH"; cat "$SRC/requirements.txt"; sed -n '/^# ---- packages/,/^# ---- server/p' "$0"; } | sha256sum | cut -c1-16)
+PKG="$CACHE/code-interpreter-packages/$PKG_HASH"
+if [[ ! -f $PKG/done ]]; then
+  need_root
+  if [[ ! -x $UV ]]; then
+    echo "build-code-interpreter: uv is missing ($UV; scripts/setup.sh installs it)" >&2
+    exit 2
+  fi
+  PARTIAL="$PKG.partial"
+  cleanup() {
+    for m in tmp/uv-cache dev/pts dev proc ""; do
+      if mountpoint -q "$PARTIAL/merged/$m" 2>/dev/null; then umount -l "$PARTIAL/merged/$m" || true; fi
+    done
+  }
+  trap cleanup EXIT
+  cleanup
+  rm -rf "$PARTIAL"
+  mkdir -p "$PARTIAL/tree" "$PARTIAL/work" "$PARTIAL/merged"
+  start=$(date +%s)
+  echo "build-code-interpreter: packages layer $PKG_HASH on rootfs $BASE_HASH" >&2
+  mount -t overlay overlay -o "lowerdir=$ROOTFS,upperdir=$PARTIAL/tree,workdir=$PARTIAL/work,index=off,metacopy=off" "$PARTIAL/merged"
+  M="$PARTIAL/merged"
+  mount -t proc proc "$M/proc"
+  mount --bind /dev "$M/dev"
+  mount --bind /dev/pts "$M/dev/pts"
+  mkdir -p "$M/tmp/uv-cache"
+  mount --bind "$UV_CACHE" "$M/tmp/uv-cache"
+  cp /etc/resolv.conf "$M/etc/resolv.conf"
+  install -m 0755 "$UV" "$M/tmp/uv"
+  cp "$SRC/requirements.txt" "$M/tmp/requirements.txt"
+  # The build host's CA bundle (an egress proxy's CA, if any), for this build only.
+  cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$M/tmp/ca.crt"
+  in_root() {
+    chroot "$M" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 HOME=/root \
+      UV_CACHE_DIR=/tmp/uv-cache UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never \
+      SSL_CERT_FILE=/tmp/ca.crt "$@"
+  }
+  in_root /tmp/uv venv --quiet --seed --python /usr/bin/python3 /opt/torpor/venv >&2
+  in_root /tmp/uv pip install --quiet --compile-bytecode --python /opt/torpor/venv/bin/python \
+    -r /tmp/requirements.txt >&2
+  # Kernel specs in the venv (jupyter_client finds sys.prefix/share/jupyter/kernels).
+  in_root /opt/torpor/venv/bin/python -m bash_kernel.install --sys-prefix >&2
+  in_root /opt/torpor/venv/bin/python -m ipykernel install --sys-prefix --name python3 >&2
+  chown -R 1000:1000 "$M/opt/torpor/venv"
+  # Login shells (the SDK's commands run `bash -l`) reset PATH in /etc/profile: the venv first.
+  printf '%s\n' '# code-interpreter-v1: its venv first (pip, python, jupyter)' \
+    'export PATH=/opt/torpor/venv/bin:$PATH VIRTUAL_ENV=/opt/torpor/venv' > "$M/etc/profile.d/torpor-venv.sh"
+  cleanup
+  trap - EXIT
+  # Nothing of the build host stays: the pod gets its own resolv.conf; /tmp and caches go.
+  rm -rf "$PARTIAL/tree/etc/resolv.conf" "$PARTIAL/tree/tmp" "$PARTIAL/tree/root" "$PARTIAL/merged" "$PARTIAL/work"
+  echo "code-interpreter-packages $PKG_HASH $(date -u +%FT%TZ)" > "$PARTIAL/done"
+  rm -rf "$PKG"
+  mv "$PARTIAL" "$PKG"
+  echo "build-code-interpreter: packages built in $(( $(date +%s) - start ))s" >&2
+fi
+publish code-interpreter-packages "$PKG_HASH"
+
+# ---- server ------------------------------------------------------------------------------
+SRV_HASH=$( { find "$REPO/services/interpreter" "$SRC/ipython" "$SRC/start.sh" -type f \( -name '*.py' -o -name '*.sh' \) | LC_ALL=C sort | xargs cat; sed -n '/^# ---- server/,$p' "$0"; } | sha256sum | cut -c1-16)
+SRV="$CACHE/code-interpreter-server/$SRV_HASH"
+if [[ ! -f $SRV/done ]]; then
+  need_root
+  PARTIAL="$SRV.partial"
+  rm -rf "$PARTIAL"
+  LIB="$PARTIAL/tree/opt/torpor/interpreter"
+  mkdir -p "$LIB/services/interpreter" "$LIB/ipython"
+  : > "$LIB/services/__init__.py"
+  find "$REPO/services/interpreter" -maxdepth 1 -type f -name '*.py' -exec cp {} "$LIB/services/interpreter/" \;
+  cp -r "$SRC/ipython/." "$LIB/ipython/"
+  install -m 0755 "$SRC/start.sh" "$LIB/start"
+  chown -R 0:0 "$PARTIAL/tree"
+  chmod -R u=rwX,go=rX "$PARTIAL/tree"
+  echo "code-interpreter-server $SRV_HASH $(date -u +%FT%TZ)" > "$PARTIAL/done"
+  rm -rf "$SRV"
+  mv "$PARTIAL" "$SRV"
+fi
+publish code-interpreter-server "$SRV_HASH"

@@ -1,0 +1,351 @@
+"""Contexts: one Jupyter kernel each, started and supervised by this server (jupyter_client, no
+Jupyter server in between).
+
+A context runs one execution at a time (the next waits its turn). An execution is a stream of
+outputs (``services.interpreter.outputs``); a client that goes away interrupts it, and the
+context is handed to the next execution only once the kernel is idle again (or after a grace
+period). A kernel that dies is started again at once (its state is lost: the execution that was
+running gets an error saying so). Environment variables: the sandbox's own (the daemon's
+``/envs``) are set in every kernel before its first execution; an execution's ``env_vars`` are
+set for it and restored afterwards (to the sandbox's value, or unset)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_client.manager import AsyncKernelManager
+
+from services.interpreter import outputs
+from services.interpreter.languages import ENV_NAME, Language
+from services.interpreter.outputs import Output
+
+log = logging.getLogger("interpreter")
+
+KEEPALIVE_SECONDS = 5.0
+KERNEL_READY_TIMEOUT = 60.0
+INTERRUPT_GRACE = 10.0
+WATCH_INTERVAL = 0.5
+IPYTHON_DIR = "/opt/torpor/interpreter/ipython"
+
+GlobalEnv = Callable[[str | None], Awaitable[dict[str, str]]]
+_ABANDONED: set[asyncio.Task[None]] = set()  # held until done (the loop keeps weak references)
+
+
+class ContextError(Exception):
+    """A context that cannot do what was asked (the route answers 500 with the message)."""
+
+
+class _Manager(AsyncKernelManager):  # type: ignore[misc]
+    """A kernel that dies with this server: killed -9, the server leaves no kernels behind
+    (its supervisor starts a fresh server, which starts fresh kernels)."""
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        cmd: list[str] = super().format_kernel_cmd(extra_arguments)
+        setpriv = shutil.which("setpriv")
+        return [setpriv, "--pdeathsig", "KILL", "--", *cmd] if setpriv else cmd
+
+
+@dataclass
+class _Execution:
+    silent: bool
+    queue: asyncio.Queue[Output] = field(default_factory=asyncio.Queue)
+    started: bool = False
+    errored: bool = False
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def put(self, output: Output) -> None:
+        if not self.finished.is_set():
+            self.queue.put_nowait(output)
+
+    def end(self) -> None:
+        if not self.finished.is_set():
+            self.queue.put_nowait(outputs.END)
+            self.finished.set()
+
+
+class Context:
+    def __init__(self, language: Language, cwd: str, global_env: GlobalEnv) -> None:
+        self.id = str(uuid.uuid4())
+        self.language = language
+        self.cwd = cwd
+        self._global_env_source = global_env
+        self._global_env: dict[str, str] | None = None
+        self._start_env: dict[str, str] = {}  # what the kernel process started with
+        self._lock = asyncio.Lock()
+        self._executions: dict[str, _Execution] = {}
+        self._km: Any = None
+        self._kc: Any = None
+        self._readers: list[asyncio.Task[None]] = []
+        self._watcher: asyncio.Task[None] | None = None
+        self._closing = False
+        self.restarts = 0
+
+    def describe(self) -> dict[str, str]:
+        return {"id": self.id, "language": self.language.name, "cwd": self.cwd}
+
+    # ---- kernel lifecycle --------------------------------------------------------------
+    async def start(self) -> None:
+        self._km = _Manager(kernel_name=self.language.kernel)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self._start_env = env
+        env["IPYTHONDIR"] = IPYTHON_DIR
+        env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+        try:
+            await self._km.start_kernel(cwd=_existing(self.cwd), env=env)
+        except Exception as e:
+            msg = f"cannot start a {self.language.name} kernel ({self.language.kernel}): {e}"
+            raise ContextError(msg) from e
+        await self._connect()
+        await self._enter_cwd()
+        self._watcher = asyncio.create_task(self._watch(), name=f"watch-{self.id}")
+
+    async def _connect(self) -> None:
+        self._kc = self._km.client()
+        self._kc.start_channels()
+        try:
+            await self._kc.wait_for_ready(timeout=KERNEL_READY_TIMEOUT)
+        except RuntimeError as e:
+            msg = f"the {self.language.name} kernel did not become ready: {e}"
+            raise ContextError(msg) from e
+        self._readers = [
+            asyncio.create_task(self._read(self._kc.get_iopub_msg), name=f"iopub-{self.id}"),
+            asyncio.create_task(self._read(self._kc.get_shell_msg), name=f"shell-{self.id}"),
+        ]
+
+    async def _disconnect(self) -> None:
+        for task in self._readers:
+            task.cancel()
+        for task in self._readers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._readers = []
+        if self._kc is not None:
+            with contextlib.suppress(Exception):
+                self._kc.stop_channels()
+
+    async def _enter_cwd(self) -> None:
+        snippet = self.language.chdir(self.cwd)
+        if snippet and (problem := await self._silent(snippet)) is not None:
+            msg = f"cannot enter {self.cwd!r}: {problem}"
+            raise ContextError(msg)
+
+    async def restart(self, reason: str = "Context was restarted") -> None:
+        """A fresh kernel for this context (its state is gone); a running execution ends with
+        a ``ContextRestarting`` error."""
+        self._fail_all("ContextRestarting", reason)
+        await self._disconnect()
+        try:
+            await self._km.restart_kernel(now=True)
+        except Exception as e:
+            msg = f"cannot restart the kernel: {e}"
+            raise ContextError(msg) from e
+        self.restarts += 1
+        self._global_env = None
+        await self._connect()
+        await self._enter_cwd()
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+        self._fail_all("ContextRemoved", "Context was removed")
+        await self._disconnect()
+        if self._km is not None:
+            with contextlib.suppress(Exception):
+                await self._km.shutdown_kernel(now=True)
+
+    async def _watch(self) -> None:
+        """Supervision: a kernel that died (killed, out of memory) is started again."""
+        while not self._closing:
+            await asyncio.sleep(WATCH_INTERVAL)
+            try:
+                alive = await self._km.is_alive()
+            except Exception:
+                alive = False
+            if alive or self._closing:
+                continue
+            log.warning("kernel of context %s died; starting it again", self.id)
+            try:
+                await self.restart("The kernel died (its state is lost); it was started again")
+            except ContextError as e:
+                log.error("context %s: %s", self.id, e)
+
+    # ---- messages -------------------------------------------------------------------------
+    async def _read(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        while True:
+            try:
+                msg = await receive()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a malformed or unsigned message: dropped
+                log.warning("context %s: unreadable kernel message: %s", self.id, e)
+                continue
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        parent = msg.get("parent_header", {}).get("msg_id")
+        execution = self._executions.get(parent) if parent else None
+        if execution is None:
+            return
+        kind = msg.get("msg_type")
+        content = msg.get("content", {})
+        if kind == "status":
+            state = content.get("execution_state")
+            if state == "busy":
+                execution.started = True
+            elif state == "idle" and execution.started:
+                execution.end()
+            return
+        if kind == "execute_input":
+            execution.started = True
+            if not execution.silent:
+                execution.put(outputs.count(int(content.get("execution_count", 0))))
+            return
+        if kind == "execute_reply":
+            status = content.get("status")
+            if status == "error" and not execution.errored:
+                execution.errored = True
+                execution.put(
+                    outputs.error(
+                        str(content.get("ename", "")),
+                        str(content.get("evalue", "")),
+                        list(content.get("traceback", [])),
+                    )
+                )
+            elif status in ("abort", "aborted"):
+                execution.put(outputs.error("ExecutionAborted", "Execution was aborted", ""))
+                execution.end()
+            return
+        output = outputs.from_iopub(msg)
+        if output is None:
+            return
+        if output["type"] == "error":
+            if execution.errored:
+                return
+            execution.errored = True
+        elif execution.silent:
+            return
+        execution.put(output)
+
+    def _fail_all(self, name: str, value: str) -> None:
+        for execution in list(self._executions.values()):
+            execution.put(outputs.error(name, value, ""))
+            execution.end()
+
+    def _send(self, code: str, *, silent: bool) -> tuple[str, _Execution]:
+        execution = _Execution(silent=silent)
+        msg_id: str = self._kc.execute(
+            code,
+            silent=silent,
+            store_history=not silent,
+            allow_stdin=False,
+            stop_on_error=not silent,
+        )
+        self._executions[msg_id] = execution
+        return msg_id, execution
+
+    async def _silent(self, code: str) -> str | None:
+        """Run a snippet of the server's own; its error text, or None."""
+        msg_id, execution = self._send(code, silent=True)
+        problem = None
+        try:
+            while True:
+                item = await asyncio.wait_for(execution.queue.get(), KERNEL_READY_TIMEOUT)
+                if item["type"] == "end_of_execution":
+                    return problem
+                if item["type"] == "error":
+                    problem = f"{item['name']}: {item['value']}"
+        except TimeoutError:
+            return "the kernel did not answer"
+        finally:
+            self._executions.pop(msg_id, None)
+
+    # ---- executions -----------------------------------------------------------------------
+    async def run(
+        self, code: str, env: dict[str, str], access_token: str | None
+    ) -> AsyncIterator[Output]:
+        """The outputs of one execution, keepalives while it runs, ``end_of_execution`` last."""
+        await self._lock.acquire()
+        handed_off = False
+        msg_id: str | None = None
+        try:
+            await self._apply_global_env(access_token)
+            if env:
+                await self._silent(self.language.set_env(env))
+            msg_id, execution = self._send(code, silent=False)
+            while True:
+                try:
+                    item = await asyncio.wait_for(execution.queue.get(), KEEPALIVE_SECONDS)
+                except TimeoutError:
+                    # A write every few seconds: a client that went away is noticed (the
+                    # server then cancels this stream) even while the kernel prints nothing.
+                    yield outputs.KEEPALIVE
+                    continue
+                if item["type"] == "end_of_execution":
+                    break
+                yield item
+            self._executions.pop(msg_id, None)
+            msg_id = None
+            if env:
+                await self._silent(self._restore(env))
+        finally:
+            if msg_id is not None:  # the client left (or the stream broke) mid-execution
+                handed_off = True
+                task = asyncio.create_task(self._abandon(msg_id, env), name=f"abandon-{msg_id}")
+                _ABANDONED.add(task)
+                task.add_done_callback(_ABANDONED.discard)
+            if not handed_off:
+                self._lock.release()
+
+    async def _abandon(self, msg_id: str, env: dict[str, str]) -> None:
+        """Interrupt an execution nobody reads any more; the next one runs once the kernel is
+        idle (or after the grace period), with the execution's env vars restored."""
+        try:
+            execution = self._executions.get(msg_id)
+            if execution is not None and not execution.finished.is_set():
+                log.info("context %s: client left mid-execution; interrupting", self.id)
+                with contextlib.suppress(Exception):
+                    await self._km.interrupt_kernel()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(execution.finished.wait(), INTERRUPT_GRACE)
+            self._executions.pop(msg_id, None)
+            if env:
+                await self._silent(self._restore(env))
+        except Exception as e:
+            log.error("context %s: after an abandoned execution: %s", self.id, e)
+        finally:
+            self._lock.release()
+
+    async def _apply_global_env(self, access_token: str | None) -> None:
+        if self._global_env is not None:
+            return
+        try:
+            found = await self._global_env_source(access_token)
+        except Exception as e:
+            log.warning("context %s: the sandbox's env vars are unavailable: %s", self.id, e)
+            found = {}
+        self._global_env = {k: v for k, v in found.items() if ENV_NAME.match(k) and "\0" not in v}
+        if self._global_env:
+            await self._silent(self.language.set_env(self._global_env))
+
+    def _restore(self, env: dict[str, str]) -> str:
+        """Back to the sandbox's value (its ``/envs``, else what the kernel started with)."""
+        sandbox = {**self._start_env, **(self._global_env or {})}
+        back = {k: sandbox[k] for k in env if k in sandbox}
+        gone = [k for k in env if k not in sandbox]
+        parts = (self.language.set_env(back), self.language.unset_env(gone))
+        return "\n".join(part for part in parts if part)
+
+
+def _existing(cwd: str) -> str:
+    """The kernel process starts in ``cwd`` when it exists (the chdir snippet reports a missing
+    one in the kernel's own words)."""
+    return cwd if os.path.isdir(cwd) else "/"
