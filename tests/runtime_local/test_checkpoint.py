@@ -1,0 +1,144 @@
+"""CRIU checkpoints of a real local pod (user namespace, idmapped overlay root, pod network):
+a process started before the dump keeps its memory and its listening socket after the restore,
+and the restored tree keeps the pod's isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shared.ports.workloads import Endpoint, WorkloadSpec
+from shared.runtime.local import checkpoint, procfs
+from shared.runtime.local.network import PodNetwork
+from shared.runtime.local.network.names import pod_net_id
+from tests.conftest import skip_or_fail
+from tests.runtime_local.support import LocalRuntimeFactory
+
+pytestmark = pytest.mark.timeout(180)
+
+# A pod of torpor's shape (bwrap PID 1 in the pod's user, PID, mount, IPC and UTS namespaces, the
+# idmapped overlay root, the pod network) whose process counts in memory only and serves the count
+# and a secret that exists only in its memory on the daemon's address (so /health answers too).
+# Not the daemon: the daemon enters a Landlock domain, and CRIU's parasite cannot connect its
+# abstract transport socket from inside one (docs/memory-pause.md).
+COUNTER = """
+import http.server, os, socketserver, sys, threading, time
+secret = os.urandom(8).hex(); state = [0]
+def count():
+    while True:
+        state[0] += 1; time.sleep(0.05)
+threading.Thread(target=count, daemon=True).start()
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("%d %s %d" % (state[0], secret, os.getpid())).encode()
+        self.send_response(200); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), Answer).serve_forever()
+"""
+
+
+async def _criu() -> str:
+    criu = checkpoint.default_criu()
+    capability = await checkpoint.probe(criu)
+    if not capability.available:
+        skip_or_fail(f"CRIU is not usable here: {capability.reason}")
+    assert criu is not None
+    return criu
+
+
+async def _ask(ep: Endpoint) -> tuple[int, str, int]:
+    async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+        r = await client.get(f"{ep.base_url}/count")
+    count, secret, pid = r.text.split()
+    return int(count), secret, int(pid)
+
+
+def _template(folder: Path) -> Path:
+    folder.mkdir()
+    command = json.dumps(["/usr/bin/python3", "-c", COUNTER, "{host}", "{port}"])
+    (folder / "checkpoint-counter.yaml").write_text(
+        f"name: checkpoint-counter\ncommand: {command}\n"
+    )
+    return folder
+
+
+async def test_a_pod_restored_from_its_checkpoint_keeps_its_memory_and_isolation(
+    local_runtime: LocalRuntimeFactory, data_dir: Path, tmp_path: Path
+) -> None:
+    criu = await _criu()
+    # The owner closes without stopping its pods: no reconciler restarts the pod while it is
+    # dumped.
+    rt = await local_runtime(stop_pods_on_close=False, templates_dir=_template(tmp_path / "t"))
+    name = f"sbx-{uuid.uuid4().hex[:10]}"
+    await rt.create(WorkloadSpec(name=name, owner="alice", template="checkpoint-counter"))
+    ep = await rt.wait_ready(name, timeout=30)
+    before, secret, inside_pid = await _ask(ep)
+    await rt.close()
+
+    [outer] = [p.pid for p in procfs.scan_pods(data_dir) if p.uid == ep.pod_uid]
+    inner = procfs.inner_pid(outer)
+    assert inner is not None
+    uid_map = Path(f"/proc/{inner}/uid_map").read_text()
+    assert uid_map.split()[:2] == ["0", uid_map.split()[1]] and uid_map.split()[1] != "0"
+    enter = PodNetwork(data_dir).enter_prefix(pod_net_id(ep.pod_uid))
+    images = tmp_path / "images"
+    criu_ = checkpoint.Criu(criu)
+    await criu_.dump(checkpoint.PodTree(pid=inner, enter=enter), images)
+    assert not Path(f"/proc/{inner}").exists()  # the tree is gone with the dump
+
+    # Host-owned images the sandbox's ids cannot read.
+    st = os.stat(images)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o700)
+    assert all(os.stat(e.path).st_uid == 0 for e in os.scandir(images))
+
+    read_end, write_end = os.pipe()
+    target = checkpoint.RestoreTarget(
+        root=data_dir / "pods" / ep.pod_uid / "root", enter=enter, output_fd=write_end
+    )
+    try:
+        pid = await criu_.restore(target, images)
+    finally:
+        os.close(write_end)
+    try:
+        # The same user namespace map, namespaces of its own, not host root.
+        assert Path(f"/proc/{pid}/uid_map").read_text() == uid_map
+        for ns in ("user", "pid", "mnt", "ipc", "uts"):
+            assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}")
+        assert os.stat(f"/proc/{pid}").st_uid == int(uid_map.split()[1])
+        # The process's memory came back: same secret, same pid inside, the count goes on.
+        after, same_secret, same_pid = await _ask(ep)
+        assert (same_secret, same_pid) == (secret, inside_pid)
+        assert after > before
+        await asyncio.sleep(0.3)
+        assert (await _ask(ep))[0] > after
+        # Nested user namespaces stay forbidden in the restored namespace.
+        nested = subprocess.run(
+            ["nsenter", f"--user=/proc/{pid}/ns/user", "cat", "/proc/sys/user/max_user_namespaces"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert nested.stdout.strip() == "0"
+        # The restored PID 1 is still the pod's bwrap, found as a pod of this data dir.
+        assert ep.pod_uid in {p.uid for p in procfs.scan_pods(data_dir)}
+    finally:
+        os.close(read_end)
+
+    # Hostile: images that are not a private folder of root's are refused.
+    os.chmod(images, 0o755)
+    with pytest.raises(checkpoint.CheckpointFailure, match="private folder"):
+        await criu_.restore(target, images)
+    # ... and so are images without the dump's record.
+    os.chmod(images, 0o700)
+    (images / checkpoint.META).unlink()
+    with pytest.raises(checkpoint.CheckpointFailure, match="incomplete"):
+        await criu_.restore(target, images)
