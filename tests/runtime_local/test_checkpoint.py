@@ -80,6 +80,7 @@ async def test_a_pod_restored_from_its_checkpoint_keeps_its_memory_and_isolation
     rt = await local_runtime(stop_pods_on_close=False, templates_dir=_template(tmp_path / "t"))
     name = f"sbx-{uuid.uuid4().hex[:10]}"
     await rt.create(WorkloadSpec(name=name, owner="alice", template="checkpoint-counter"))
+    assert rt.checkpoints.available, rt.checkpoints.reason  # probed at start-up
     ep = await rt.wait_ready(name, timeout=30)
     before, secret, inside_pid = await _ask(ep)
     await rt.close()
@@ -142,3 +143,23 @@ async def test_a_pod_restored_from_its_checkpoint_keeps_its_memory_and_isolation
     (images / checkpoint.META).unlink()
     with pytest.raises(checkpoint.CheckpointFailure, match="incomplete"):
         await criu_.restore(target, images)
+
+
+async def test_the_probe_says_why_criu_cannot_be_used(tmp_path: Path) -> None:
+    missing = await checkpoint.probe(None)
+    assert not missing.available and "scripts/build-criu.sh" in missing.reason
+    gone = await checkpoint.probe(str(tmp_path / "no-such-criu"))
+    assert not gone.available and "--version failed" in gone.reason
+    old = tmp_path / "old-criu"
+    old.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
+    old.chmod(0o755)
+    too_old = await checkpoint.probe(str(old))
+    assert not too_old.available and "too old" in too_old.reason
+    failing = tmp_path / "failing-criu"
+    failing.write_text(
+        "#!/bin/sh\n[ \"$1\" = check ] && { echo 'Error: vdso: Unexpected rt vDSO area'; exit 1; }\n"
+        "echo 'Version: 4.2.1'\n"
+    )
+    failing.chmod(0o755)
+    broken = await checkpoint.probe(str(failing))
+    assert not broken.available and "vDSO" in broken.reason and broken.version == "Version: 4.2.1"

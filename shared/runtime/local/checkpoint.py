@@ -543,13 +543,16 @@ def _errors(log_path: Path, output: str) -> str:
 
 
 async def _run(argv: Sequence[str], *, pass_fds: Sequence[int] = ()) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        pass_fds=tuple(pass_fds),
-        env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-    )
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            pass_fds=tuple(pass_fds),
+            env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+        )
+    except OSError as e:
+        return 127, f"{argv[0]}: {e.strerror}"
     out, _ = await proc.communicate()
     return proc.returncode or 0, out.decode(errors="replace")

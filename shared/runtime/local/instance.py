@@ -25,7 +25,7 @@ from shared.bus.topology import KV_WORKLOADS, workloads_bucket
 from shared.errors import RuntimeFailure, Unavailable
 from shared.models.template_records import BUILT_TEMPLATES_DIR
 from shared.redaction import redact_text
-from shared.runtime.local import bwrap, bytecode, limits, podlog
+from shared.runtime.local import bwrap, bytecode, checkpoint, limits, podlog
 from shared.runtime.local import rootfs as rootfs_location
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import PodLauncher
@@ -90,6 +90,8 @@ class RuntimeInstance:
         self._reconciler_: Reconciler | None = None
         self._launcher: PodLauncher | None = None
         self._closing = False
+        # What `criu check` said at start-up (see .checkpoint and docs/memory-pause.md).
+        self.checkpoints = checkpoint.Capability(False, "", "not probed yet")
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -141,7 +143,15 @@ class RuntimeInstance:
         if self._supervise:
             await self._reconciler_.reconcile_all(stray_sweep=True)
             self._reconciler_.start_monitor()
-        log.info("runtime_local_started", data_dir=str(self._data_dir), cgroups=bool(cgroups))
+        self.checkpoints = await checkpoint.probe(checkpoint.default_criu())
+        log.info(
+            "runtime_local_started",
+            data_dir=str(self._data_dir),
+            cgroups=bool(cgroups),
+            criu=self.checkpoints.version or None,
+            # Pauses keep files and replay processes either way (docs/memory-pause.md).
+            criu_unavailable=self.checkpoints.reason or None,
+        )
         return self
 
     async def __aenter__(self) -> Self:
