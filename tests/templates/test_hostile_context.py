@@ -313,3 +313,37 @@ def test_removing_a_layer_never_follows_its_links(tmp_path: Path, host: Path) ->
     template_layers.remove(data_dir, ".staging-planted")
     assert not os.listdir(layers)
     assert _state(host) == before
+
+
+@pytest.mark.parametrize(
+    ("src", "expected"),
+    [
+        (".", {"app/run.sh", "app/conf/a.txt", "top.txt", ".hidden"}),
+        ("./app/conf", {"a.txt"}),
+        ("*/conf/*.txt", {"a.txt"}),
+        ("ap?/run.sh", {"run.sh"}),
+        ("[at]*", {"run.sh", "conf/a.txt", "top.txt"}),
+        ("link/*", None),  # a glob never enters a symlink of the context
+    ],
+)
+def test_globs_match_beneath_the_context_and_never_enter_a_link(
+    tmp_path: Path, host: Path, src: str, expected: set[str] | None
+) -> None:
+    members: list[tuple[tarfile.TarInfo, bytes | None]] = [
+        (_member("app", tarfile.DIRTYPE), None),
+        (_member("app/run.sh"), b"run\n"),
+        (_member("app/conf", tarfile.DIRTYPE), None),
+        (_member("app/conf/a.txt"), b"a\n"),
+        (_member("top.txt"), b"top\n"),
+        (_member(".hidden"), b"h\n"),
+        (_member("link", tarfile.SYMTYPE, linkname=str(host)), None),
+    ]
+    archive = _tar(tmp_path / "a.tar", members)
+    if expected is None:
+        with pytest.raises(RuntimeFailure, match="matched no file"):
+            _copy(tmp_path, archive, src, "/opt/out/")
+        return
+    tree = _copy(tmp_path, archive, src, "/opt/out/")
+    out = tree / "opt/out"
+    files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert files == expected
