@@ -75,13 +75,6 @@ class LifecycleIn(_In):
     auto_resume: bool | None = Field(default=None, alias="autoResume")
 
 
-def _secure_only(value: bool | None) -> bool | None:
-    if value is False:
-        msg = "not supported by torpor: envd access is always secured (send true or omit)"
-        raise ValueError(msg)
-    return value
-
-
 class NetworkIn(_In):
     """``network`` on create: egress CIDRs and public traffic. Domain names, per-host rules,
     egress proxies and the other E2B network features are refused: nothing would enforce them."""
@@ -135,7 +128,7 @@ class NewSandbox(_In):
     auto_pause_memory: NoMemory = Field(default=None, alias="autoPauseMemory")
     auto_resume: AutoResumeConfig | bool | None = Field(default=None, alias="autoResume")
     lifecycle: LifecycleIn | None = None
-    secure: Annotated[bool | None, AfterValidator(_secure_only)] = None
+    secure: bool | None = None  # false: no access token (docs/security.md, "secure=False")
     allow_internet_access: bool | None = None
     network: NetworkIn | None = None
     metadata: Metadata | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 
 from shared.settings import SettingsBase
@@ -41,6 +43,14 @@ class ApiSettings(SettingsBase):
     """Request body limits (see "HTTP limits" below)."""
     body_timeout: float = Field(default=30.0, gt=0)
     """Request body limits (see "HTTP limits" below)."""
+    insecure_sandboxes: Literal["secure", "honor", "refuse"] = "secure"
+    """What a create's `secure: false` does (E2B's SDKs before 2.x sent it; the Code Interpreter
+    tests still pass it, which SDK 2.63 no longer sends). `secure` (E2B's API today: "ignored, all
+    communication is always secured"): accepted, the sandbox still gets its access token (the
+    answer carries it). `honor`: no token, so the daemon answers whoever names the sandbox's id
+    through the proxy (ids are 98 random bits; with an `Idempotency-Key`, whose id is derived,
+    or `allowPublicTraffic: false`, which needs a token, it is a 400). `refuse`: 400.
+    docs/security.md, "secure=False"."""
     cookie_secure: bool = False
     """`true`: always mark the dashboard session cookie `Secure`. Otherwise it is `Secure` when
     the request came over HTTPS, directly or through a proxy listed in

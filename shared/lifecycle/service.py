@@ -115,7 +115,9 @@ class SandboxLifecycle:
             hooks=request.hooks,
             origin_snapshot_id=request.origin_snapshot_id,
             origin=request.origin,
-            envd_access_token=secrets.token_hex(24),  # hex: never starts with "-" (argv-safe)
+            # hex: never starts with "-" (argv-safe). None: E2B's secure=False, the id alone
+            # reaches the daemon (docs/security.md).
+            envd_access_token=secrets.token_hex(24) if request.secure else None,
             created_at=at,
             started_at=at,
             updated_at=at,

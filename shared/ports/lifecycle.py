@@ -33,6 +33,7 @@ class CreateRequest(BaseModel):
     auto_resume: bool = False
     metadata: dict[str, str] = Field(default_factory=dict)
     envs: dict[str, str] = Field(default_factory=dict)
+    secure: bool = True  # False: no envd access token (E2B's ``secure=False``)
     network: NetworkPolicy = OPEN
     hooks: Hooks = NO_HOOKS  # the sandbox's own lifecycle hooks (docs/lifecycle-hooks.md)
     # Start from a stored snapshot: its files are copied in, its processes replayed.

@@ -155,7 +155,6 @@ UNENFORCED: list[tuple[str, dict[str, Any], str]] = [
     ("/v2/sandboxes", {"iam": {"tokens": {"aws": {"audience": "a"}}}}, "iam"),
     ("/v2/sandboxes", {"volumeMounts": [{"name": "v", "path": "/data"}]}, "volumeMounts"),
     ("/v2/sandboxes", {"autoPauseMemory": True}, "autoPauseMemory"),
-    ("/sandboxes", {"secure": False}, "secure"),
     ("/v2/sandboxes", {"network": {"rules": {"api.example.com": []}}}, "network.rules"),
     ("/v2/sandboxes", {"network": {"egressProxy": {"address": "p:1080"}}}, "network.egressProxy"),
     ("/v2/sandboxes", {"network": {"dnsServers": ["10.0.0.53"]}}, "network.dnsServers"),

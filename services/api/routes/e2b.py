@@ -15,6 +15,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 
 from services.api.deps import CallerDep, WiringDep, require_template
 from services.api.errors import ApiError, error_responses, refuse_resume_if_up
+from services.api.insecure import wants_token
 from services.api.quotas import admit_create, admit_resume
 from services.api.routes.snapshots import snapshot_request
 from services.api.routes.templates import build_for_create
@@ -101,8 +102,10 @@ async def create_sandbox(
     template = built or w.settings.resolve_template(body.template_id)
     if not from_snapshot and built is None:
         require_template(w, template, field="templateID")
+    secure = wants_token(w.settings, body.secure, idempotency_key, body.network_policy())
     request = CreateRequest(
         owner=caller.name,
+        secure=secure,
         sandbox_id=_idempotent_id(caller.name, idempotency_key) if idempotency_key else None,
         template=template,
         timeout=_timeout(w, body.timeout),
