@@ -25,13 +25,14 @@ if ! command -v bwrap >/dev/null 2>&1; then
 fi
 # The local runtime's pod network: a network namespace per pod (iproute2), NAT and each sandbox's
 # egress policy (nftables), entering the namespace (nsenter, util-linux). Needs root at run time.
-if ! command -v nft >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1; then
+# conntrack: the isolation tests forge connection-tracking entries (the guard must not trust them).
+if ! command -v nft >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1 || ! command -v conntrack >/dev/null 2>&1; then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing nftables and iproute2 (the local runtime's pod network)" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iproute2 >/dev/null \
-      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iproute2 >/dev/null; }
+    echo "setup: installing nftables, iproute2 and conntrack (the local runtime's pod network)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iproute2 conntrack >/dev/null \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iproute2 conntrack >/dev/null; }
   else
-    echo "setup: nft/ip are missing; install them with: sudo apt-get install -y nftables iproute2" >&2
+    echo "setup: nft/ip/conntrack are missing; install them with: sudo apt-get install -y nftables iproute2 conntrack" >&2
   fi
 fi
 # The real Kubernetes node of the test rig (tests marked `realnode`, bench --node real) and the

@@ -106,8 +106,12 @@ def _sandbox(up: Stack) -> Sandbox:
 
 
 def _instance_processes(data_dir: Path) -> list[int]:
-    """`torpor up`, its services and its pods: every process that names the data dir."""
-    return processes_mentioning(str(data_dir), zombies=True)
+    """`torpor up`, its services, its pods' log readers (every process that names the data dir)
+    and its pods (which name it nowhere a sandbox could read it: procfs finds them)."""
+    pods = [
+        p for pod in procfs.scan_pods(data_dir) for p in [pod.pid, *procfs.descendants(pod.pid)]
+    ]
+    return sorted({*processes_mentioning(str(data_dir), zombies=True), *pods})
 
 
 def _leave_nothing(data_dir: Path) -> None:

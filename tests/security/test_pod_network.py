@@ -5,8 +5,10 @@ sandboxes."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import random
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -18,8 +20,10 @@ from shared.errors import ConfigError
 from shared.models.network import NetworkPolicy
 from shared.runtime.local.network import PodNetwork, guard, nftables
 from shared.runtime.local.network.names import InstanceNames, pod_net_id
+from tests.conftest import skip_or_fail
 from tests.security.network_support import (
     OutsideHost,
+    host_listener,
     in_netns,
     leftovers,
     probe,
@@ -150,6 +154,56 @@ async def test_a_pod_reaches_no_host_address_but_its_gateway_whatever_the_host_h
         for proc in (loopback, server):
             proc.kill()
             proc.wait()
+        await net.teardown(pod, address)
+
+
+async def test_a_pod_opens_nothing_to_the_host_whatever_its_connection_state(
+    network: PodNetwork,
+) -> None:
+    """The host's connection tracking says a pod's flows to its gateway are established (entries
+    forged with ``conntrack -I``, as a stale entry of an address's previous pod, a helper's
+    expectation or another tool would leave): the pod still opens no TCP connection to the host
+    and gets no datagram to it. The guard refuses a pod's connection opening (a TCP SYN without
+    ACK) and every datagram to any host address before connection tracking sees it, so no state
+    of the host's lets one pass. The host's own connection to the pod still works."""
+    require_conntrack()
+    net, pod = network, "d0a7100"
+    address = net.address(8)
+    await net.setup(pod, address, NetworkPolicy())
+    ns, gw, sport = net.netns_path(pod), str(net.gateway), 41234
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("0.0.0.0", 0))
+    udp.settimeout(1.0)
+    uport = udp.getsockname()[1]
+    server = _listen(net, pod, 7000)
+    forged: list[list[str]] = []
+    try:
+        with host_listener("0.0.0.0") as (tport, seen):
+            for proto, dport, state in (
+                ("tcp", tport, ["--state", "ESTABLISHED"]),
+                ("udp", uport, []),
+            ):
+                forged.append([
+                    "-p", proto, "-s", address, "-d", gw, "--sport", str(sport),
+                    "--dport", str(dport), "-r", gw, "-q", address,
+                    "--reply-port-src", str(dport), "--reply-port-dst", str(sport),
+                ])  # fmt: skip
+                sh("conntrack", "-I", *forged[-1], *state, "-u", "SEEN_REPLY,ASSURED", "-t", "120")
+            got = in_netns(ns, _PROBE_FROM_PORT, address, str(sport), gw, str(tport))
+            assert not got.startswith("ok"), got
+            in_netns(ns, _SEND_UDP, address, str(sport), gw, str(uport))
+            with contextlib.suppress(TimeoutError):
+                udp.recvfrom(64)
+                pytest.fail("a pod's datagram reached the host")
+            assert seen == []
+        # The host's own connection to the pod (from the gateway) still works.
+        assert in_netns("/proc/self/ns/net", _PROBE_FROM, gw, address, "7000") == "ok b'pod'"
+    finally:
+        for entry in forged:
+            sh("conntrack", "-D", *entry[:10], check=False)
+        udp.close()
+        server.kill()
+        server.wait()
         await net.teardown(pod, address)
 
 
@@ -293,6 +347,27 @@ _PROBE_HOST = (
     "s=socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)\n"
     "print('ok', s.recv(16).decode())\n"
 )
+_PROBE_FROM_PORT = (
+    "import socket,sys\n"
+    "s=socket.socket(); s.settimeout(2)\n"
+    "s.bind((sys.argv[1], int(sys.argv[2])))\n"
+    "try:\n"
+    "    s.connect((sys.argv[3], int(sys.argv[4]))); print('ok', s.recv(16))\n"
+    "except OSError as e:\n"
+    "    print(type(e).__name__)\n"
+)
+_SEND_UDP = (
+    "import socket,sys\n"
+    "s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], int(sys.argv[2])))\n"
+    "s.sendto(b'hello', (sys.argv[3], int(sys.argv[4])))\n"
+)
+
+
+def require_conntrack() -> None:
+    if subprocess.run(["which", "conntrack"], capture_output=True, check=False).returncode != 0:
+        skip_or_fail("conntrack is not installed (scripts/setup.sh installs it)")
+
+
 _PROBE_FROM = (
     "import socket,sys\n"
     "s=socket.socket(); s.settimeout(2)\n"

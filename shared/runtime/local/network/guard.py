@@ -16,6 +16,12 @@ before the instances' chains (a lower priority number).
   NAT and routing see it: whatever state, translation or route the host holds, no pod reaches a
   host address other than its gateway. The host opens its connections to pods from the gateway
   (the pod routes' ``src``), so replies never need another.
+- ``prerouting``, too, on the packet alone (no connection state): to any address of the host
+  (a gateway included), a pod never opens a TCP connection (a SYN without ACK), sends no
+  datagram nor any other protocol, and of ICMP only replies and errors. Connection tracking
+  can be wrong about a pod's flow (a stale entry of its address's previous pod, a helper's
+  expectation, an entry another tool made: ``conntrack -I`` in the test), and the ``input``
+  rule below trusts it; these rules do not, so no state of the host's opens the host to a pod.
 - ``input``: from any pod link, only replies to connections the host opened pass.
 - ``forward``: into any pod link only replies; from a pod link only IPv4 from a pod range, and
   never to a pod range (``ranges``: the automatic pool and every range an instance claimed here;
@@ -46,6 +52,13 @@ PRIORITY = "filter - 20"  # before every instance's chains (filter - 10)
 _T = f"inet {TABLE}"
 _GLOBS = ", ".join(f'"{g}"' for g in ALL_LINK_GLOBS)
 _REPLIES = "ct state != { established, related }"
+# Every address of the host's, the pod gateways included (and what it takes in as broadcast or
+# multicast): what a pod may send there is decided on the packet alone, not on connection state.
+_TO_HOST = "fib daddr type { local, broadcast, multicast }"
+_ICMP_NOT_REPLY = (
+    "meta l4proto icmp icmp type != "
+    "{ echo-reply, destination-unreachable, time-exceeded, parameter-problem }"
+)
 
 
 def script(subnet: ipaddress.IPv4Network) -> str:
@@ -66,6 +79,9 @@ flush chain {_T} from_pod
 add element {_T} pod_links {{ {_GLOBS} }}
 add rule {_T} prerouting iifname @pod_links fib daddr type local ip daddr != @ranges {REJECT}
 add rule {_T} prerouting iifname @pod_links meta nfproto ipv6 fib daddr type local {REJECT}
+add rule {_T} prerouting iifname @pod_links {_TO_HOST} tcp flags & (syn | ack) == syn {REJECT}
+add rule {_T} prerouting iifname @pod_links {_TO_HOST} meta l4proto != {{ tcp, icmp }} {REJECT}
+add rule {_T} prerouting iifname @pod_links {_TO_HOST} {_ICMP_NOT_REPLY} {REJECT}
 add rule {_T} input iifname @released {REJECT}
 add rule {_T} input iifname @pod_links {_REPLIES} {REJECT}
 add rule {_T} forward iifname @released {REJECT}
