@@ -23,7 +23,7 @@ from shared.models.snapshot_records import new_snapshot_id
 from shared.runtime.local import snapshot_files
 
 FILES = 2000
-ROUNDS = 8
+ROUNDS = 4
 
 
 def _state(path: Path) -> list[tuple[str, int, int, int, bytes]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import os
 import shutil
 import stat
@@ -36,7 +35,8 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 STRICT = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
-_FICLONE = 0x40049409
+# What a tree a running sandbox changes under a walk may answer: the entry is skipped.
+_CHANGED = (errno.ELOOP, errno.ENOENT, errno.ENOTDIR)
 _CHUNK = 1 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -286,7 +286,7 @@ def copy_tree(source: Dir, dest: Dir, rules: CopyRules | None = None) -> int:
         try:
             src = source.dir(rel)
         except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR):
+            if e.errno in _CHANGED:
                 continue  # swapped or removed since it was listed (a running sandbox's tree)
             raise
         with src, dest.dir(rel) as dst:
@@ -376,9 +376,15 @@ def _copy_entry(
             raise OSError(errno.EISDIR, "a folder is copied with copy_tree", src_name)
         if not _clear(dst, name, keep_folder=True, rules=rules):
             os.mkdir(name, 0o700, dir_fd=dst.fd)
-        with src.dir(name) as s, dst.dir(name) as d:
-            _meta_fd(s.fd, d.fd, st, rules)
         walk.folders.append((rel, st))
+        try:
+            folder = src.dir(src_name)
+        except OSError as e:
+            if e.errno in _CHANGED:
+                return None  # swapped or removed since it was listed: an empty folder
+            raise
+        with folder, dst.dir(name) as d:
+            _meta_fd(folder.fd, d.fd, st, rules)
         return rel
     if kind == stat.S_IFREG and st.st_nlink > 1 and (st.st_dev, st.st_ino) in walk.links:
         _clear(dst, name, keep_folder=False, rules=rules)
@@ -394,7 +400,12 @@ def _copy_entry(
         walk.copied += 1
         return None
     if kind == stat.S_IFLNK:
-        target = os.readlink(src_name, dir_fd=src.fd)
+        try:
+            target = os.readlink(src_name, dir_fd=src.fd)
+        except OSError as e:
+            if e.errno in (*_CHANGED, errno.EINVAL):
+                return None  # no longer a link
+            raise
         _clear(dst, name, keep_folder=False, rules=rules)
         os.symlink(target, name, dir_fd=dst.fd)
         os.chown(name, *_ids(st, rules), dir_fd=dst.fd, follow_symlinks=False)
@@ -426,8 +437,8 @@ def _copy_file(
             os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
             dir_fd=src.fd,
         )
-    except (FileNotFoundError, OSError) as e:
-        if isinstance(e, FileNotFoundError) or e.errno == errno.ELOOP:
+    except OSError as e:
+        if e.errno in _CHANGED:
             return False
         raise
     try:
@@ -441,7 +452,7 @@ def _copy_file(
             dir_fd=dst.fd,
         )
         try:
-            _copy_data(in_fd, out_fd, now.st_size)
+            _copy_data(in_fd, out_fd, now)
             os.fchown(out_fd, *_ids(now, rules))
             if rules.xattrs:
                 _copy_xattrs(in_fd, out_fd)
@@ -456,14 +467,15 @@ def _copy_file(
     return True
 
 
-def _copy_data(in_fd: int, out_fd: int, size: int) -> None:
+def _copy_data(in_fd: int, out_fd: int, st: os.stat_result) -> None:
+    """The file's bytes; holes stay holes. ``copy_file_range`` clones where the filesystem can
+    (btrfs, XFS), so no separate FICLONE is tried."""
+    size = st.st_size
     if size == 0:
         return
-    try:
-        fcntl.ioctl(out_fd, _FICLONE, in_fd)
+    if st.st_blocks * 512 >= size:  # no holes to keep: one range
+        _copy_range(in_fd, out_fd, 0, size)
         return
-    except OSError:
-        pass
     offset = 0
     while offset < size:
         try:
