@@ -189,6 +189,7 @@ async def _cycle(runtime: object, names: list[str], owner: str) -> None:
         await runtime.wait_stopped(name, timeout=READY)
 
 
+@pytest.mark.timeout(SECONDS + 240)  # the churn, plus the runtimes' start and stop
 async def test_no_pod_reaches_the_host_under_churn(
     local_runtime: LocalRuntimeFactory, tmp_path: Path
 ) -> None:

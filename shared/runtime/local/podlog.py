@@ -8,8 +8,8 @@ so both together never exceed it, however much the pod writes. It exits when the
 writer (the pod's last process) is gone. It never stops reading: a full disk or a removed pod
 folder drops bytes, it never blocks the pod.
 
-The reader is this file run as a script by the runtime's interpreter in isolated mode (``-I
--S``): it imports nothing of torpor, so it starts in milliseconds.
+The reader is :mod:`.podlog_reader` run as a script by the runtime's interpreter in isolated
+mode (``-I -S``): it imports nothing but ``os`` and ``sys``, so it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from pathlib import Path
 LOG = "pod.log"
 OLDER = LOG + ".1"  # the previous half, after a rotation
 DEFAULT_CAP = 8 * 2**20  # bytes kept per pod (both files), TORPOR_POD_LOG_BYTES
-MIN_CAP = 64 * 2**10
-_CHUNK = 2**16
+_READER = str(Path(__file__).with_name("podlog_reader.py"))
 _readers: set[asyncio.Task[None]] = set()  # keeps each reader's reaping task alive
 
 
@@ -49,7 +48,7 @@ async def start_reader(pod_dir: Path, cap: int) -> Reader:
             sys.executable,
             "-I",
             "-S",
-            __file__,
+            _READER,
             str(pod_dir),
             str(cap),
             stdin=read_end,
@@ -121,47 +120,3 @@ def keep_copy(pod_dir: Path, dest: Path, cap: int) -> None:
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(partial, dest)
-
-
-def _open_log(pod_dir: str) -> int:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.open(os.path.join(pod_dir, LOG), flags, 0o600)  # owner-only: may hold secrets
-
-
-def run_reader(pod_dir: str, cap: int, source: int = 0) -> None:
-    """Copy ``source`` into ``pod_dir``'s log until EOF, keeping at most ``cap`` bytes."""
-    half = max(MIN_CAP, cap) // 2
-    out: int | None = None
-    written = 0
-    while True:
-        try:
-            chunk = os.read(source, _CHUNK)
-        except InterruptedError:
-            continue
-        if not chunk:
-            return
-        try:
-            if out is None:
-                out = _open_log(pod_dir)
-                written = os.fstat(out).st_size
-            while chunk:
-                room = half - written
-                if room <= 0:
-                    os.close(out)
-                    out = None
-                    os.replace(os.path.join(pod_dir, LOG), os.path.join(pod_dir, OLDER))
-                    out = _open_log(pod_dir)
-                    written = 0
-                    room = half
-                n = os.write(out, chunk[:room])
-                written += n
-                chunk = chunk[n:]
-        except OSError:  # the folder went, or the disk is full: drop, keep reading
-            if out is not None:
-                with contextlib.suppress(OSError):
-                    os.close(out)
-            out = None
-
-
-if __name__ == "__main__":
-    run_reader(sys.argv[1], int(sys.argv[2]))
