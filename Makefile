@@ -78,7 +78,8 @@ test: setup lint typecheck imports pytest
 # explicitly: the autoloaded ones (schemathesis, playwright) cost seconds of start-up.
 UNIT_TESTS := tests/unit $(wildcard tests/domain) tests/scheduler/test_expiry_rules.py \
   tests/lifecycle/test_decisions.py tests/security/test_redaction.py \
-  tests/runtime_local/test_templates.py tests/api/test_e2b_routes.py tests/api/test_native_routes.py
+  tests/runtime_local/test_templates.py tests/api/test_e2b_routes.py tests/api/test_native_routes.py \
+  tests/templates/test_layers.py tests/templates/test_hostile_context.py
 
 # A private --basetemp: pytest's default one first sweeps old runs' leftovers under /tmp, which
 # can take minutes on a shared machine.
