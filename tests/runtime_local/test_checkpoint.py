@@ -5,45 +5,23 @@ and the restored tree keeps the pod's isolation."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import stat
 import subprocess
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 
-from shared.ports.workloads import Endpoint, WorkloadSpec
+from shared.ports.workloads import WorkloadSpec
 from shared.runtime.local import checkpoint, procfs
 from shared.runtime.local.network import PodNetwork
 from shared.runtime.local.network.names import pod_net_id
 from tests.conftest import skip_or_fail
 from tests.runtime_local.support import LocalRuntimeFactory
+from tests.support import counter_pod
 
 pytestmark = pytest.mark.timeout(180)
-
-# A pod of torpor's shape (bwrap PID 1 in the pod's user, PID, mount, IPC and UTS namespaces, the
-# idmapped overlay root, the pod network) whose process counts in memory only and serves the count
-# and a secret that exists only in its memory on the daemon's address (so /health answers too).
-# Not the daemon: the daemon enters a Landlock domain, and CRIU's parasite cannot connect its
-# abstract transport socket from inside one (docs/memory-pause.md).
-COUNTER = """
-import http.server, os, socketserver, sys, threading, time
-secret = os.urandom(8).hex(); state = [0]
-def count():
-    while True:
-        state[0] += 1; time.sleep(0.05)
-threading.Thread(target=count, daemon=True).start()
-class Answer(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = ("%d %s %d" % (state[0], secret, os.getpid())).encode()
-        self.send_response(200); self.end_headers(); self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), Answer).serve_forever()
-"""
 
 
 async def _criu() -> str:
@@ -55,34 +33,20 @@ async def _criu() -> str:
     return criu
 
 
-async def _ask(ep: Endpoint) -> tuple[int, str, int]:
-    async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
-        r = await client.get(f"{ep.base_url}/count")
-    count, secret, pid = r.text.split()
-    return int(count), secret, int(pid)
-
-
-def _template(folder: Path) -> Path:
-    folder.mkdir()
-    command = json.dumps(["/usr/bin/python3", "-c", COUNTER, "{host}", "{port}"])
-    (folder / "checkpoint-counter.yaml").write_text(
-        f"name: checkpoint-counter\ncommand: {command}\n"
-    )
-    return folder
-
-
 async def test_a_pod_restored_from_its_checkpoint_keeps_its_memory_and_isolation(
     local_runtime: LocalRuntimeFactory, data_dir: Path, tmp_path: Path
 ) -> None:
     criu = await _criu()
     # The owner closes without stopping its pods: no reconciler restarts the pod while it is
     # dumped.
-    rt = await local_runtime(stop_pods_on_close=False, templates_dir=_template(tmp_path / "t"))
+    rt = await local_runtime(
+        stop_pods_on_close=False, templates_dir=counter_pod.write_template(tmp_path / "t")
+    )
     name = f"sbx-{uuid.uuid4().hex[:10]}"
-    await rt.create(WorkloadSpec(name=name, owner="alice", template="checkpoint-counter"))
+    await rt.create(WorkloadSpec(name=name, owner="alice", template=counter_pod.TEMPLATE))
     assert rt.checkpoints.available, rt.checkpoints.reason  # probed at start-up
     ep = await rt.wait_ready(name, timeout=30)
-    before, secret, inside_pid = await _ask(ep)
+    before, secret, inside_pid = await counter_pod.ask(ep)
     await rt.close()
 
     [outer] = [p.pid for p in procfs.scan_pods(data_dir) if p.uid == ep.pod_uid]
@@ -94,7 +58,7 @@ async def test_a_pod_restored_from_its_checkpoint_keeps_its_memory_and_isolation
     images = tmp_path / "images"
     criu_ = checkpoint.Criu(criu)
     await criu_.dump(checkpoint.PodTree(pid=inner, enter=enter), images)
-    assert not Path(f"/proc/{inner}").exists()  # the tree is gone with the dump
+    assert checkpoint.is_dead(inner)  # the tree is gone with the dump
 
     # Host-owned images the sandbox's ids cannot read.
     st = os.stat(images)
@@ -116,11 +80,11 @@ async def test_a_pod_restored_from_its_checkpoint_keeps_its_memory_and_isolation
             assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}")
         assert os.stat(f"/proc/{pid}").st_uid == int(uid_map.split()[1])
         # The process's memory came back: same secret, same pid inside, the count goes on.
-        after, same_secret, same_pid = await _ask(ep)
+        after, same_secret, same_pid = await counter_pod.ask(ep)
         assert (same_secret, same_pid) == (secret, inside_pid)
         assert after > before
         await asyncio.sleep(0.3)
-        assert (await _ask(ep))[0] > after
+        assert (await counter_pod.ask(ep))[0] > after
         # Nested user namespaces stay forbidden in the restored namespace.
         nested = subprocess.run(
             ["nsenter", f"--user=/proc/{pid}/ns/user", "cat", "/proc/sys/user/max_user_namespaces"],

@@ -230,6 +230,7 @@ class Criu:
         await asyncio.to_thread(_own_images, images)
         if rc != 0:
             raise CheckpointFailure(f"criu dump failed: {_errors(images / 'dump.log', out)}")
+        await _wait_dead(pod.pid)  # CRIU killed the tree; its PID 1's parent reaps it
         meta = {
             "gid": tree.gid,
             "mounts": [m.__dict__ for m in tree.mounts],
@@ -452,6 +453,25 @@ def _open_same(file: ExternalFile) -> int:
 
 
 # ---- helpers ---------------------------------------------------------------------------
+
+
+def is_dead(pid: int) -> bool:
+    """Gone, or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return True
+    return text[text.rfind(")") + 2 :].startswith("Z")
+
+
+async def _wait_dead(pid: int, within: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not is_dead(pid):
+        if asyncio.get_running_loop().time() > deadline:
+            msg = f"the pod's PID 1 ({pid}) outlived its dump"
+            raise CheckpointFailure(msg)
+        await asyncio.sleep(0.01)
 
 
 def userns_owner(pid: int) -> int:
