@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.models.network import NetworkPolicy
 from shared.ports.workloads import WorkloadSpec
 from shared.runtime.local import checkpoint, procfs
 from shared.runtime.local.network import PodNetwork
@@ -107,6 +108,56 @@ async def test_a_pod_restored_from_its_checkpoint_keeps_its_memory_and_isolation
     (images / checkpoint.META).unlink()
     with pytest.raises(checkpoint.CheckpointFailure, match="incomplete"):
         await criu_.restore(target, images)
+
+
+async def test_a_pod_restores_into_a_new_pod_network_with_its_address(
+    local_runtime: LocalRuntimeFactory, data_dir: Path, tmp_path: Path
+) -> None:
+    criu = await _criu()
+    rt = await local_runtime(
+        stop_pods_on_close=False, templates_dir=counter_pod.write_template(tmp_path / "t")
+    )
+    name = f"sbx-{uuid.uuid4().hex[:10]}"
+    await rt.create(WorkloadSpec(name=name, owner="alice", template=counter_pod.TEMPLATE))
+    ep = await rt.wait_ready(name, timeout=30)
+    before, secret, inside_pid = await counter_pod.ask(ep)
+    await rt.close()
+
+    [outer] = [p.pid for p in procfs.scan_pods(data_dir) if p.uid == ep.pod_uid]
+    inner = procfs.inner_pid(outer)
+    assert inner is not None
+    enter = PodNetwork(data_dir).enter_prefix(pod_net_id(ep.pod_uid))
+    images = tmp_path / "images"
+    criu_ = checkpoint.Criu(criu)
+    await criu_.dump(checkpoint.PodTree(pid=inner, enter=enter), images)
+    assert checkpoint.is_dead(inner)  # the tree is gone with the dump
+
+    # The pause removes the pod's network; the resume makes it again, same net id and address.
+    network = await PodNetwork(data_dir).open()
+    net_id = pod_net_id(ep.pod_uid)
+    old_netns = os.stat(network.netns_path(net_id)).st_ino
+    await network.teardown(net_id, ep.host)
+    await network.setup(net_id, ep.host, NetworkPolicy())
+    assert os.stat(network.netns_path(net_id)).st_ino != old_netns
+
+    read_end, write_end = os.pipe()
+    target = checkpoint.RestoreTarget(
+        root=data_dir / "pods" / ep.pod_uid / "root", enter=enter, output_fd=write_end
+    )
+    try:
+        pid = await criu_.restore(target, images)
+    finally:
+        os.close(write_end)
+    try:
+        # In the new namespace, on the same address, with its memory.
+        after, same_secret, same_pid = await counter_pod.ask(ep)
+        assert (same_secret, same_pid) == (secret, inside_pid)
+        assert after > before
+        await asyncio.sleep(0.3)
+        assert (await counter_pod.ask(ep))[0] > after
+        assert os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(network.netns_path(net_id)).st_ino
+    finally:
+        os.close(read_end)
 
 
 async def test_the_probe_says_why_criu_cannot_be_used(tmp_path: Path) -> None:
