@@ -7,7 +7,7 @@ Phases:
 4. fire: deadlines spread uniformly over [--spread-min, --spread-max] s after arming; lateness
    of every command = JetStream store time of the command - the record's deadline. Split in two:
    when NATS stored the fired timer (``fire_vs_deadline``: negative when the schedule fires
-   ahead on purpose, ``TORPOR_SCHEDULER_FIRE_LEAD_SECONDS``) and the command's time after that
+   ahead on purpose, ``SchedulerSettings.fire_lead_seconds``) and the command's time after that
    fire (``command_after_fire``: the fetch, a held early fire's wait, the handler).
 
 Writes bench/results/scheduler.json and prints a table.

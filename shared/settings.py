@@ -3,7 +3,7 @@
 ``SettingsBase`` is the base of every settings class. The sections every service shares are
 defined once, here: bus, logging, runtime, health, retention, feature flags. Each service's own
 knobs are in ``services/<name>/settings.py`` and carry the service in their name
-(``TORPOR_SCALER_MAX_WORKERS``). docs/configuration.md is generated from these classes
+(``TORPOR_SCALER_READY_TIMEOUT``). docs/configuration.md is generated from these classes
 (``python -m services.cli.settings_doc``); a field's docstring is its documentation.
 No module-level singletons: call ``load(SomeSettings)`` in the entrypoint and hand it down.
 """
@@ -23,9 +23,40 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from shared.errors import ConfigError
+
+_CONSTANT = "torpor_constant"
+
+
+def constant(default: Any, **limits: Any) -> Any:
+    """A tuning constant of a settings class: typed and validated like a setting and set in code
+    (the composition root takes the default, tests pass small values), but never read from the
+    environment and not in docs/configuration.md: what an operator tunes is a setting, the rest
+    is a constant."""
+    return Field(default=default, json_schema_extra={_CONSTANT: True}, **limits)
+
+
+def is_constant(field: FieldInfo) -> bool:
+    extra = field.json_schema_extra
+    return isinstance(extra, dict) and extra.get(_CONSTANT) is True
+
+
+class _WithoutConstants(PydanticBaseSettingsSource):
+    """The environment, minus the fields declared with ``constant``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], source: PydanticBaseSettingsSource):
+        super().__init__(settings_cls)
+        self._source = source
+        self._constants = {n for n, f in settings_cls.model_fields.items() if is_constant(f)}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in self._source().items() if k not in self._constants}
 
 
 class SettingsBase(BaseSettings):
@@ -37,10 +68,21 @@ class SettingsBase(BaseSettings):
         use_attribute_docstrings=True,
     )
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, _WithoutConstants(settings_cls, env_settings))
+
 
 def prefixed(section: str) -> SettingsConfigDict:
     """The config of a service's own settings, or of a section of them: ``TORPOR_<SECTION>_``
-    names (``TORPOR_SCALER_MAX_WORKERS``, ``TORPOR_HTTP_MAX_HEADERS``)."""
+    names (``TORPOR_SCALER_READY_TIMEOUT``, ``TORPOR_HTTP_MAX_CONNECTIONS``)."""
     prefix = f"TORPOR_{section.upper()}_"
     return SettingsConfigDict(**{**SettingsBase.model_config, "env_prefix": prefix})
 
@@ -178,13 +220,7 @@ class RuntimeSettings(SettingsBase):
     claim (its process died between marking the pod and adopting it) is deleted by the scaler
     that keeps the pools, so a dead claimer leaves no orphan pod. Above the longest claim (a
     few seconds); below it, a slow claim loses its pod and starts cold."""
-    pool_start_timeout: float = Field(
-        default=300.0,
-        ge=5.0,
-        le=3600.0,
-        allow_inf_nan=False,
-        validation_alias="TORPOR_POOL_START_TIMEOUT",
-    )
+    pool_start_timeout: float = constant(300.0, ge=5.0, le=3600.0, allow_inf_nan=False)
     """kubernetes: seconds a pool pod may take to become ready (image pull included) before the
     scaler that keeps the pools deletes it and starts another; a failed pool pod goes at once.
     The pool fills one pod at a time, so one pod that never starts would stop its refill."""
@@ -241,7 +277,7 @@ class RetentionSettings(SettingsBase):
 
     retention_seconds: int = Field(default=30 * DAY, ge=1)
     """Paused sandboxes (and sandboxes whose create failed) are deleted this long after."""
-    tombstone_seconds: int = Field(default=DAY, ge=0)
+    tombstone_seconds: int = constant(DAY, ge=0)
     """Killed sandboxes stay in KV as tombstones this long."""
 
     @property

@@ -1,11 +1,11 @@
 """The API's front door, before any route (and before FastAPI reads a body):
 
-- at most ``TORPOR_HTTP_MAX_REQUESTS_PER_CLIENT`` requests in progress per client (429);
+- at most ``HttpLimits.max_requests_per_client`` requests in progress per client (429);
 - a request with a body must carry a valid API key (401 without reading a byte of it), except
   the dashboard's own routes, which get a small cap instead;
-- the body must fit ``TORPOR_MAX_BODY_BYTES`` (413, from Content-Length before reading, or
+- the body must fit ``ApiSettings.max_body_bytes`` (413, from Content-Length before reading, or
   while reading a chunked body), arrive without a pause longer than
-  ``TORPOR_HTTP_BODY_IDLE_TIMEOUT`` and in full within ``TORPOR_BODY_TIMEOUT`` (408).
+  ``HttpLimits.body_idle_timeout`` and in full within ``ApiSettings.body_timeout`` (408).
 
 The body is read here, bounded, and replayed to the app; the authenticated user is left on the
 scope so the route's dependency does not look the key up again."""

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from shared.settings import SettingsBase
+from shared.settings import SettingsBase, constant
 
 # The envd protocol version the in-sandbox daemon implements; must equal
 # ``services/envd/version.py: ENVD_VERSION`` (a test checks it). Copied, not imported: the API
@@ -20,28 +20,28 @@ class ApiSettings(SettingsBase):
     sandbox_domain: str = "localhost"
     """`domain` returned to the SDK. Without `E2B_SANDBOX_URL` the SDK dials
     `https://{port}-{id}.{domain}`. `localhost` keeps a misconfigured client on loopback."""
-    client_id: str = "torpor"
+    client_id: str = constant("torpor")
     """`clientID` in E2B responses."""
-    cpu_count: int = 2
+    cpu_count: int = constant(2)
     """Resources reported by get_info (reported only, not enforced)."""
-    memory_mb: int = 512
+    memory_mb: int = constant(512)
     """Resources reported by get_info (reported only, not enforced)."""
-    disk_size_mb: int = 1024
+    disk_size_mb: int = constant(1024)
     """Resources reported by get_info (reported only, not enforced)."""
-    default_timeout: int = Field(default=300, ge=1)
+    default_timeout: int = constant(300, ge=1)
     """Seconds; E2B create without a timeout. The native API's default is also 300."""
     max_timeout: int = Field(default=86400, ge=1)
     """Largest accepted timeout (400 on E2B paths, 422 on native paths)."""
-    create_wait: float = 60.0
+    create_wait: float = constant(60.0)
     """Seconds a create request waits for the sandbox to run (then 504; the create still
     completes)."""
-    transition_wait: float = 55.0
+    transition_wait: float = constant(55.0)
     """The same for pause / resume / kill."""
-    list_max_limit: int = 100
+    list_max_limit: int = constant(100)
     """Largest page of `GET /v2/sandboxes`."""
-    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    max_body_bytes: int = constant(1024 * 1024, ge=1024)
     """Request body limits (see "HTTP limits" below)."""
-    body_timeout: float = Field(default=30.0, gt=0)
+    body_timeout: float = constant(30.0, gt=0)
     """Request body limits (see "HTTP limits" below)."""
     insecure_sandboxes: Literal["secure", "honor", "refuse"] = "secure"
     """What a create's `secure: false` does (E2B's SDKs before 2.x sent it; the Code Interpreter
@@ -55,7 +55,7 @@ class ApiSettings(SettingsBase):
     """`true`: always mark the dashboard session cookie `Secure`. Otherwise it is `Secure` when
     the request came over HTTPS, directly or through a proxy listed in
     `TORPOR_HTTP_TRUSTED_PROXIES` that sends `X-Forwarded-Proto: https`."""
-    default_template: str = "sandbox-base"
+    default_template: str = constant("sandbox-base")
     """What E2B's default template name ``base`` (the SDK's default) creates."""
     snapshot_retention_seconds: int = Field(default=30 * 86400, ge=1)
     """Seconds a stored snapshot is kept (listed, usable); then the snapshotter deletes it,
@@ -64,11 +64,11 @@ class ApiSettings(SettingsBase):
     template_upload_key: SecretStr | None = None
     """Signs the build-context upload URLs of template builds (HMAC-SHA256). Every API replica
     needs the same key; unset, each API process makes its own at start (one replica only)."""
-    template_max_upload_bytes: int = Field(default=256 * 2**20, ge=1024)
+    template_max_upload_bytes: int = constant(256 * 2**20, ge=1024)
     """Largest build-context archive one upload may send."""
-    template_max_templates: int = Field(default=50, ge=0)
+    template_max_templates: int = constant(50, ge=0)
     """Templates one user may have."""
-    template_max_concurrent_builds: int = Field(default=2, ge=1)
+    template_max_concurrent_builds: int = constant(2, ge=1)
     """Builds one user may have running at once (429 beyond)."""
 
     def resolve_template(self, name: str) -> str:

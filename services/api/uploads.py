@@ -98,7 +98,7 @@ def store_blob(root: Path, owner: str, files_hash: str, data: bytes) -> None:
 
 def touch_blob(root: Path, owner: str, files_hash: str) -> bool:
     """Whether the archive is uploaded; if so its time is now: the builder's garbage collection
-    removes archives unused for a while (TORPOR_BUILDER_GC_UPLOAD_MAX_AGE), and the SDK, told
+    removes archives unused for a while (BuilderSettings.gc_upload_max_age), and the SDK, told
     it is present, will not upload it again before its build."""
     path = blob_path(root, owner, files_hash)
     try:

@@ -8,15 +8,15 @@ import re
 from pydantic import Field, SecretStr, field_validator
 
 from shared.models.network import MAX_RULES, normalize_cidr
-from shared.settings import SettingsBase, prefixed
+from shared.settings import SettingsBase, constant, prefixed
 
 
 class BuilderSettings(SettingsBase):
     model_config = prefixed("builder")
 
-    max_workers: int = Field(default=2, ge=1, le=32)
+    max_workers: int = constant(2, ge=1, le=32)
     """Builds one builder process runs at once (the rest wait in the durable)."""
-    step_timeout: float = Field(default=1800.0, gt=0)
+    step_timeout: float = constant(1800.0, gt=0)
     """Seconds one RUN step may take; then the build fails with that step."""
     pod_ready_timeout: float = Field(default=120.0, gt=0)
     """Seconds for a build pod to become ready."""
@@ -29,9 +29,9 @@ class BuilderSettings(SettingsBase):
     egress_allow: str = Field(default="", max_length=16384)
     """Addresses build pods may reach besides the public internet, `CIDR[,CIDR]` (IPv4; e.g.
     a private package mirror, `10.0.5.10/32`); with `allow_internet=false` the only ones."""
-    memory: str = "2Gi"
+    memory: str = constant("2Gi")
     """Memory limit of a build pod."""
-    cpu: str = "1"
+    cpu: str = constant("1")
     """CPU limit of a build pod."""
     disk: str = "4Gi"
     """Disk of a build pod (the files one RUN step may write)."""
@@ -41,11 +41,11 @@ class BuilderSettings(SettingsBase):
     gc_grace: float = Field(default=600.0, ge=0)
     """Seconds a deleted build's files stay unused before they are removed (a create that read
     the build just before its delete is under way by then)."""
-    gc_cache_max_age: float = Field(default=7 * 86400.0, ge=0)
+    gc_cache_max_age: float = constant(7 * 86400.0, ge=0)
     """Seconds a per-step cache layer no kept template lists may stay unused."""
-    gc_cache_max_bytes: int = Field(default=20 * 2**30, ge=0)
+    gc_cache_max_bytes: int = constant(20 * 2**30, ge=0)
     """Bytes of such cache layers kept at most (the least recently used go first)."""
-    gc_upload_max_age: float = Field(default=86400.0, ge=0)
+    gc_upload_max_age: float = constant(86400.0, ge=0)
     """Seconds an uploaded build context no waiting or running build needs may stay unused."""
     registry: str | None = None
     """Kubernetes: where built templates go, `host[:port][/path prefix]` of an OCI registry the

@@ -2,9 +2,10 @@
 the settings classes.
 
 Each table sits between ``<!-- settings:<Class> -->`` and ``<!-- /settings -->`` in the doc; the
-prose around them is written by hand. A row per field: its environment variable(s), its default
-and its docstring. ``--check`` changes nothing and exits 1 if the doc and the classes disagree
-(tests/unit/test_settings_doc.py runs it).
+prose around them is written by hand. A row per field read from the environment (tuning
+constants, ``shared.settings.constant``, are not): its variable(s), its default and its
+docstring. ``--count`` prints how many variables there are. ``--check`` changes nothing and
+exits 1 if the doc and the classes disagree (tests/unit/test_settings_doc.py runs it).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from shared.settings import (
     LoggingSettings,
     RetentionSettings,
     RuntimeSettings,
+    is_constant,
 )
 from shared.web.limits import HttpLimits
 from shared.webhooks.settings import WebhookPolicySettings
@@ -106,9 +108,27 @@ def _variables(names: list[str]) -> str:
     return out
 
 
+def environment_fields(cls: type[BaseSettings]) -> dict[str, FieldInfo]:
+    """The fields read from the environment: all but the tuning constants
+    (``shared.settings.constant``)."""
+    return {name: f for name, f in cls.model_fields.items() if not is_constant(f)}
+
+
+def variables() -> set[str]:
+    """Every environment variable a setting reads by its current name (former names aside)."""
+    return {
+        env_names(cls, name, field)[0]
+        for cls in CLASSES
+        for name, field in environment_fields(cls).items()
+    }
+
+
 def table(cls: type[BaseSettings]) -> str:
+    fields = environment_fields(cls)
+    if not fields:
+        return f"No environment settings: the defaults are constants in `{cls.__module__}`.\n"
     rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
-    for name, field in cls.model_fields.items():
+    for name, field in fields.items():
         meaning = " ".join((field.description or "").split()).replace("|", "\\|")
         variables = _variables(env_names(cls, name, field))
         rows.append(f"| {variables} | {_default(field.default)} | {meaning} |")
@@ -131,7 +151,11 @@ def render(doc: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="settings_doc", description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit 1 if the doc is stale")
+    parser.add_argument("--count", action="store_true", help="print how many variables there are")
     args = parser.parse_args(argv)
+    if args.count:
+        print(len(variables()))
+        return 0
     current = DOC.read_text()
     wanted = render(current)
     if args.check:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from shared.settings import SettingsBase, prefixed
+from shared.settings import SettingsBase, constant, prefixed
 
 
 class DelivererSettings(SettingsBase):
@@ -17,7 +17,7 @@ class DelivererSettings(SettingsBase):
     """Wait before the second attempt; doubles per attempt (±20 % jitter)."""
     backoff_cap_seconds: float = Field(default=600.0, gt=0, le=3600)
     """Longest wait between two attempts."""
-    timeout_seconds: float = Field(default=10.0, gt=0, le=50)
+    timeout_seconds: float = constant(10.0, gt=0, le=50)
     """One attempt: connect, send, and the receiver's status line (kept below the ack wait)."""
-    max_workers: int = Field(default=16, ge=1, le=256)
+    max_workers: int = constant(16, ge=1, le=256)
     """Concurrent deliveries (and concurrent events fanned out) per replica."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from shared.settings import SettingsBase, formerly, prefixed
+from shared.settings import SettingsBase, constant, formerly, prefixed
 
 
 class ScalerSettings(SettingsBase):
@@ -17,17 +17,9 @@ class ScalerSettings(SettingsBase):
         validation_alias=formerly("ready_timeout", service="scaler", old="TORPOR_READY_TIMEOUT"),
     )
     """Seconds for a new pod to become ready (create, resume)."""
-    stop_timeout: float = Field(
-        default=60.0,
-        gt=0,
-        validation_alias=formerly("stop_timeout", service="scaler", old="TORPOR_STOP_TIMEOUT"),
-    )
+    stop_timeout: float = constant(60.0, gt=0)
     """Seconds for the pod to be gone after a scale to 0."""
-    start_timeout: float = Field(
-        default=10.0,
-        gt=0,
-        validation_alias=formerly("start_timeout", service="scaler", old="TORPOR_START_TIMEOUT"),
-    )
+    start_timeout: float = constant(10.0, gt=0)
     """Seconds for one replayed process ``Start``."""
     give_up_after: int = Field(
         default=5,
@@ -45,9 +37,5 @@ class ScalerSettings(SettingsBase):
         ),
     )
     """``in_progress()`` interval of long handlers; below the durables' ``ack_wait`` (30 s)."""
-    max_workers: int = Field(
-        default=8,
-        ge=1,
-        validation_alias=formerly("max_workers", service="scaler", old="TORPOR_MAX_WORKERS"),
-    )
+    max_workers: int = constant(8, ge=1)
     """Concurrent messages per subscriber per replica."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from shared.settings import SettingsBase, formerly, prefixed
+from shared.settings import SettingsBase, constant, formerly, prefixed
 
 
 class SchedulerSettings(SettingsBase):
@@ -20,25 +20,11 @@ class SchedulerSettings(SettingsBase):
         ),
     )
     """How long a timeout pause may take before the scheduler looks again; doubles per attempt."""
-    pause_attempts: int = Field(
-        default=4,
-        ge=1,
-        validation_alias=formerly(
-            "pause_attempts", service="scheduler", old="TORPOR_PAUSE_ATTEMPTS"
-        ),
-    )
+    pause_attempts: int = constant(4, ge=1)
     """Timeout pause attempts before the sandbox is deleted instead."""
-    fired_ttl: str = Field(
-        default="1h",
-        validation_alias=formerly("fired_ttl", service="scheduler", old="TORPOR_FIRED_TTL"),
-    )
+    fired_ttl: str = constant("1h")
     """Fired timer messages delete themselves after this (``Nats-Schedule-TTL``)."""
-    max_workers: int = Field(
-        default=2,
-        ge=1,
-        le=16,
-        validation_alias=formerly("max_workers", service="scheduler", old="TORPOR_MAX_WORKERS"),
-    )
+    max_workers: int = constant(2, ge=1, le=16)
     """Batches handled at once per durable (a batch's messages are handled concurrently)."""
     fetch_batch: int = Field(
         default=500,
@@ -47,18 +33,11 @@ class SchedulerSettings(SettingsBase):
         validation_alias=formerly("fetch_batch", service="scheduler", old="TORPOR_FETCH_BATCH"),
     )
     """Messages fetched per pull request, handled as one batch."""
-    fetch_wait_seconds: float = Field(
-        default=0.25,
-        gt=0,
-        le=30,
-        validation_alias=formerly(
-            "fetch_wait_seconds", service="scheduler", old="TORPOR_FETCH_WAIT_SECONDS"
-        ),
-    )
+    fetch_wait_seconds: float = constant(0.25, gt=0, le=30)
     """Longest wait of an idle pull (bounds the extra latency of a lone fired timer)."""
-    fire_lead_seconds: float = Field(default=2.0, ge=0, le=10)
+    fire_lead_seconds: float = constant(2.0, ge=0, le=10)
     """How early a timer's NATS schedule fires; the scheduler holds such a fire until the timer is
     due (nats-server fires up to ~0.5 s late: its schedule timer runs at most every 250 ms)."""
-    fired_in_flight: int = Field(default=16, ge=1, le=64)
+    fired_in_flight: int = constant(16, ge=1, le=64)
     """Fired-timer batches handled at once per replica (a batch holds its early fires until they
     are due, so more are in flight than `max_workers`)."""

@@ -10,7 +10,7 @@ Order of effects, each safe to repeat:
    (Kubernetes ``persist: store``; a no-op elsewhere). Repeated on a redelivery (the newer copy
    replaces the older). If it fails, nothing is published: the pod keeps running and the pause
    fails (``failed`` with the reason, after the retries). The pod's processes are stopped for
-   the export and stay stopped for ``hold`` seconds (``TORPOR_SNAPSHOTTER_PAUSE_HOLD_SECONDS``)
+   the export and stay stopped for ``hold`` seconds (``SnapshotterSettings.pause_hold_seconds``)
    so the pod stops with nothing written after the copy; a pause that fails continues them
    (``give_up``: best effort, the hold runs out anyway).
 6. Publish ``snapshotted`` (id ``snapshotted:<sid>:g<gen>``): the scaler scales to 0 only after

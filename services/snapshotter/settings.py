@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from shared.settings import SettingsBase, formerly, prefixed
+from shared.settings import SettingsBase, constant, formerly, prefixed
 
 
 class SnapshotterSettings(SettingsBase):
@@ -35,13 +35,9 @@ class SnapshotterSettings(SettingsBase):
         ),
     )
     """``in_progress()`` interval of long handlers; below the durable's ``ack_wait`` (30 s)."""
-    max_workers: int = Field(
-        default=8,
-        ge=1,
-        validation_alias=formerly("max_workers", service="snapshotter", old="TORPOR_MAX_WORKERS"),
-    )
+    max_workers: int = constant(8, ge=1)
     """Concurrent pauses per replica."""
-    pause_hold_seconds: float = Field(default=120.0, ge=0, le=600)
+    pause_hold_seconds: float = constant(120.0, ge=0, le=600)
     """Seconds a pause keeps the sandbox's processes stopped after exporting its kept files
     (Kubernetes ``persist: store``), for the scaler to stop the pod: nothing is written after
     the copy. If the pod still runs then (the scaler is slow or the pause failed), its

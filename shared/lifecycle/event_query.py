@@ -2,8 +2,8 @@
 stream (``EventLog``), owner-scoped by the sandbox records (``SandboxStore``).
 
 Events carry no owner; it is the record's (killed tombstones included). So a sandbox whose
-tombstone is gone (``TORPOR_TOMBSTONE_SECONDS``, 1 day) no longer has listable events, even
-though the stream keeps them for 7 days: torpor cannot tell whose they were.
+tombstone is gone (``RetentionSettings.tombstone_seconds``, 1 day) no longer has listable
+events, even though the stream keeps them for 7 days: torpor cannot tell whose they were.
 """
 
 from __future__ import annotations

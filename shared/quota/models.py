@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from shared.models.quota import Quota, QuotaOverride
-from shared.settings import SettingsBase, prefixed
+from shared.settings import SettingsBase, constant, prefixed
 
 
 class QuotaSettings(SettingsBase):
@@ -18,11 +18,11 @@ class QuotaSettings(SettingsBase):
     """Sandboxes a user has creating, running, resuming or pausing."""
     creates_per_minute: float = Field(default=60.0, ge=0)
     """Create rate (token bucket: the steady rate and how many at once)."""
-    create_burst: int = Field(default=30, ge=1)
+    create_burst: int = constant(30, ge=1)
     """Create rate (token bucket: the steady rate and how many at once)."""
     resumes_per_minute: float = Field(default=120.0, ge=0)
     """Resume rate (API resume/connect, dashboard, proxy auto-resume)."""
-    resume_burst: int = Field(default=60, ge=1)
+    resume_burst: int = constant(60, ge=1)
     """Resume rate (API resume/connect, dashboard, proxy auto-resume)."""
     max_snapshots: int = Field(default=100, ge=0)
     """Stored snapshots a user holds (`create_snapshot`; fork's own are not counted)."""

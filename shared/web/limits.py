@@ -1,7 +1,7 @@
 """Settings of the HTTP limits both public services apply (``TORPOR_HTTP_*``).
 
 Body size and body time limits differ per service and live in their own settings
-(``TORPOR_MAX_BODY_BYTES`` for the api, ``TORPOR_PROXY_MAX_BODY_BYTES`` for the proxy)."""
+(``ApiSettings.max_body_bytes`` for the api, ``ProxySettings.max_body_bytes`` for the proxy)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from functools import cached_property
 
 from pydantic import Field, field_validator
 
-from shared.settings import SettingsBase, prefixed
+from shared.settings import SettingsBase, constant, prefixed
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -18,21 +18,21 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 class HttpLimits(SettingsBase):
     model_config = prefixed("http")
 
-    max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
+    max_header_bytes: int = constant(16 * 1024, ge=1024, le=1024 * 1024)
     """Request line plus headers, in bytes; more is 431 and the connection closes."""
-    max_headers: int = Field(default=100, ge=8, le=1000)
+    max_headers: int = constant(100, ge=8, le=1000)
     """Headers per request; more is 431."""
-    header_timeout: float = Field(default=10.0, gt=0)
+    header_timeout: float = constant(10.0, gt=0)
     """Seconds from a connection's opening (or a request's first byte) until its head is
     complete; later is 408 and the connection closes."""
-    body_idle_timeout: float = Field(default=30.0, gt=0)
+    body_idle_timeout: float = constant(30.0, gt=0)
     """Longest pause, in seconds, between two pieces of a request body; longer is 408."""
     max_connections: int = Field(default=4096, ge=1)
     """Open connections per process; more are answered 503 and closed."""
-    max_connections_per_client: int = Field(default=256, ge=1)
+    max_connections_per_client: int = constant(256, ge=1)
     """Open connections per client address (not counted for trusted proxies, nor once upgraded
     to WebSocket); more are 503."""
-    max_requests_per_client: int = Field(default=512, ge=1)
+    max_requests_per_client: int = constant(512, ge=1)
     """Requests in progress per client address (per process); more are 429 with `Retry-After:
     1`."""
     trusted_proxies: str = ""

@@ -11,7 +11,7 @@ resolve elsewhere by then: DNS rebinding), and the delivery connects to the addr
   range the operator opened (``TORPOR_WEBHOOKS_ALLOW_CIDRS``, e.g. ``10.20.0.0/16`` for an
   internal receiver, or ``127.0.0.0/8`` on a laptop);
 - on any address that is not public (where the control plane itself lives), the control plane's
-  ports stay refused even inside an opened range (``TORPOR_WEBHOOKS_CONTROL_PORTS``, plus the
+  ports stay refused even inside an opened range (``WebhookPolicySettings.control_ports``, plus the
   ports ``torpor up`` gives its services);
 - ranges in ``TORPOR_WEBHOOKS_DENY_CIDRS`` (e.g. the control plane's public addresses) are
   refused whatever the port.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import field_validator
 
-from shared.settings import SettingsBase, prefixed
+from shared.settings import SettingsBase, constant, prefixed
 from shared.webhooks.addresses import DEFAULT_CONTROL_PORTS, AddressPolicy, networks
 
 
@@ -22,7 +22,7 @@ class WebhookPolicySettings(SettingsBase):
     deny_cidrs: str = ""
     """Comma-separated IP ranges never to deliver to, whatever the port (e.g. the control plane's
     public addresses)."""
-    control_ports: str = ",".join(str(p) for p in sorted(DEFAULT_CONTROL_PORTS))
+    control_ports: str = constant(",".join(str(p) for p in sorted(DEFAULT_CONTROL_PORTS)))
     """Comma-separated ports refused on every address that is not public, even in an allowed
     range: the control plane's (API, proxy, NATS, health/metrics, envd). `torpor up` adds the
     ports it gave its services."""

@@ -49,7 +49,7 @@ def test_every_settings_class_is_in_the_doc_and_every_field_documented() -> None
 def test_no_variable_feeds_two_knobs_except_on_purpose() -> None:
     readers = defaultdict(list)
     for cls in settings_doc.CLASSES:
-        for name, field in cls.model_fields.items():
+        for name, field in settings_doc.environment_fields(cls).items():
             for env in settings_doc.env_names(cls, name, field):
                 readers[env].append(f"{cls.__name__}.{name}")
     shared = {env for env, fields in readers.items() if len(fields) > 1}
@@ -59,23 +59,42 @@ def test_no_variable_feeds_two_knobs_except_on_purpose() -> None:
 def test_per_service_names_win_and_former_names_are_still_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("TORPOR_MAX_WORKERS", "3")
-    monkeypatch.setenv("TORPOR_SCALER_MAX_WORKERS", "5")
+    monkeypatch.setenv("TORPOR_GIVE_UP_AFTER", "3")
+    monkeypatch.setenv("TORPOR_SCALER_GIVE_UP_AFTER", "4")
     monkeypatch.setenv("TORPOR_RETENTION_SECONDS", "120")
-    assert load(ScalerSettings).max_workers == 5
-    assert load(SnapshotterSettings).max_workers == 3
-    assert load(SchedulerSettings).max_workers == 3
+    assert load(ScalerSettings).give_up_after == 4
+    assert load(SnapshotterSettings).give_up_after == 3
     assert load(RetentionSettings).retention_seconds == 120
-    monkeypatch.delenv("TORPOR_MAX_WORKERS")
-    assert (load(SnapshotterSettings).max_workers, load(SchedulerSettings).max_workers) == (8, 2)
+    monkeypatch.delenv("TORPOR_GIVE_UP_AFTER")
+    assert load(SnapshotterSettings).give_up_after == 5
+
+
+def test_a_tuning_constant_is_never_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``shared.settings.constant``: set in code only, whatever the environment holds (its own
+    name, a former name or garbage), and still validated when code sets it."""
+    for name in ("TORPOR_SCALER_MAX_WORKERS", "TORPOR_MAX_WORKERS", "TORPOR_SCHEDULER_MAX_WORKERS"):
+        monkeypatch.setenv(name, "--ro-bind")
+    monkeypatch.setenv("TORPOR_SCALER_READY_TIMEOUT", "7")
+    scaler, scheduler = load(ScalerSettings), load(SchedulerSettings)
+    assert (scaler.max_workers, scaler.ready_timeout, scheduler.max_workers) == (8, 7.0, 2)
+    assert ScalerSettings(max_workers=3).max_workers == 3
+    with pytest.raises(ValueError, match="max_workers"):
+        ScalerSettings(max_workers=0)
+    variables = settings_doc.variables()
+    assert (
+        "TORPOR_SCALER_MAX_WORKERS" not in variables and "TORPOR_SCALER_READY_TIMEOUT" in variables
+    )
+    assert "TORPOR_SCALER_MAX_WORKERS" not in settings_doc.DOC.read_text()
 
 
 @pytest.mark.parametrize("value", ["0", "--ro-bind", "-1", "1.5", "", "1e999"])
 def test_a_bad_value_is_one_line_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
-    monkeypatch.setenv("TORPOR_SCALER_MAX_WORKERS", value)
+    monkeypatch.setenv("TORPOR_SCALER_GIVE_UP_AFTER", value)
     with pytest.raises(ConfigError) as caught:
         load(ScalerSettings)
     message = str(caught.value)
-    assert "\n" not in message and "TORPOR_SCALER_MAX_WORKERS" in message
+    assert "\n" not in message and "TORPOR_SCALER_GIVE_UP_AFTER" in message
