@@ -2,55 +2,38 @@
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import sys
-
-import structlog
-import uvicorn
+from typing import Any
 
 from services.api.app import create_app
 from services.api.settings import ApiSettings
-from shared.errors import ConfigError
-from shared.logging import configure
 from shared.quota.models import QuotaSettings
-from shared.settings import BusSettings, LoggingSettings, load
+from shared.settings import BusSettings
 from shared.web.limits import HttpLimits
-from shared.web.serving import server_config
+from shared.web.serving import Sections, run_http_service
+
+
+def build(settings: ApiSettings, sections: Sections) -> Any:
+    return create_app(
+        settings,
+        bus=sections[BusSettings],
+        limits=sections[HttpLimits],
+        quotas=sections[QuotaSettings],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torpor-api", description=__doc__)
-    parser.add_argument("--host", help="listen address (TORPOR_HOST)")
-    parser.add_argument("--port", type=int, help="listen port (TORPOR_PORT)")
-    args = parser.parse_args(argv)
-    try:
-        settings = load(ApiSettings)
-        bus = load(BusSettings)
-        logging_settings = load(LoggingSettings)
-        limits = load(HttpLimits)
-        quotas = load(QuotaSettings)
-    except ConfigError as e:
-        print(f"torpor-api: {e}", file=sys.stderr)
-        return 2
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    if overrides:
-        settings = settings.model_copy(update=overrides)
-    configure(logging_settings, service="api")
-    app = create_app(settings, bus=bus, limits=limits, quotas=quotas)
     # structlog's handler on the root logger formats uvicorn too; RequestContext logs each
     # request (without headers), so uvicorn's access log is off.
-    config = server_config(
-        app,
-        limits,
-        host=settings.host,
-        port=settings.port,
+    return run_http_service(
+        argv,
+        service="api",
+        description=__doc__,
+        settings=ApiSettings,
+        sections=(BusSettings, QuotaSettings),
+        build=build,
+        variables=("TORPOR_HOST", "TORPOR_PORT"),
         timeout_graceful_shutdown=5,  # open dashboard event streams must not block a stop
     )
-    with contextlib.suppress(KeyboardInterrupt):
-        uvicorn.Server(config).run()
-    structlog.get_logger().info("api_stopped")
-    return 0
 
 
 if __name__ == "__main__":

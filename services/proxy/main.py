@@ -3,24 +3,16 @@ environment (``TORPOR_PROXY_*``, ``NATS_URL``)."""
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-
-import structlog
-import uvicorn
 
 from services.proxy.app import ProxyApp
 from services.proxy.ports import ProxyWiring
 from services.proxy.settings import ProxySettings
-from shared.errors import ConfigError
-from shared.logging import configure
 from shared.quota.models import QuotaSettings
-from shared.settings import BusSettings, LoggingSettings, load
+from shared.settings import BusSettings
 from shared.web.limits import HttpLimits
-from shared.web.serving import server_config
+from shared.web.serving import Sections, run_http_service
 
 
 @asynccontextmanager
@@ -62,44 +54,25 @@ async def bus_wiring(bus: BusSettings, quotas: QuotaSettings) -> AsyncIterator[P
         await broker.stop()
 
 
-def build(
-    settings: ProxySettings, bus: BusSettings, limits: HttpLimits, quotas: QuotaSettings
-) -> ProxyApp:
-    return ProxyApp(settings, connect=lambda: bus_wiring(bus, quotas), limits=limits)
+def build(settings: ProxySettings, sections: Sections) -> ProxyApp:
+    bus, quotas = sections[BusSettings], sections[QuotaSettings]
+    return ProxyApp(settings, connect=lambda: bus_wiring(bus, quotas), limits=sections[HttpLimits])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torpor-proxy", description=__doc__)
-    parser.add_argument("--host", help="listen address (TORPOR_PROXY_HOST)")
-    parser.add_argument("--port", type=int, help="listen port (TORPOR_PROXY_PORT)")
-    args = parser.parse_args(argv)
-    try:
-        settings = load(ProxySettings)
-        bus = load(BusSettings)
-        logging_settings = load(LoggingSettings)
-        limits = load(HttpLimits)
-        quotas = load(QuotaSettings)
-    except ConfigError as e:
-        print(f"torpor-proxy: {e}", file=sys.stderr)
-        return 2
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    if overrides:
-        settings = settings.model_copy(update=overrides)
-    configure(logging_settings, service="proxy")
-    config = server_config(
-        build(settings, bus, limits, quotas),
-        limits,
-        host=settings.host,
-        port=settings.port,
+    return run_http_service(
+        argv,
+        service="proxy",
+        description=__doc__,
+        settings=ProxySettings,
+        sections=(BusSettings, QuotaSettings),
+        build=build,
+        variables=("TORPOR_PROXY_HOST", "TORPOR_PROXY_PORT"),
         lifespan="on",
         ws="websockets-sansio",
         timeout_keep_alive=75,
         backlog=4096,
     )
-    with contextlib.suppress(KeyboardInterrupt):
-        uvicorn.Server(config).run()
-    structlog.get_logger().info("proxy_stopped")
-    return 0
 
 
 if __name__ == "__main__":
