@@ -14,6 +14,7 @@ from faststream.nats import NatsRouter
 
 from services.scheduler import plans
 from services.scheduler.handlers import SchedulerHandlers
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.settings import SchedulerSettings
 from shared.bus.batches import BatchConsumer
 from shared.bus.records import bucket_version
@@ -38,6 +39,7 @@ def scheduler_host(ctx: Context, settings: SchedulerSettings) -> WorkerHost:
     where = load(RuntimeSettings)
 
     lead = timedelta(seconds=settings.fire_lead_seconds)
+    metrics = SchedulerMetrics(ctx.registry)  # once per host: its builds share it
 
     def build(parts: Parts) -> Built:
         js = parts.broker.config.connection_state.stream
@@ -51,6 +53,7 @@ def scheduler_host(ctx: Context, settings: SchedulerSettings) -> WorkerHost:
             envd=ConnectEnvdClient(),
             records_version=partial(bucket_version, js, KV_SANDBOXES),
             lead=lead,
+            metrics=metrics,
         )
         pull = partial(
             BatchConsumer,

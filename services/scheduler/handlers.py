@@ -16,8 +16,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol, TypeVar
 
 import structlog
+from prometheus_client import CollectorRegistry
 
-from services.scheduler import expiry, metrics, plans
+from services.scheduler import expiry, plans
+from services.scheduler.metrics import SchedulerMetrics
 from shared.bus import subjects
 from shared.bus.batches import Delivery, Outcome
 from shared.bus.schedules import Holder, Timer
@@ -80,7 +82,9 @@ class SchedulerHandlers:
         envd: Envd | None = None,
         records_version: BucketVersion | None = None,
         lead: timedelta = timedelta(0),
+        metrics: SchedulerMetrics | None = None,
     ) -> None:
+        self._metrics = metrics if metrics is not None else SchedulerMetrics(CollectorRegistry())
         self._store = store
         self._publisher = publisher
         self._timers = timers
@@ -151,11 +155,11 @@ class SchedulerHandlers:
             timer, record, flags=self._flags, policy=self._policy, now=now, watch=watch
         )
         await self._execute(timer.sandbox_id, plan)
-        metrics.FIRED.labels(timer.kind, plan.outcome).inc()
+        self._metrics.fired.labels(timer.kind, plan.outcome).inc()
         if plan.decision is not None:
-            metrics.EXPIRIES.labels(plan.decision).inc()
+            self._metrics.expiries.labels(plan.decision).inc()
             if plan.deadline is not None:
-                metrics.LATENESS.observe((now - plan.deadline).total_seconds())
+                self._metrics.lateness.observe((now - plan.deadline).total_seconds())
             log.info(
                 "sandbox_expired",
                 sandbox_id=timer.sandbox_id,
@@ -164,7 +168,7 @@ class SchedulerHandlers:
                 generation=record.generation if record else None,
             )
         elif plan.outcome == "retention_expired":
-            metrics.RETENTION_KILLS.inc()
+            self._metrics.retention_kills.inc()
             log.info("retention_expired", sandbox_id=timer.sandbox_id)
         if plan.arm and not plan.publish:
             # A re-arm raced with a lifecycle event? Make the schedule match the latest record.
@@ -243,7 +247,7 @@ class SchedulerHandlers:
             event, record, policy=self._policy, now=now, notice=self._notice(record)
         )
         await self._execute(sandbox_id, plan)
-        metrics.EVENTS.labels(name, plan.outcome).inc()
+        self._metrics.events.labels(name, plan.outcome).inc()
         log.debug("event_handled", sandbox_id=sandbox_id, kind=name, outcome=plan.outcome)
         return plan.outcome, ((sandbox_id, record, plan) if (plan.arm or plan.cancel) else None)
 
@@ -279,10 +283,10 @@ class SchedulerHandlers:
             await self._publisher.publish(out.message, out.subject, msg_id=out.msg_id)
         for holder in plan.cancel:
             await self._timers.cancel(sandbox_id, holder)
-            metrics.CANCELLED.labels(holder).inc()
+            self._metrics.cancelled.labels(holder).inc()
         for timer in plan.arm:
             await self._timers.arm(timer)
-            metrics.ARMED.labels(timer.kind).inc()
+            self._metrics.armed.labels(timer.kind).inc()
 
 
 _Settle = tuple[str, SandboxRecord | None, plans.Plan]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 import structlog
+from prometheus_client import REGISTRY
 
 from shared.errors import ConfigError, TorporError
 from shared.health import HealthServer, inherited_listener
@@ -114,6 +115,7 @@ async def _serve(spec: WorkerSpec[S], config: _Config[S]) -> int:
             flags=config.flags,
             runtime=runtime,
             envd=envd,
+            registry=REGISTRY,  # with the process collectors; services not yet moved use it too
         )
         host = spec.host(ctx, config.settings)
         server = HealthServer(
@@ -121,6 +123,7 @@ async def _serve(spec: WorkerSpec[S], config: _Config[S]) -> int:
             port=config.health_port,
             ready=host.ready,
             sock=config.health_sock,
+            registry=ctx.registry,
         )
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
         try:

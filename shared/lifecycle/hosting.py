@@ -19,6 +19,7 @@ from typing import Protocol
 
 import structlog
 from faststream.nats import NatsBroker, NatsRouter
+from prometheus_client import CollectorRegistry
 
 from shared.bus.broker import key_value, make_broker, prepare
 from shared.bus.publishing import BrokerPublisher
@@ -71,6 +72,9 @@ class Context:
     flags: FeatureFlags = field(default_factory=FeatureFlags)
     runtime: Runtime | None = None
     envd: Envd | None = None
+    # The process's one metrics registry, served on /metrics; services make their metrics on it
+    # (a fresh one by default, so hosts built side by side in one process count apart).
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def pods(self) -> tuple[Runtime, Envd]:
         if self.runtime is None or self.envd is None:
