@@ -7,6 +7,7 @@ from functools import partial
 from faststream.nats import NatsRouter
 
 from services.scaler.handlers import build_router
+from services.scaler.metrics import ScalerMetrics
 from services.scaler.scaling import Scaler
 from services.scaler.settings import ScalerSettings
 from shared.bus.topology import SCALER_LIFECYCLE
@@ -18,6 +19,7 @@ from shared.settings import RuntimeSettings, load
 def scaler_host(ctx: Context, settings: ScalerSettings) -> WorkerHost:
     runtime, envd = ctx.pods()
     where = load(RuntimeSettings)  # already read (and checked) for the runtime itself
+    metrics = ScalerMetrics(ctx.registry)  # once per host: its builds share it
 
     def build(parts: Parts) -> NatsRouter:
         scaler = Scaler(
@@ -31,6 +33,7 @@ def scaler_host(ctx: Context, settings: ScalerSettings) -> WorkerHost:
             retention=ctx.retention.retention,
             tombstone_for=ctx.retention.tombstone_for,
             templates=partial(read_facts, where.runtime, where.templates_dir),
+            metrics=metrics,
         )
         retry = SCALER_LIFECYCLE.retry.tuned(
             give_up_after=settings.give_up_after, heartbeat=settings.heartbeat_seconds

@@ -27,8 +27,9 @@ from datetime import timedelta
 from typing import Literal
 
 import structlog
+from prometheus_client import CollectorRegistry
 
-from services.scaler import metrics
+from services.scaler.metrics import ScalerMetrics
 from services.scaler.reports import Spans, path_of, resume_report
 from services.scaler.restoring import Progress, Restorer
 from shared.bus.retry import Retry
@@ -81,7 +82,9 @@ class Scaler:
         retention: timedelta = timedelta(days=30),
         tombstone_for: timedelta = timedelta(days=1),
         templates: Callable[[str], TemplateFacts] = unknown_template,
+        metrics: ScalerMetrics | None = None,
     ) -> None:
+        self._metrics = metrics if metrics is not None else ScalerMetrics(CollectorRegistry())
         self._store = store
         self._runtime = runtime
         self._restorer = Restorer(runtime, envd, start_timeout)
@@ -153,7 +156,7 @@ class Scaler:
         spans.mark("commit")
         await self._publish_created(record, outcomes)
         spans.mark("publish")
-        metrics.observe("create", "done", time.monotonic() - started)
+        self._metrics.observe("create", "done", time.monotonic() - started)
         log.info("create_timing", path=record.path, **spans.as_ms())
         return "done"
 
@@ -215,9 +218,9 @@ class Scaler:
             raise
         await self._publish_paused(record)
         if begun is not None and record.paused_at is not None:
-            metrics.observe("pause", "done", (record.paused_at - begun).total_seconds())
+            self._metrics.observe("pause", "done", (record.paused_at - begun).total_seconds())
         else:
-            metrics.observe("pause", "done", None)
+            self._metrics.observe("pause", "done", None)
         return "done"
 
     async def _publish_paused(self, record: SandboxRecord) -> None:
@@ -304,10 +307,10 @@ class Scaler:
             raise
         await self._publish_resumed(record)
         spans.mark("publish")
-        metrics.observe("resume", "done", time.monotonic() - started)
+        self._metrics.observe("resume", "done", time.monotonic() - started)
         log.info("resume_timing", **spans.as_ms())
         for o in outcomes:
-            metrics.REPLAYED.labels("ok" if o.error is None else "error").inc()
+            self._metrics.replayed.labels("ok" if o.error is None else "error").inc()
         return "done"
 
     async def _continue_held(self, sandbox_id: str) -> None:
@@ -342,7 +345,7 @@ class Scaler:
                 reason=reason,
             ),
         )
-        metrics.observe("resume", "failed", None)
+        self._metrics.observe("resume", "failed", None)
         log.warning("resume_failed_back_to_paused", reason=reason)
         return "done"
 
@@ -410,7 +413,7 @@ class Scaler:
             sid, t.killed(cmd_msg_id, tombstone_for=self._tombstone_for)
         )
         await self._publish_killed(record)
-        metrics.observe("kill", "done", time.monotonic() - started)
+        self._metrics.observe("kill", "done", time.monotonic() - started)
         return "done"
 
     async def _pre_kill(self, record: SandboxRecord) -> None:
@@ -461,5 +464,5 @@ class Scaler:
             cmd_msg_id=cmd_msg_id,
             generation=generation,
         )
-        metrics.observe(op, "failed", None)
+        self._metrics.observe(op, "failed", None)
         log.error("transition_failed", op=op, reason=reason)
