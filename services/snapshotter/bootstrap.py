@@ -8,6 +8,7 @@ from faststream.nats import NatsRouter
 
 from services.snapshotter.handlers import build_router
 from services.snapshotter.keeping import SnapshotKeeper
+from services.snapshotter.metrics import SnapshotterMetrics
 from services.snapshotter.pausing import Snapshotter
 from services.snapshotter.settings import SnapshotterSettings
 from shared.bus.broker import key_value
@@ -22,6 +23,7 @@ from shared.settings import RuntimeSettings, load
 def snapshotter_host(ctx: Context, settings: SnapshotterSettings) -> WorkerHost:
     runtime, envd = ctx.pods()
     where = load(RuntimeSettings)  # already read (and checked) for the runtime itself
+    metrics = SnapshotterMetrics(ctx.registry)  # once per host: its builds share it
 
     def build(parts: Parts) -> NatsRouter:
         snapshotter = Snapshotter(
@@ -32,6 +34,7 @@ def snapshotter_host(ctx: Context, settings: SnapshotterSettings) -> WorkerHost:
             envd_timeout=settings.envd_timeout,
             templates=partial(read_facts, where.runtime, where.templates_dir),
             hold=settings.pause_hold_seconds,
+            metrics=metrics,
         )
         keeper = SnapshotKeeper(
             sandboxes=parts.store,

@@ -1,28 +1,36 @@
-"""Prometheus metrics of the snapshotter (process-wide, registered once)."""
+"""Prometheus metrics of the snapshotter, made on the registry of the process it is given
+(``shared.lifecycle.hosting.Context.registry``), never as module globals."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
-SNAPSHOT_SECONDS = Histogram(
-    "torpor_snapshot_duration_seconds",
-    "Time to capture a sandbox's processes and store the snapshot (the pause's first half)",
-    buckets=BUCKETS,
-)
-SNAPSHOTS = Counter(
-    "torpor_snapshots_total",
-    "Pause commands handled by the snapshotter, by outcome",
-    ["outcome"],  # snapshotted | skipped | failed | retry
-)
-SNAPSHOT_PROCESSES = Histogram(
-    "torpor_snapshot_processes",
-    "Processes captured per snapshot",
-    buckets=(0, 1, 2, 5, 10, 20, 50, 100, 500),
-)
-SNAPSHOT_BYTES = Histogram(
-    "torpor_snapshot_bytes",
-    "Encoded snapshot annotation size",
-    buckets=(256, 1024, 4096, 16384, 65536, 204800),
-)
+
+class SnapshotterMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.seconds = Histogram(
+            "torpor_snapshot_duration_seconds",
+            "Time to capture a sandbox's processes and store the snapshot (the pause's first half)",
+            buckets=BUCKETS,
+            registry=registry,
+        )
+        self.snapshots = Counter(
+            "torpor_snapshots_total",
+            "Pause commands handled by the snapshotter, by outcome",
+            ["outcome"],  # snapshotted | skipped | failed | retry
+            registry=registry,
+        )
+        self.processes = Histogram(
+            "torpor_snapshot_processes",
+            "Processes captured per snapshot",
+            buckets=(0, 1, 2, 5, 10, 20, 50, 100, 500),
+            registry=registry,
+        )
+        self.bytes = Histogram(
+            "torpor_snapshot_bytes",
+            "Encoded snapshot annotation size",
+            buckets=(256, 1024, 4096, 16384, 65536, 204800),
+            registry=registry,
+        )

@@ -36,8 +36,9 @@ from collections.abc import Callable
 from typing import Literal
 
 import structlog
+from prometheus_client import CollectorRegistry
 
-from services.snapshotter import metrics
+from services.snapshotter.metrics import SnapshotterMetrics
 from shared.domain import transitions as t
 from shared.domain.record import SandboxRecord, SnapshotRef
 from shared.errors import EnvdUnavailable, IllegalTransition, NotFound, TorporError
@@ -70,7 +71,9 @@ class Snapshotter:
         limit: int = MAX_SNAPSHOT_ANNOTATION_BYTES,
         templates: Callable[[str], TemplateFacts] = unknown_template,
         hold: float = 0.0,
+        metrics: SnapshotterMetrics | None = None,
     ) -> None:
+        self._metrics = metrics if metrics is not None else SnapshotterMetrics(CollectorRegistry())
         self._store = store
         self._runtime = runtime
         self._envd = envd
@@ -90,7 +93,7 @@ class Snapshotter:
             )
         except (IllegalTransition, NotFound) as e:
             log.info("pause_not_applicable", reason=str(e))
-            metrics.SNAPSHOTS.labels("skipped").inc()
+            self._metrics.snapshots.labels("skipped").inc()
             return "skipped"
         ref = t.snapshot_of_this_pause(record)
         if ref is None:  # not captured yet (a redelivery after step 4 skips to the publish)
@@ -111,7 +114,7 @@ class Snapshotter:
             refused = refusal(outcomes)
             if refused is not None:
                 await self._store.update(sid, t.pause_refused(cmd_msg_id, refused))
-                metrics.SNAPSHOTS.labels("refused").inc()
+                self._metrics.snapshots.labels("refused").inc()
                 log.info("pause_refused", reason=describe(refused), reason_by=cmd.reason)
                 return "refused"
             record, ref = await self._capture(record, cmd_msg_id, endpoint)
@@ -130,8 +133,8 @@ class Snapshotter:
                 process_count=ref.process_count,
             ),
         )
-        metrics.SNAPSHOT_SECONDS.observe(time.monotonic() - started)
-        metrics.SNAPSHOTS.labels("snapshotted").inc()
+        self._metrics.seconds.observe(time.monotonic() - started)
+        self._metrics.snapshots.labels("snapshotted").inc()
         log.info("snapshotted", snapshot_id=ref.id, processes=ref.process_count)
         return "snapshotted"
 
@@ -143,8 +146,8 @@ class Snapshotter:
         )
         snapshot = Snapshot.capture(processes, at=t.now())
         value = snapshot.encode(limit=self._limit)  # SnapshotTooLarge: fail the pause, see above
-        metrics.SNAPSHOT_PROCESSES.observe(len(processes))
-        metrics.SNAPSHOT_BYTES.observe(len(value))
+        self._metrics.processes.observe(len(processes))
+        self._metrics.bytes.observe(len(value))
         await self._runtime.patch_annotations(
             record.sandbox_id,
             {
@@ -172,5 +175,5 @@ class Snapshotter:
                 await self._runtime.thaw_files(cmd.sandbox_id)
             except TorporError as e:  # best effort: the daemon's hold runs out by itself
                 log.warning("pause_thaw_failed", error=str(e)[:300])
-        metrics.SNAPSHOTS.labels("failed").inc()
+        self._metrics.snapshots.labels("failed").inc()
         log.error("pause_failed", reason=reason)

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from services.scaler.metrics import ScalerMetrics
 from services.scheduler.metrics import SchedulerMetrics
+from services.snapshotter.metrics import SnapshotterMetrics
 from shared.lifecycle.hosting import Context
 from shared.settings import BusSettings
 
@@ -19,6 +20,9 @@ def test_two_hosts_in_one_process_count_apart() -> None:
     assert first.registry is not second.registry
     ScalerMetrics(first.registry).observe("resume", "done", 0.2)
     ScalerMetrics(second.registry)  # would raise "Duplicated timeseries" on one shared registry
+    SnapshotterMetrics(first.registry).snapshots.labels("skipped").inc()
+    SnapshotterMetrics(second.registry)
+    assert 'torpor_snapshots_total{outcome="skipped"} 1.0' in _text(first.registry)
     assert 'torpor_transitions_total{op="resume",outcome="done"} 1.0' in _text(first.registry)
     assert 'op="resume"' not in _text(second.registry)
 
