@@ -8,6 +8,7 @@ from faststream.nats import NatsRouter
 
 from services.ledger.handlers import build_router
 from services.ledger.metering import Ledger
+from services.ledger.metrics import LedgerMetrics
 from services.ledger.settings import LedgerSettings
 from services.ledger.sizes import TemplateSizes
 from shared.bus.kv import LazyBucket
@@ -34,12 +35,15 @@ def ledger_host(ctx: Context, settings: LedgerSettings) -> WorkerHost:
         partial(read_size, where.runtime, where.templates_dir, built), size_of(settings)
     )
 
+    metrics = LedgerMetrics(ctx.registry)  # once per host: its builds share it
+
     def build(parts: Parts) -> NatsRouter:
         js = parts.broker.config.connection_state.stream
         ledger = Ledger(
             records=parts.store,
             usage=KvUsageStore(LazyBucket(js, KV_USAGE)),
             sizes=sizes,
+            metrics=metrics,
         )
         return build_router(ledger)
 

@@ -12,8 +12,9 @@ import json
 from datetime import UTC, datetime
 
 import structlog
+from prometheus_client import CollectorRegistry
 
-from services.ledger import metrics
+from services.ledger.metrics import LedgerMetrics
 from services.ledger.sizes import TemplateSizes
 from shared.errors import Conflict
 from shared.models.public_events import fact_of
@@ -33,7 +34,9 @@ class Ledger:
         records: SandboxStore,
         usage: UsageStore,
         sizes: TemplateSizes,
+        metrics: LedgerMetrics | None = None,
     ) -> None:
+        self.metrics = metrics if metrics is not None else LedgerMetrics(CollectorRegistry())
         self._records = records
         self._usage = usage
         self._sizes = sizes
@@ -46,7 +49,7 @@ class Ledger:
         fact, sandbox_id = found
         record = await self._records.get(sandbox_id)
         if record is None:
-            metrics.APPLIED.labels("unattributed").inc()
+            self.metrics.applied.labels("unattributed").inc()
             log.info("usage_event_unattributed", subject=subject)
             return "unattributed"
         payload = json.loads(data or b"{}")
@@ -70,13 +73,13 @@ class Ledger:
                 size=size,
             )
             if new is None:
-                metrics.APPLIED.labels("duplicate").inc()
+                self.metrics.applied.labels("duplicate").inc()
                 return "duplicate"
             try:
                 await self._usage.write(new, revision=current[1] if current else None)
             except Conflict:
                 continue
-            metrics.APPLIED.labels(fact).inc()
+            self.metrics.applied.labels(fact).inc()
             await self._publish(record.owner)
             return fact
         msg = f"usage of {sandbox_id}: too much contention"
@@ -89,5 +92,5 @@ class Ledger:
             for u in await self._usage.everyone():
                 by_owner.setdefault(u.owner, []).append(u)
             for user, usages in by_owner.items():
-                metrics.publish(user, totals(usages))
-        metrics.publish(owner, totals(await self._usage.of_owner(owner)))
+                self.metrics.publish(user, totals(usages))
+        self.metrics.publish(owner, totals(await self._usage.of_owner(owner)))

@@ -1,15 +1,13 @@
 """Prometheus series of the ledger: each user's usage as of their last event (open intervals are
-added when read through the API, not here)."""
+added when read through the API, not here). Made on the registry of the process it is given
+(``shared.lifecycle.hosting.Context.registry``), never as module globals."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared.models.usage import UsageTotals
 
-APPLIED = Counter(
-    "torpor_usage_events_total", "Lifecycle events read by the ledger, by outcome", ["outcome"]
-)
 _SERIES = {
     "running_seconds": ("torpor_usage_running_seconds", "Running seconds of the user's sandboxes"),
     "paused_seconds": ("torpor_usage_paused_seconds", "Paused seconds of the user's sandboxes"),
@@ -19,9 +17,22 @@ _SERIES = {
     "resumes": ("torpor_usage_resumes", "Resumes of the user's sandboxes"),
     "replay_failures": ("torpor_usage_replay_failures", "Processes that failed to replay"),
 }
-GAUGES = {field: Gauge(name, doc, ["user"]) for field, (name, doc) in _SERIES.items()}
 
 
-def publish(user: str, figures: UsageTotals) -> None:
-    for field, gauge in GAUGES.items():
-        gauge.labels(user).set(float(getattr(figures, field)))
+class LedgerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.applied = Counter(
+            "torpor_usage_events_total",
+            "Lifecycle events read by the ledger, by outcome",
+            ["outcome"],
+            registry=registry,
+        )
+        self._gauges = {
+            field: Gauge(name, doc, ["user"], registry=registry)
+            for field, (name, doc) in _SERIES.items()
+        }
+
+    def publish(self, user: str, figures: UsageTotals) -> None:
+        for field, gauge in self._gauges.items():
+            gauge.labels(user).set(float(getattr(figures, field)))

@@ -7,8 +7,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from prometheus_client import REGISTRY
-
 from services.ledger.metering import Ledger
 from services.ledger.sizes import TemplateSizes
 from shared.domain.record import SandboxRecord
@@ -120,7 +118,9 @@ async def test_scripted_lifecycle_gives_exact_seconds() -> None:
     assert u.memory_mb_seconds == 120.5 * 512
     assert u.kept_byte_seconds == 600 * 1024 * MIB
     assert (u.resumes, u.replay_failures) == (1, 1)
-    running = REGISTRY.get_sample_value("torpor_usage_running_seconds", {"user": "alice"})
+    running = led.metrics.registry.get_sample_value(
+        "torpor_usage_running_seconds", {"user": "alice"}
+    )
     assert running is not None and running >= 120.5
 
 
