@@ -40,7 +40,7 @@ publish() {  # <kind> <hash>: `current` names it
 }
 
 # ---- packages ----------------------------------------------------------------------------
-PKG_HASH=$( { echo "$BASE_HASH"; cat "$SRC/requirements.txt"; sed -n '/^# ---- packages/,/^# ---- server/p' "$0"; } | sha256sum | cut -c1-16)
+PKG_HASH=$( { echo "$BASE_HASH"; cat "$SRC/requirements.txt"; sed -n '/^# ---- packages/,/^# ---- deno/p' "$0"; } | sha256sum | cut -c1-16)
 PKG="$CACHE/code-interpreter-packages/$PKG_HASH"
 if [[ ! -f $PKG/done ]]; then
   need_root
@@ -97,6 +97,45 @@ if [[ ! -f $PKG/done ]]; then
   echo "build-code-interpreter: packages built in $(( $(date +%s) - start ))s" >&2
 fi
 publish code-interpreter-packages "$PKG_HASH"
+
+# ---- deno --------------------------------------------------------------------------------
+# The javascript/typescript kernel: Deno's own Jupyter kernel (`deno jupyter --kernel`; ESM,
+# top-level await, TypeScript), the binary from npm (@deno/linux-x64-glibc, fetched with `npm
+# pack`, which checks its integrity). Without npm on the build host the layer is empty and the
+# template has python and bash only.
+DENO_PKG=@deno/linux-x64-glibc@2.9.6
+DENO_HASH=$( { echo "$DENO_PKG"; sed -n '/^# ---- deno/,/^# ---- end/p' "$0"; } | sha256sum | cut -c1-16)
+DENO="$CACHE/code-interpreter-deno/$DENO_HASH"
+if [[ ! -f $DENO/done ]]; then
+  need_root
+  PARTIAL="$DENO.partial"
+  rm -rf "$PARTIAL"
+  mkdir -p "$PARTIAL/tree" "$PARTIAL/pack"
+  if command -v npm >/dev/null 2>&1 && [[ $(uname -m) == x86_64 ]]; then
+    (cd "$PARTIAL/pack" && npm pack --silent --cache "${XDG_CACHE_HOME:-$HOME/.cache}/torpor/npm-cache" "$DENO_PKG" >/dev/null)
+    tar -xzf "$PARTIAL"/pack/*.tgz -C "$PARTIAL/pack"
+    install -D -m 0755 "$PARTIAL/pack/package/deno" "$PARTIAL/tree/opt/torpor/deno/deno"
+    SPEC="$PARTIAL/tree/opt/torpor/venv/share/jupyter/kernels/javascript"
+    mkdir -p "$SPEC"
+    cat > "$SPEC/kernel.json" <<'JSON'
+{
+  "argv": ["/opt/torpor/deno/deno", "jupyter", "--kernel", "--conn", "{connection_file}"],
+  "display_name": "JavaScript and TypeScript (Deno)",
+  "language": "typescript",
+  "env": {"DENO_NO_UPDATE_CHECK": "1", "NO_COLOR": "1", "DENO_NO_PROMPT": "1"}
+}
+JSON
+  else
+    echo "build-code-interpreter: no npm (or not x86_64): the template gets no javascript kernel" >&2
+  fi
+  rm -rf "$PARTIAL/pack"
+  chown -R 0:0 "$PARTIAL/tree"
+  echo "code-interpreter-deno $DENO_HASH $(date -u +%FT%TZ)" > "$PARTIAL/done"
+  rm -rf "$DENO"
+  mv "$PARTIAL" "$DENO"
+fi
+publish code-interpreter-deno "$DENO_HASH"
+# ---- end
 
 # ---- server ------------------------------------------------------------------------------
 SRV_HASH=$( { find "$REPO/services/interpreter" "$SRC/ipython" "$SRC/start.sh" -type f \( -name '*.py' -o -name '*.sh' \) | LC_ALL=C sort | xargs cat; sed -n '/^# ---- server/,$p' "$0"; } | sha256sum | cut -c1-16)

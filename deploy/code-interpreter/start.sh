@@ -4,7 +4,8 @@
 # Its kernels die with it (the server starts them under setpriv --pdeathsig KILL).
 export PYTHONPATH=/opt/torpor/interpreter
 while :; do
-  /opt/torpor/venv/bin/python -m services.interpreter --listen 0.0.0.0:49999 --home /home/user
+  /opt/torpor/venv/bin/python -m services.interpreter --listen 0.0.0.0:49999 --home /home/user \
+    --languages python,javascript
   echo "interpreter: the server exited ($?); starting it again" >&2
   sleep 0.5
 done

@@ -7,10 +7,12 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import socket
 import sys
 import urllib.error
 import urllib.request
+from types import FrameType
 
 import uvicorn
 
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         home=args.home,
         start_languages=tuple(x for x in args.languages.split(",") if x),
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=host,
         port=int(port),
@@ -80,7 +82,18 @@ def main(argv: list[str] | None = None) -> int:
         timeout_keep_alive=640,
         lifespan="on",
     )
+    _AbruptServer(config).run()
     return 0
+
+
+class _AbruptServer(uvicorn.Server):
+    """SIGTERM/SIGINT end the process at once, as a sandbox being killed does: a graceful
+    shutdown would finish every running execution's stream with a clean end, and the SDK would
+    take that for a normal result instead of raising "the sandbox was killed". The kernels die
+    with the process (their parent-death signal)."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        os._exit(128 + sig)
 
 
 if __name__ == "__main__":

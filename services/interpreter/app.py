@@ -12,7 +12,9 @@ types, both ``context_id`` and ``language``, an unknown language or context, a b
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,6 +29,7 @@ from services.interpreter.contexts import ContextError, GlobalEnv
 from services.interpreter.languages import BadRequest, check_cwd, check_env, language
 from services.interpreter.registry import Contexts
 
+log = logging.getLogger("interpreter")
 MAX_BODY = 16 * 1024 * 1024
 DRAIN_LIMIT = 64 * 1024 * 1024
 EXECUTE_FIELDS = {"code", "context_id", "language", "env_vars"}
@@ -74,8 +77,16 @@ def build_app(global_env: GlobalEnv, *, home: str, start_languages: tuple[str, .
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        for name in start_languages:
-            await contexts.default(language(name))
+        # python's default context must start; the others only if their kernel is there.
+        made = await asyncio.gather(
+            *(contexts.default(language(name)) for name in start_languages),
+            return_exceptions=True,
+        )
+        for name, outcome in zip(start_languages, made, strict=True):
+            if isinstance(outcome, BaseException):
+                if name == "python":
+                    raise outcome
+                log.warning("no default %s context: %s", name, outcome)
         try:
             yield
         finally:
