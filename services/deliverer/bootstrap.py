@@ -7,6 +7,7 @@ from faststream.nats import NatsRouter
 
 from services.deliverer.delivering import Fanout, Rules, Sender
 from services.deliverer.handlers import build_router
+from services.deliverer.metrics import DelivererMetrics
 from services.deliverer.sending import DeliveryFailed, HttpTransport
 from services.deliverer.settings import DelivererSettings
 from shared.bus.kv import LazyBucket
@@ -30,13 +31,18 @@ def deliverer_host(
 ) -> WorkerHost:
     own, policy = settings
     rules = rules_of(own, policy)
+    metrics = DelivererMetrics(ctx.registry)  # once per host: its builds share it
 
     def build(parts: Parts) -> NatsRouter:
         js = parts.broker.config.connection_state.stream
         hooks = KvWebhookStore(LazyBucket(js, KV_WEBHOOKS))
         history = KvDeliveryLog(LazyBucket(js, KV_DELIVERIES))
         fanout = Fanout(
-            records=parts.store, hooks=hooks, history=history, publisher=parts.publisher
+            records=parts.store,
+            hooks=hooks,
+            history=history,
+            publisher=parts.publisher,
+            metrics=metrics,
         )
         sender = Sender(
             hooks=hooks,
@@ -45,6 +51,7 @@ def deliverer_host(
             failure=DeliveryFailed,
             publisher=parts.publisher,
             rules=rules,
+            metrics=metrics,
         )
         return build_router(fanout, sender, max_workers=own.max_workers)
 

@@ -16,8 +16,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import structlog
+from prometheus_client import CollectorRegistry
 
-from services.deliverer import metrics
+from services.deliverer.metrics import DelivererMetrics
 from shared.bus import subjects
 from shared.bus.retry import Retry
 from shared.models.public_events import public_event
@@ -76,7 +77,9 @@ class Fanout:
         history: DeliveryLog,
         publisher: Publisher,
         clock: Clock = _utcnow,
+        metrics: DelivererMetrics | None = None,
     ) -> None:
+        self._metrics = metrics if metrics is not None else DelivererMetrics(CollectorRegistry())
         self._records = records
         self._hooks = hooks
         self._history = history
@@ -121,7 +124,7 @@ class Fanout:
             if await self._publisher.publish(
                 job, f"{subjects.WEBHOOK_DELIVERY}.{hook.id}", msg_id=f"{hook.id}:{event.id}"
             ):
-                metrics.FANNED_OUT.inc()
+                self._metrics.fanned_out.inc()
         return len(hooks)
 
 
@@ -145,7 +148,9 @@ class Sender:
         resolver: Resolver = system_resolver,
         clock: Clock = _utcnow,
         now: Callable[[], float] = time.time,
+        metrics: DelivererMetrics | None = None,
     ) -> None:
+        self._metrics = metrics if metrics is not None else DelivererMetrics(CollectorRegistry())
         self._hooks = hooks
         self._history = history
         self._transport = transport
@@ -179,7 +184,7 @@ class Sender:
         except self._failure as e:
             reason = redact_text(str(e))[:300]
         finally:
-            metrics.ATTEMPT_SECONDS.observe(time.monotonic() - started)
+            self._metrics.attempt_seconds.observe(time.monotonic() - started)
         if reason is None:
             return await self._record(job, "delivered", attempt, status=status)
         if attempt >= self._rules.max_attempts:
@@ -259,7 +264,7 @@ class Sender:
                 updated_at=now,
             )
         )
-        metrics.ATTEMPTS.labels(state).inc()
+        self._metrics.attempts.labels(state).inc()
         log.info(
             "webhook_delivery",
             webhook_id=job.webhook_id,
