@@ -111,21 +111,26 @@ def _out_of_reach() -> None:
 
     - The daemon turns non-dumpable: tracing it would then need CAP_SYS_PTRACE. The processes it
       starts exec, and are dumpable again (gdb, strace work among them).
-    - It enters a Landlock domain (scoped to abstract unix sockets, restricting nothing else),
-      which every process it starts inherits: a process in a domain may trace only processes in
-      the same or a nested one, and PID 1 (bwrap's init, which bwrap makes dumpable again
-      itself) is in none. Needs Landlock ABI 6 (Linux 6.12); without it this says so."""
+    - It enters a Landlock domain, which every process it starts inherits: a process in a domain
+      may trace only processes in the same or a nested one, and PID 1 (bwrap's init, which bwrap
+      makes dumpable again itself) is in none. The domain restricts nothing else: it handles only
+      making block devices, which sandbox root (no CAP_MKNOD) cannot do anyway, and scopes
+      nothing, so CRIU's parasite still reaches its abstract socket (a scoped domain broke dumps,
+      docs/memory-pause.md). Without Landlock (Linux < 5.13) this says so."""
     import ctypes
     import struct
 
     libc = ctypes.CDLL(None, use_errno=True)
     pr_set_dumpable, pr_set_no_new_privs = 4, 38
     create_ruleset, restrict_self = 444, 446  # the same on x86_64 and arm64
-    scope_abstract_unix_socket = 1
+    access_fs_make_block = 1 << 11
     if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
         print("envd: cannot make itself non-dumpable", file=sys.stderr)
-    attr = ctypes.create_string_buffer(struct.pack("QQQ", 0, 0, scope_abstract_unix_socket))
-    ruleset = libc.syscall(create_ruleset, attr, ctypes.sizeof(attr), 0)
+    # handled_access_fs, handled_access_net, scoped (a kernel that knows fewer fields takes the
+    # zeros of the rest)
+    packed = struct.pack("QQQ", access_fs_make_block, 0, 0)
+    attr = ctypes.create_string_buffer(packed, len(packed))
+    ruleset = libc.syscall(create_ruleset, attr, len(packed), 0)
     if (
         ruleset < 0
         or libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0
