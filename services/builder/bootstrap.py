@@ -14,6 +14,7 @@ from services.builder.building import Builder
 from services.builder.builds import UNSUPPORTED_ON_KUBERNETES, BuildRuntime, Limits
 from services.builder.collecting import Collector, Policy
 from services.builder.handlers import build_router
+from services.builder.metrics import BuilderMetrics
 from services.builder.oci_build import ImageBuilder, ImageRuntime
 from services.builder.settings import BuilderSettings
 from shared.bus.broker import key_value
@@ -52,6 +53,7 @@ class BuilderHost(WorkerHost):
 
 def builder_host(ctx: Context, settings: BuilderSettings) -> WorkerHost:
     runtime, envd = ctx.pods()
+    metrics = BuilderMetrics(ctx.registry)  # once per host: its builds share it
     runtime_settings = load(RuntimeSettings)
     local = runtime_settings.runtime == "local"
     if not isinstance(envd, ConnectEnvdClient):
@@ -120,6 +122,7 @@ def builder_host(ctx: Context, settings: BuilderSettings) -> WorkerHost:
                 cache_max_bytes=settings.gc_cache_max_bytes,
                 upload_max_age=settings.gc_upload_max_age,
             ),
+            metrics=metrics,
         )
 
     # Kubernetes: the images in the registry are the registry's to collect.

@@ -41,8 +41,9 @@ from typing import Protocol
 
 import structlog
 import yaml
+from prometheus_client import CollectorRegistry
 
-from services.builder import metrics
+from services.builder.metrics import BuilderMetrics
 from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
 from shared.models.snapshot_records import SnapshotRecord
@@ -109,7 +110,9 @@ class Collector:
         sandboxes: Sandboxes,
         snapshots: Snapshots,
         policy: Policy,
+        metrics: BuilderMetrics | None = None,
     ) -> None:
+        self._metrics = metrics if metrics is not None else BuilderMetrics(CollectorRegistry())
         self._data_dir = data_dir
         self._builds = builds
         self._workloads = workloads
@@ -138,13 +141,13 @@ class Collector:
             report = await asyncio.to_thread(
                 self._sweep_files, builds, in_use, time.time() if now is None else now
             )
-        metrics.DISK.labels("layers").set(report.layer_bytes)
-        metrics.DISK.labels("cache").set(report.cache_bytes)
-        metrics.DISK.labels("uploads").set(report.upload_bytes)
+        self._metrics.disk.labels("layers").set(report.layer_bytes)
+        self._metrics.disk.labels("cache").set(report.cache_bytes)
+        self._metrics.disk.labels("uploads").set(report.upload_bytes)
         for kind, n in report.removed.items():
-            metrics.REMOVED.labels(kind).inc(n)
-        metrics.FREED.inc(report.freed_bytes)
-        metrics.SWEEPS.inc()
+            self._metrics.removed.labels(kind).inc(n)
+        self._metrics.freed.inc(report.freed_bytes)
+        self._metrics.sweeps.inc()
         log.info(
             "template_gc",
             layer_bytes=report.layer_bytes,
