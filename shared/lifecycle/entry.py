@@ -115,7 +115,7 @@ async def _serve(spec: WorkerSpec[S], config: _Config[S]) -> int:
             flags=config.flags,
             runtime=runtime,
             envd=envd,
-            registry=REGISTRY,  # with the process collectors; services not yet moved use it too
+            registry=REGISTRY,  # the process's one registry, with the process collectors
         )
         host = spec.host(ctx, config.settings)
         server = HealthServer(
