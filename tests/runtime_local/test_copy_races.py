@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -21,18 +20,10 @@ from pathlib import Path
 from shared.errors import RuntimeFailure
 from shared.models.snapshot_records import new_snapshot_id
 from shared.runtime.local import snapshot_files
+from tests.support.host_state import tree_state
 
 FILES = 2000
 ROUNDS = 4
-
-
-def _state(path: Path) -> list[tuple[str, int, int, int, bytes]]:
-    out = []
-    for entry in [path, *sorted(path.rglob("*"))]:
-        st = entry.lstat()
-        data = entry.read_bytes() if stat.S_ISREG(st.st_mode) else b""
-        out.append((str(entry), st.st_uid, st.st_gid, st.st_mode, data))
-    return out
 
 
 def _swapper(upper: Path, host: Path, stop: threading.Event) -> None:
@@ -58,7 +49,7 @@ def test_a_folder_swapped_for_a_symlink_during_a_snapshot_copy_leaks_no_host_fil
         (host / f"f{i}").write_text(f"HOST SECRET {i}\n")
         os.chmod(host / f"f{i}", 0o600)
         (upper / "d" / f"f{i}").write_text(f"sandbox {i}\n")
-    before = _state(host)
+    before = tree_state(host)
     data_dir = tmp_path / "data"
     data_dir.mkdir()
 
@@ -88,5 +79,5 @@ def test_a_folder_swapped_for_a_symlink_during_a_snapshot_copy_leaks_no_host_fil
             if p.is_file() and not p.is_symlink() and b"HOST SECRET" in p.read_bytes()
         ]
     assert not leaked, f"{len(leaked)} host files copied into snapshots, e.g. {leaked[:3]}"
-    assert _state(host) == before
+    assert tree_state(host) == before
     assert saved, "no snapshot was saved: the race test proved nothing"

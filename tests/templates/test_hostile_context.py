@@ -18,6 +18,7 @@ import pytest
 
 from shared.errors import RuntimeFailure
 from shared.runtime.local import template_layers
+from tests.support.host_state import tree_state
 
 pytestmark = pytest.mark.unit
 
@@ -31,15 +32,6 @@ def host(tmp_path: Path) -> Path:
     os.chmod(folder / "secret", 0o600)
     os.chmod(folder / "dir", 0o700)
     return folder
-
-
-def _state(path: Path) -> list[tuple[str, int, int, int, bytes]]:
-    out = []
-    for entry in [path, *sorted(path.rglob("*"))]:
-        st = entry.lstat()
-        data = entry.read_bytes() if stat.S_ISREG(st.st_mode) else b""
-        out.append((str(entry), st.st_uid, st.st_gid, st.st_mode, data))
-    return out
 
 
 def _member(name: str, kind: bytes = tarfile.REGTYPE, **fields: object) -> tarfile.TarInfo:
@@ -101,7 +93,7 @@ def test_a_later_match_never_writes_through_a_symlink_an_earlier_match_planted(
 ) -> None:
     """Glob matches copy in order: ``a`` plants ``opt/app/s -> host`` in the layer, ``b``
     brings a folder ``s`` holding a file named like the host's, a new file and a folder."""
-    before = _state(host)
+    before = tree_state(host)
     # layer/opt/app/s: its parent is 3 levels under tmp_path; nested: layer/opt/app/n/s, 4.
     prefix = "n/" if link == "nested" else ""
     text = str(host) if link == "absolute" else _relative_to_host(host, 4 if prefix else 3)
@@ -119,7 +111,7 @@ def test_a_later_match_never_writes_through_a_symlink_an_earlier_match_planted(
     ]
     archive = _tar(tmp_path / "a.tar", members)
     tree = _copy(tmp_path, archive, "*", "/opt/app/")
-    assert _state(host) == before
+    assert tree_state(host) == before
     landed = tree / "opt/app" / prefix / "s"
     assert landed.is_dir() and not landed.is_symlink()  # the later match replaced the link
     assert (landed / "secret").read_text() == "tenant wrote this\n"
@@ -131,7 +123,7 @@ def test_a_later_match_never_writes_through_a_symlink_an_earlier_match_planted(
 def test_a_symlink_to_a_host_file_is_replaced_not_written_through(
     tmp_path: Path, host: Path
 ) -> None:
-    before = _state(host)
+    before = tree_state(host)
     members: list[tuple[tarfile.TarInfo, bytes | None]] = [
         (_member("a", tarfile.DIRTYPE), None),
         (_member("a/f", tarfile.SYMTYPE, linkname=str(host / "secret")), None),
@@ -140,14 +132,14 @@ def test_a_symlink_to_a_host_file_is_replaced_not_written_through(
         (_member("b/f/x"), b"x"),
     ]
     tree = _copy(tmp_path, _tar(tmp_path / "a.tar", members), "*", "/opt/")
-    assert _state(host) == before
+    assert tree_state(host) == before
     assert (tree / "opt/f/x").read_bytes() == b"x"
 
 
 def test_a_symlink_planted_by_an_earlier_step_is_never_passed(tmp_path: Path, host: Path) -> None:
     """An earlier layer (a RUN step's or a COPY's) holds ``/opt/app -> host``: a COPY to
     ``/opt/app/`` is refused and writes nothing there."""
-    before = _state(host)
+    before = tree_state(host)
     earlier = tmp_path / "earlier"
     (earlier / "opt").mkdir(parents=True)
     os.symlink(str(host), earlier / "opt" / "app")
@@ -156,14 +148,14 @@ def test_a_symlink_planted_by_an_earlier_step_is_never_passed(tmp_path: Path, ho
         _copy(tmp_path, archive, "secret", "/opt/app/", lowers=[earlier])
     with pytest.raises(RuntimeFailure, match=r"not a folder|symlink"):
         _copy(tmp_path, archive, "secret", "/opt/app/sub/", lowers=[earlier])
-    assert _state(host) == before
+    assert tree_state(host) == before
 
 
 @pytest.mark.parametrize("target", ["absolute", "relative"])
 def test_a_member_through_a_symlink_member_is_refused(
     tmp_path: Path, host: Path, target: str
 ) -> None:
-    before = _state(host)
+    before = tree_state(host)
     text = str(host) if target == "absolute" else _relative_to_host(host, 2)  # scratch/context
     members: list[tuple[tarfile.TarInfo, bytes | None]] = [
         (_member("l", tarfile.SYMTYPE, linkname=text), None),
@@ -171,7 +163,7 @@ def test_a_member_through_a_symlink_member_is_refused(
     ]
     with pytest.raises(RuntimeFailure):
         _copy(tmp_path, _tar(tmp_path / "a.tar", members), "*", "/opt/")
-    assert _state(host) == before
+    assert tree_state(host) == before
 
 
 def test_the_long_path_filter_bypass_cve_2025_4517_is_refused(tmp_path: Path, host: Path) -> None:
@@ -179,7 +171,7 @@ def test_the_long_path_filter_bypass_cve_2025_4517_is_refused(tmp_path: Path, ho
     path outgrows PATH_MAX and ``os.path.realpath`` stops resolving, then a link out of the
     context; through it a file is written (and chmodded) and a hard link made to a host file,
     whose content a COPY would put in the layer."""
-    before = _state(host)
+    before = tree_state(host)
     comp = "d" * 247
     steps = "abcdefghijklmnop"
     members: list[tuple[tarfile.TarInfo, bytes | None]] = []
@@ -200,7 +192,7 @@ def test_the_long_path_filter_bypass_cve_2025_4517_is_refused(tmp_path: Path, ho
     archive = _tar(tmp_path / "a.tar", members)
     with contextlib.suppress(RuntimeFailure):  # refused, or copied harmlessly: either is fine
         _copy(tmp_path, archive, "leak*", "/opt/")
-    assert _state(host) == before
+    assert tree_state(host) == before
     assert not [
         p for p in (tmp_path / "layer").rglob("*") if p.is_file() and b"host" in p.read_bytes()
     ]
@@ -222,7 +214,7 @@ def test_the_long_path_filter_bypass_cve_2025_4517_is_refused(tmp_path: Path, ho
 def test_links_out_devices_and_fifos_are_refused(
     tmp_path: Path, host: Path, name: str, member: tarfile.TarInfo
 ) -> None:
-    before = _state(host)
+    before = tree_state(host)
     members: list[tuple[tarfile.TarInfo, bytes | None]] = [
         (_member("sym", tarfile.SYMTYPE, linkname=str(host / "secret")), None),
         (_member("folder", tarfile.DIRTYPE), None),
@@ -231,7 +223,7 @@ def test_links_out_devices_and_fifos_are_refused(
     ]
     with pytest.raises(RuntimeFailure):
         _copy(tmp_path, _tar(tmp_path / "a.tar", members), "*", "/opt/")
-    assert _state(host) == before, name
+    assert tree_state(host) == before, name
     assert not list((tmp_path / "layer").rglob("*"))
 
 
@@ -301,7 +293,7 @@ def test_a_benign_context_keeps_files_modes_and_in_context_links(tmp_path: Path)
 def test_removing_a_layer_never_follows_its_links(tmp_path: Path, host: Path) -> None:
     """The garbage collection's removal of a layer (and of a leftover that is itself a
     symlink) removes the links, never what they name."""
-    before = _state(host)
+    before = tree_state(host)
     data_dir = tmp_path / "data"
     layers = template_layers.root(data_dir)
     tree = layers / ("a" * 64) / "tree"
@@ -312,7 +304,7 @@ def test_removing_a_layer_never_follows_its_links(tmp_path: Path, host: Path) ->
     template_layers.remove(data_dir, "a" * 64)
     template_layers.remove(data_dir, ".staging-planted")
     assert not os.listdir(layers)
-    assert _state(host) == before
+    assert tree_state(host) == before
 
 
 @pytest.mark.parametrize(

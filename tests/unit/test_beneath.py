@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from shared.runtime.local import beneath
+from tests.support.host_state import tree_state
 
 pytestmark = pytest.mark.unit
 
@@ -23,16 +24,6 @@ def _sentinels(tmp_path: Path) -> tuple[Path, Path]:
     (host / "secret").write_text("host secret")
     os.chmod(host / "secret", 0o600)
     return host, host / "secret"
-
-
-def _state(path: Path) -> list[tuple[str, int, int, int, bytes]]:
-    """Every entry under ``path`` (itself included) with owner, group, mode and content."""
-    out = []
-    for entry in [path, *sorted(path.rglob("*"))]:
-        st = entry.lstat()
-        data = entry.read_bytes() if stat.S_ISREG(st.st_mode) else b""
-        out.append((str(entry), st.st_uid, st.st_gid, st.st_mode, data))
-    return out
 
 
 @pytest.fixture
@@ -57,7 +48,7 @@ def test_no_operation_goes_through_a_symlink(
     tmp_path: Path, root: beneath.Dir, target: str
 ) -> None:
     host, secret = _sentinels(tmp_path)
-    before = _state(host)
+    before = tree_state(host)
     link = str(host) if target == "absolute" else "../host"
     os.symlink(link, tmp_path / "root" / "s")  # a folder link
     os.symlink(str(secret) if target == "absolute" else "../host/secret", tmp_path / "root" / "f")
@@ -83,7 +74,7 @@ def test_no_operation_goes_through_a_symlink(
     root.remove("s")
     root.unlink("f")
     assert not (tmp_path / "root" / "s").exists()
-    assert _state(host) == before
+    assert tree_state(host) == before
 
 
 def test_makedirs_and_files_beneath(root: beneath.Dir, tmp_path: Path) -> None:
@@ -119,7 +110,7 @@ def test_copy_tree_copies_links_as_links_and_touches_nothing_outside(tmp_path: P
     src.mkdir()
     dst.mkdir()
     _hostile_tree(src, host)
-    before = _state(host)
+    before = tree_state(host)
     with beneath.Dir.open(src) as s, beneath.Dir.open(dst) as d:
         n = beneath.copy_tree(s, d, beneath.CopyRules(ids=lambda v: v + 100_000))
     assert n == 7
@@ -135,7 +126,7 @@ def test_copy_tree_copies_links_as_links_and_touches_nothing_outside(tmp_path: P
     assert os.getxattr(dst / "d", "trusted.overlay.opaque") == b"y"
     assert (dst / "sparse").stat().st_size == 1 << 30
     assert (dst / "sparse").stat().st_blocks == 0  # holes stay holes
-    assert _state(host) == before
+    assert tree_state(host) == before
 
 
 def test_a_merge_replaces_a_planted_symlink_instead_of_writing_through_it(tmp_path: Path) -> None:
@@ -147,14 +138,14 @@ def test_a_merge_replaces_a_planted_symlink_instead_of_writing_through_it(tmp_pa
     dst.mkdir()
     os.symlink(str(host), dst / "s")  # planted by an earlier match or step
     os.symlink(str(secret), dst / "f")
-    before = _state(host)
+    before = tree_state(host)
     rules = beneath.CopyRules(ids=lambda _: 1000, merge=True, root_meta=False, strip_setid=True)
     with beneath.Dir.open(src) as s, beneath.Dir.open(dst) as d:
         beneath.copy_tree(s, d, rules)
     assert (dst / "s").is_dir() and not (dst / "s").is_symlink()
     assert (dst / "s/secret").read_text() == "tenant"
     assert not (dst / "f").is_symlink()
-    assert _state(host) == before
+    assert tree_state(host) == before
 
 
 def test_without_merge_an_existing_entry_is_an_error(tmp_path: Path) -> None:
@@ -203,12 +194,12 @@ def test_chown_tree_never_follows_a_symlink(tmp_path: Path) -> None:
     (tree / "a").mkdir(parents=True)
     os.symlink(str(host), tree / "a" / "s")
     (tree / "a" / "f").write_text("x")
-    before = _state(host)
+    before = tree_state(host)
     with beneath.Dir.open(tree) as d:
         changed = beneath.chown_tree(d, lambda st: (st.st_uid + 7, st.st_gid + 7))
     assert changed == 4  # tree, a, s (the link), f
     assert (tree / "a" / "s").lstat().st_uid == 7
-    assert _state(host) == before
+    assert tree_state(host) == before
 
 
 def test_copy_tree_across_filesystems(tmp_path: Path) -> None:
