@@ -180,3 +180,18 @@ def test_pip_install_works_for_the_sandbox_user(sbx: Sandbox) -> None:
     )
     assert "Successfully installed torpor-probe" in made.stdout, made.stdout
     assert sbx.run_code("import torpor_probe; torpor_probe.VALUE").text == "7"
+
+
+def test_pause_and_resume_bring_the_server_back_without_kernel_state(stack: Stack) -> None:
+    """No memory-preserving pause yet: the files stay, the server is replayed and answers, the
+    kernels start fresh (docs/e2b-compatibility.md says so)."""
+    opts = stack.sdk_opts()
+    s = Sandbox.create(timeout=300, **opts)
+    try:
+        s.run_code("kept = 1\nopen('/home/user/kept.txt', 'w').write('file')")
+        s.pause()
+        again = Sandbox.connect(s.sandbox_id, **opts)
+        assert again.run_code("open('/home/user/kept.txt').read()").text == "file"
+        assert again.run_code("'kept' in globals()").text == "False"
+    finally:
+        Sandbox.kill(s.sandbox_id, **opts)
