@@ -1,5 +1,6 @@
 """``torpor up`` as a real process: NATS plus every service, ``torpor env`` exports that work, a
-SIGKILLed service restarted, and nothing left behind after SIGINT/SIGTERM."""
+SIGKILLed service restarted, and nothing left behind after SIGINT/SIGTERM (a warm-pool pod
+included: pods are found by the runtime's own rule, as they name the data dir nowhere)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ from shared.bus.server import free_ports
 from shared.bus.topology import KV_API_KEYS, KV_USERS
 from tests.support import placeholder
 from tests.support.env import TORPOR, clean_env, parse_exports, torpor
-from tests.support.pods import processes_mentioning, service_pids
+from tests.support.pods import instance_processes, pod_processes, service_pids
 from tests.support.stack import up_args
 
 pytestmark = pytest.mark.slow
+
+POOL = "sandbox-base=1"
 
 
 class Up:
@@ -39,7 +42,8 @@ class Up:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=clean_env(TORPOR_STOP_GRACE="10"),
+            # one warm pod (the real services only): a pod the stop must not leave behind
+            env=clean_env(TORPOR_STOP_GRACE="10", TORPOR_POOLS=POOL),
             start_new_session=True,
         )
         self.lines: list[str] = []
@@ -73,7 +77,7 @@ def up(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Up]:
     if instance.proc.poll() is None:
         instance.proc.send_signal(signal.SIGKILL)
         instance.proc.wait(10)
-    for pid in processes_mentioning(str(instance.data_dir)):
+    for pid in instance_processes(instance.data_dir):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -122,6 +126,11 @@ async def test_up_env_restart_and_clean_sigterm(up: Up) -> None:
     assert new != old
     assert {n: service_pids(up.data_dir, catalog.NAMES).get(n) for n in others} == others
 
+    # The scaler's runtime fills the pool: a running pod that SIGTERM must take down too.
+    deadline = time.monotonic() + 120
+    while not pod_processes(up.data_dir):
+        assert time.monotonic() < deadline, "no warm pod started:\n" + "\n".join(up.lines)
+        time.sleep(0.5)
     _stop_and_check_nothing_left(up, signal.SIGTERM)
 
 
@@ -129,14 +138,14 @@ async def test_up_env_restart_and_clean_sigterm(up: Up) -> None:
 @pytest.mark.parametrize("up", [True], indirect=True, ids=["placeholders"])
 def test_up_clean_sigint(up: Up) -> None:
     up.wait_all_up()
-    assert processes_mentioning(str(up.data_dir))
+    assert instance_processes(up.data_dir)
     _stop_and_check_nothing_left(up, signal.SIGINT)
 
 
 def _stop_and_check_nothing_left(up: Up, sig: signal.Signals) -> None:
     up.proc.send_signal(sig)
     assert up.proc.wait(60) == 0, "\n".join(up.lines)
-    leftovers = processes_mentioning(str(up.data_dir))
+    leftovers = instance_processes(up.data_dir)
     assert leftovers == [], leftovers
     assert not (up.data_dir / "torpor.json").exists()
     # The first key survives a restart (kept in the data dir).

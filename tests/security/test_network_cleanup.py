@@ -25,7 +25,7 @@ from shared.runtime.local import LocalRuntime, procfs
 from shared.runtime.local.network import PodNetwork, release_instance
 from shared.runtime.local.pod_dirs import unmount_stopped
 from tests.security.network_support import leftovers, require_root_network, sh
-from tests.support.pods import processes_mentioning
+from tests.support.pods import instance_processes
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -105,22 +105,13 @@ def _sandbox(up: Stack) -> Sandbox:
     return Sandbox.create(template="sandbox-base", timeout=300, **up.sdk_opts("alice"))
 
 
-def _instance_processes(data_dir: Path) -> list[int]:
-    """`torpor up`, its services, its pods' log readers (every process that names the data dir)
-    and its pods (which name it nowhere a sandbox could read it: procfs finds them)."""
-    pods = [
-        p for pod in procfs.scan_pods(data_dir) for p in [pod.pid, *procfs.descendants(pod.pid)]
-    ]
-    return sorted({*processes_mentioning(str(data_dir), zombies=True), *pods})
-
-
 def _leave_nothing(data_dir: Path) -> None:
     """Whatever point the test stopped at (a failed assertion, its timeout, Ctrl-C between the
     crash and the restart, or during a stop's grace): no process, mount or network object of
     either instance outlives it. ``Stack.stop`` does the same, but an interrupt inside it skips
     its rest, and the crashed instance's overlay and loop mounts left under pytest's folders make
     every later run warn once per file when it sweeps old folders."""
-    for pid in _instance_processes(data_dir):
+    for pid in instance_processes(data_dir, zombies=True):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(AssertionError):  # a pod still dying: unmounted lazily
@@ -147,7 +138,7 @@ def _crash_then_restart(first_stack: Stack, second_root: Path) -> None:
         sbx = _sandbox(first)
         assert sbx.commands.run("echo hi").stdout == "hi\n"
         # Crash: SIGKILL `torpor up`, its services and its pods at once.
-        for pid in _instance_processes(data_dir):
+        for pid in instance_processes(data_dir, zombies=True):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         first.procs["up"].wait(10)
@@ -168,7 +159,7 @@ def _crash_then_restart(first_stack: Stack, second_root: Path) -> None:
             # A clean stop leaves nothing: no link, namespace, table, mount, pod or process.
             assert leftovers(data_dir) == [], "torpor up left host objects behind"
             assert procfs.scan_pods(data_dir) == []
-            assert _instance_processes(data_dir) == []
+            assert instance_processes(data_dir, zombies=True) == []
 
 
 async def test_an_instance_whose_data_dir_is_gone_is_removed_by_the_next(tmp_path: Path) -> None:

@@ -1,18 +1,16 @@
 """The host's view of an instance's processes, from /proc (no psutil): its bubblewrap pods, the
-daemons inside them, its service processes. The marker of an instance is its data dir, which is on
-every pod's command line and in every service's environment."""
+daemons inside them, its service processes. Services name the instance's data dir in their
+environment; pods name it nowhere a sandbox could read (their mark is a digest of it), so they are
+found the way the runtime finds them: :func:`shared.runtime.local.procfs.scan_pods`."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 from pathlib import Path
 
 from shared.runtime.local import procfs
-
-_POD_UID = re.compile(rb"/pods/([0-9a-f-]{36})/")
 
 
 def cmdlines() -> list[tuple[int, list[bytes]]]:
@@ -32,29 +30,23 @@ def _is_bwrap(argv: list[bytes]) -> bool:
     return bool(argv) and os.path.basename(argv[0]) == b"bwrap"
 
 
-def pods_of(root: Path) -> list[int]:
-    """Pids of the bwrap processes whose command line mentions ``root`` (an instance's dir)."""
-    marker = str(root).encode()
-    return [pid for pid, argv in cmdlines() if _is_bwrap(argv) and marker in b"\0".join(argv)]
+def pod_processes(data_dir: Path) -> list[int]:
+    """Pids of this data dir's pods: each pod's bwrap (the runtime's own rule, which reads the
+    mark and the place in the PID namespace tree) and every process under it."""
+    pods = procfs.scan_pods(data_dir)
+    return sorted({p for pod in pods for p in (pod.pid, *procfs.descendants(pod.pid))})
 
 
-def kill_pods(root: Path) -> None:
-    """SIGKILL every bwrap pod of ``root``: what a stopped instance must not leave running."""
-    for pid in pods_of(root):
+def kill_pods(data_dir: Path) -> None:
+    """SIGKILL every pod of ``data_dir``: what a stopped instance must not leave running."""
+    for pid in pod_processes(data_dir):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
 
 def bwrap_pod_uids(data_dir: Path) -> dict[str, int]:
     """Pod uid → pid of every bwrap pod of this data dir (the pods that really exist)."""
-    marker = str(data_dir).encode()
-    pods: dict[str, int] = {}
-    for pid, argv in cmdlines():
-        if _is_bwrap(argv):
-            joined = b" ".join(argv)
-            if marker in joined and (m := _POD_UID.search(joined)):
-                pods.setdefault(m.group(1).decode(), pid)
-    return pods
+    return {pod.uid: pod.pid for pod in procfs.scan_pods(data_dir)}
 
 
 def daemon_pid(host: str) -> int | None:
@@ -92,6 +84,12 @@ def processes_mentioning(needle: str, *, zombies: bool = False) -> list[int]:
         if (zombies or state != "Z") and needle.encode() in blob:
             found.append(int(entry.name))
     return found
+
+
+def instance_processes(data_dir: Path, *, zombies: bool = False) -> list[int]:
+    """Every process of the instance with this data dir: those that name it (``torpor up``, its
+    services, its pods' log readers) and its pods with everything in them."""
+    return sorted({*processes_mentioning(str(data_dir), zombies=zombies), *pod_processes(data_dir)})
 
 
 def service_pids(data_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
