@@ -3,31 +3,30 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
+
+from shared.metrics import Declare
 
 
 class BuilderMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.disk = Gauge(
+        new = Declare(registry)
+        self.disk = new.gauge(
             "torpor_builder_disk_bytes",
             "Disk the template builds use, as of the last garbage collection: layers (listed by a "
             "kept template), cache (per-step layers no kept template lists), uploads (build "
             "contexts)",
-            ["kind"],
-            registry=registry,
+            "kind",
         )
-        self.removed = Counter(
+        self.removed = new.counter(
             "torpor_builder_gc_removed_total",
             "What the garbage collection removed: layers (of deleted builds), cache (per-step "
             "layers past the age or size bound), staging (partial layers), template_files, uploads",
-            ["kind"],
-            registry=registry,
+            "kind",
         )
-        self.freed = Counter(
-            "torpor_builder_gc_freed_bytes_total",
-            "Bytes the garbage collection freed",
-            registry=registry,
+        self.freed = new.counter(
+            "torpor_builder_gc_freed_bytes_total", "Bytes the garbage collection freed"
         )
-        self.sweeps = Counter(
-            "torpor_builder_gc_sweeps_total", "Garbage collection sweeps done", registry=registry
+        self.sweeps = new.counter(
+            "torpor_builder_gc_sweeps_total", "Garbage collection sweeps done"
         )

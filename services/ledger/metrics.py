@@ -4,8 +4,9 @@ added when read through the API, not here). Made on the registry of the process 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
+from shared.metrics import Declare
 from shared.models.usage import UsageTotals
 
 _SERIES = {
@@ -22,15 +23,14 @@ _SERIES = {
 class LedgerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.applied = Counter(
+        new = Declare(registry)
+        self.applied = new.counter(
             "torpor_usage_events_total",
             "Lifecycle events read by the ledger, by outcome",
-            ["outcome"],
-            registry=registry,
+            "outcome",
         )
         self._gauges = {
-            field: Gauge(name, doc, ["user"], registry=registry)
-            for field, (name, doc) in _SERIES.items()
+            field: new.gauge(name, doc, "user") for field, (name, doc) in _SERIES.items()
         }
 
     def publish(self, user: str, figures: UsageTotals) -> None:
