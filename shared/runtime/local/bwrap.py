@@ -69,6 +69,10 @@ class Mount:
     source: Path
     target: str
     read_only: bool = False
+    # "dev:ino" of the folder the host opened beneath its root (see .launcher): the stage binds
+    # by path and refuses the pod unless what it bound is that folder (a tenant may have swapped
+    # a name on the way for a symlink since). None: a path only the operator chose.
+    identity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -273,6 +277,16 @@ def _options(
     return prefix, argv
 
 
+def bind_identities(launch: PodLaunch) -> dict[Path, str]:
+    """The bind sources whose bound folder must be a known one (see ``Mount.identity``)."""
+    return {m.source: m.identity for m in launch.mounts if m.identity is not None}
+
+
+def identity(st: os.stat_result) -> str:
+    """A folder's ``dev:ino``, as the stage compares it (``stat -c %d:%i``)."""
+    return f"{st.st_dev}:{st.st_ino}"
+
+
 def bind_sources(launch: PodLaunch) -> list[Path]:
     """The host paths :func:`bwrap_argv` binds by descriptor when it is given them."""
     paths = [*launch.code_dirs, *(m.source for m in launch.mounts)]
@@ -286,6 +300,8 @@ def bind_sources(launch: PodLaunch) -> list[Path]:
 
 # Run as root in a private mount namespace (``unshare --mount``): a small tmpfs on the stage
 # folder, each source bind-mounted onto ``<stage>/<n>``, then the rest of argv (setpriv + bwrap).
+# Each source comes with the ``dev:ino`` its bound folder must have, or ``-``: mount resolves the
+# path again, so what it bound is checked afterwards (a mount cannot be swapped, a name can).
 _STAGE_SCRIPT = """set -e
 stage=$1; shift
 mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev torpor-stage "$stage"
@@ -293,7 +309,12 @@ i=0
 while [ "$1" != "--" ]; do
   if [ -d "$1" ]; then mkdir "$stage/$i"; else : > "$stage/$i"; fi
   mount --bind "$1" "$stage/$i"
-  i=$((i + 1)); shift
+  if [ "$2" != - ] && [ "$(stat -c %d:%i "$stage/$i")" != "$2" ]; then
+    echo "torpor-stage: refused: $1 is not the folder checked beneath the data dir" \
+      "(a name on its way was swapped, e.g. for a symlink)" >&2
+    exit 1
+  fi
+  i=$((i + 1)); shift 2
 done
 shift
 unset PWD OLDPWD  # sh exports them; the pod's PID 1 gets exactly the spawn environment
@@ -301,13 +322,17 @@ exec "$@"
 """
 
 
-def stage_prefix(stage: Path, sources: Sequence[Path]) -> tuple[list[str], dict[Path, str]]:
+def stage_prefix(
+    stage: Path, sources: Sequence[Path], identities: Mapping[Path, str] | None = None
+) -> tuple[list[str], dict[Path, str]]:
     """Argv prefix that makes ``sources`` reachable for an unprivileged bwrap, and where.
 
     The host folders above a data dir or an interpreter may be closed to other users (``/root``
     is 0700), and bwrap resolves every bind source as the uid it runs as. The prefix binds each
     source onto a world-traversable stage inside a mount namespace of the pod's own (so nothing
-    appears on the host and everything goes with the pod), then execs the rest."""
+    appears on the host and everything goes with the pod), then execs the rest. A source in
+    ``identities`` must bind the folder of that ``dev:ino`` (see :class:`Mount`)."""
+    known = identities or {}
     unique = list(dict.fromkeys(sources))
     staged = {source: str(stage / str(i)) for i, source in enumerate(unique)}
     prefix = [
@@ -321,7 +346,7 @@ def stage_prefix(stage: Path, sources: Sequence[Path]) -> tuple[list[str], dict[
         _STAGE_SCRIPT,
         "torpor-stage",
         str(stage),
-        *map(str, unique),
+        *(part for source in unique for part in (str(source), known.get(source, "-"))),
         "--",
     ]
     return prefix, staged

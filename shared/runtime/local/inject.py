@@ -52,6 +52,7 @@ class Bind:
     target: str
     owner: int
     read_only: bool = False
+    identity: str | None = None  # the folder's "dev:ino" the clone must be (see bwrap.Mount)
 
 
 def _clone(source: Path, *, read_only: bool) -> int:
@@ -105,6 +106,12 @@ def apply(pid: int, binds: list[Bind], *, hostname: str | None = None) -> None:
         for bind in binds:
             trees.append(_clone(bind.source, read_only=bind.read_only))
             fds.append(trees[-1])
+            st = os.fstat(trees[-1])
+            if bind.identity is not None and f"{st.st_dev}:{st.st_ino}" != bind.identity:
+                # The path was resolved again: a name on its way was swapped since the check.
+                raise RuntimeFailure(
+                    f"refused: {bind.source} is not the folder checked beneath the data dir"
+                )
         mounted = _mount_points(pid)
         todo = [(t, b) for t, b in zip(trees, binds, strict=True) if b.target not in mounted]
         _in_child(mnt_ns, uts_ns, todo, hostname)

@@ -19,12 +19,13 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import structlog
 
 from shared.errors import RuntimeFailure
 from shared.runtime.local import (
+    beneath,
     bwrap,
     disk,
     etc,
@@ -258,15 +259,37 @@ class PodLauncher:
             if inside and not bwrap.is_within(source, self._data_dir):
                 msg = f"volume {volume.name} of {record.name} resolves outside the data dir"
                 raise RuntimeFailure(msg)
-            source.mkdir(parents=True, exist_ok=True, mode=0o755)
-            if inside:  # an operator's absolute host path keeps its owner
-                # The sandbox's `user` (1000), who runs commands by default, can write it; its
-                # root can anyway.
-                userns.chown_tree(source, base, owner=SANDBOX_USER_ID)
+            identity = None
+            if inside:
+                identity = self._open_volume(source, base)
+            else:  # an operator's absolute host path: by path, and it keeps its owner
+                source.mkdir(parents=True, exist_ok=True, mode=0o755)
             mounts.append(
-                bwrap.Mount(source=source, target=volume.mount_path, read_only=volume.read_only)
+                bwrap.Mount(
+                    source=source,
+                    target=volume.mount_path,
+                    read_only=volume.read_only,
+                    identity=identity,
+                )
             )
         return mounts
+
+    def _open_volume(self, source: Path, base: int) -> str:
+        """Make and re-own a volume folder beneath the data dir, never through a symlink: a
+        sandbox of a template that mounts a parent folder (``volumes/{owner}``) can swap the
+        names in it. Its ``dev:ino``, which the folder bound into the pod must have."""
+        relative = PurePosixPath(source.relative_to(self._data_dir))
+        try:
+            with beneath.Dir.open(self._data_dir) as data:
+                data.makedirs(relative)
+                with data.dir(relative) as folder:  # ELOOP if a name on the way is a symlink
+                    # The sandbox's `user` (1000), who runs commands by default, can write it;
+                    # its root can anyway.
+                    userns.chown_folder(folder, base, owner=SANDBOX_USER_ID)
+                    return bwrap.identity(os.fstat(folder.fd))
+        except OSError as e:
+            msg = f"volume folder {relative} is not a folder beneath the data dir: {e.strerror}"
+            raise RuntimeFailure(msg) from e
 
     async def cleanup(self, pod: PodRecord) -> None:
         """Stop (if needed) and discard a pod: its workspace goes, like a container's disk.

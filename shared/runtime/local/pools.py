@@ -443,7 +443,13 @@ class Pools:
         mark("layer")
         volumes = self._launcher.volumes(template, record, base)
         binds = [
-            inject.Bind(source=v.source, target=v.target, owner=base, read_only=v.read_only)
+            inject.Bind(
+                source=v.source,
+                target=v.target,
+                owner=base,
+                read_only=v.read_only,
+                identity=v.identity,
+            )
             for v in volumes
         ]
         inject.apply(inner, binds, hostname=record.name)

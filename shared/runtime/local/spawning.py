@@ -29,7 +29,9 @@ async def spawn(
 ) -> asyncio.subprocess.Process:
     """Start bwrap, then (while it waits) map its ids and put it in its cgroups."""
     assert launch.id_base is not None
-    stage, staged = bwrap.stage_prefix(STAGE_DIR, bwrap.bind_sources(launch))
+    stage, staged = bwrap.stage_prefix(
+        STAGE_DIR, bwrap.bind_sources(launch), bwrap.bind_identities(launch)
+    )
     block_r, block_w = os.pipe2(os.O_CLOEXEC)
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
     fds = [block_r, info_w]

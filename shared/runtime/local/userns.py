@@ -147,10 +147,17 @@ def chown_tree(root: Path, base: int, *, owner: int = 0) -> None:
     if not stat.S_ISDIR(st.st_mode):
         msg = f"{root} is not a directory"
         raise RuntimeFailure(msg)
+    with beneath.Dir.open(root) as folder:
+        chown_folder(folder, base, owner=owner)
+
+
+def chown_folder(folder: beneath.Dir, base: int, *, owner: int = 0) -> None:
+    """:func:`chown_tree` of an open folder (the one a caller checked, whatever its name is now)."""
+    st = os.fstat(folder.fd)
     top = base + owner
     if st.st_uid == top and st.st_gid == top:
         return
-    os.chown(root, top, top, follow_symlinks=False)
+    os.fchown(folder.fd, top, top)
     if valid_owner(st.st_uid, base):
         return  # the pod's own already (another of its users): only the top changes
 
@@ -162,7 +169,7 @@ def chown_tree(root: Path, base: int, *, owner: int = 0) -> None:
 
     # A descriptor walk beneath the folder: a running pod sharing the volume may swap a
     # folder for a symlink meanwhile; the walk never leaves the volume.
-    with contextlib.suppress(OSError), beneath.Dir.open(root) as folder:
+    with contextlib.suppress(OSError):
         beneath.chown_tree(folder, shifted)
 
 
