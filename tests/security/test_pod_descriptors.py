@@ -143,6 +143,26 @@ def test_no_host_descriptor_trace_or_path_from_inside(stack: Stack) -> None:
         sbx.kill()
 
 
+def test_the_out_of_reach_domain_leaves_moves_and_links_across_folders_working(
+    stack: Stack,
+) -> None:
+    """The daemon's Landlock domain denies reparenting unless a rule grants it: without its
+    rule beneath /, every cross-folder rename or hard link in a sandbox failed with EXDEV (pip
+    building from source, git, editors)."""
+    sbx = create(stack)
+    try:
+        for user in ("user", "root"):
+            script = (
+                "set -e; d=$(mktemp -d); mkdir -p $d/a/b; echo moved > $d/a/b/f; "
+                "mv $d/a/b/f $d/a/f; ln $d/a/f $d/a/b/g; mv $d/a/b $d/c; mv $d/c /tmp/moved-$$; "
+                "cat $d/a/f /tmp/moved-$$/g"
+            )
+            code, out = run(sbx, script, user=user, timeout=30)
+            assert code == 0 and out.split() == ["moved", "moved"], (user, code, out)
+    finally:
+        sbx.kill()
+
+
 FLOOD = "podlog-flood"
 FLOOD_BYTES = 2**30
 
