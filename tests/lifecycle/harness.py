@@ -48,9 +48,11 @@ async def running_system(
     store = KvSandboxStore(await key_value(client, KV_SANDBOXES))
     publisher = BrokerPublisher(client)
     hosts: list[WorkerHost] = []
-    ctx = Context(bus=bus, runtime=runtime, envd=envd)
     try:
         for _ in range(replicas):
+            # A replica is a process of its own in production: its own context, and with it
+            # its own metrics registry (one registry cannot hold two replicas' metrics).
+            ctx = Context(bus=bus, runtime=runtime, envd=envd)
             hosts.append(
                 snapshotter_host(
                     ctx, SnapshotterSettings(give_up_after=give_up_after, envd_timeout=5)
