@@ -18,17 +18,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from bench import suite_runner  # noqa: E402
 
 MIRROR = Path("/work/.mirror/e2b-dev+code-interpreter/repo")
 SUITE = "python"
@@ -65,16 +65,6 @@ EXPECTED_FAILURES = {
 }
 
 
-def export_suite(mirror: Path, rev: str, scratch: Path) -> Path:
-    archive = subprocess.run(
-        ["git", "-C", str(mirror), "archive", rev, f"{SUITE}/tests", f"{SUITE}/pytest.ini"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive, check=True)
-    return scratch / SUITE
-
-
 def ensure_venv(path: Path) -> Path:
     python = path / "bin" / "python"
     if not python.exists():
@@ -85,57 +75,11 @@ def ensure_venv(path: Path) -> Path:
     return python
 
 
-def run_pytest(
-    python: Path, suite: Path, env: dict[str, str], timeout: int, extra: list[str]
-) -> Path:
-    report = suite / "report.xml"
-    cmd = [
-        str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN",
-        f"--timeout={timeout}", f"--junitxml={report}", *extra, "tests",
-    ]  # fmt: skip
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "TORPOR_"))}
-    full_env.update(env)
-    log = suite / "pytest.log"
-    with log.open("wb") as out:
-        subprocess.run(
-            cmd, check=False, cwd=suite, env=full_env, stdout=out, stderr=subprocess.STDOUT
-        )
-    print(f"pytest output: {log}")
-    return report
-
-
-def outcomes(report: Path) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        name = f"{case.get('classname')}::{case.get('name')}"
-        outcome = "passed"
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome = "failed"
-            elif child.tag == "skipped":
-                outcome = "skipped"
-        found[name] = outcome
-    return found
-
-
 def expected_reason(test: str) -> str | None:
     for needle, why in EXPECTED_FAILURES.items():
         if needle in test:
             return why
     return None
-
-
-async def with_stack(python: Path, suite: Path, timeout: int, extra: list[str]) -> Path:
-    from bench.common import USER, torpor_stack
-
-    async with torpor_stack(log_level="info") as stack:
-        print(f"torpor stack at {stack.api_url} (logs in {stack.root}/logs)")
-        env = {
-            "E2B_API_URL": stack.api_url,
-            "E2B_SANDBOX_URL": stack.proxy_url,
-            "E2B_API_KEY": stack.keys[USER],
-        }
-        return await asyncio.to_thread(run_pytest, python, suite, env, timeout, extra)
 
 
 def main() -> int:
@@ -152,15 +96,18 @@ def main() -> int:
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     scratch = Path(tempfile.mkdtemp(prefix="torpor-ci-suite-"))
-    suite = export_suite(args.mirror, args.rev, scratch)
+    suite = suite_runner.export_suite(args.mirror, args.rev, SUITE, scratch)
     python = ensure_venv(args.venv)
-    extra = ["-k", args.k] if args.k else []
+    pytest_args = [*(["-k", args.k] if args.k else []), "tests"]
     if args.use_env:
-        env = {k: os.environ[k] for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
-        report = run_pytest(python, suite, env, args.timeout, extra)
+        report = suite_runner.run_pytest(
+            python, suite, suite_runner.env_from_environment(), args.timeout, pytest_args
+        )
     else:
-        report = asyncio.run(with_stack(python, suite, args.timeout, extra))
-    found = outcomes(report)
+        report = asyncio.run(
+            suite_runner.run_on_private_stack(python, suite, args.timeout, pytest_args)
+        )
+    found = {f"{cls}::{name}": outcome for cls, name, outcome in suite_runner.outcomes(report)}
     passed = sum(1 for o in found.values() if o == "passed")
     failed = sorted(t for t, o in found.items() if o == "failed")
     for test in failed:

@@ -23,17 +23,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import os
 import signal
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from bench import suite_runner  # noqa: E402
 
 MIRROR = Path("/work/.mirror/e2b-dev+E2B/repo")
 SUITE = "packages/python-sdk"
@@ -68,24 +68,10 @@ PLUGINS = (
 )
 
 
-def export_suite(args: argparse.Namespace, scratch: Path) -> Path:
+def export_tests(args: argparse.Namespace, scratch: Path) -> Path:
     if args.tests:
         return Path(args.tests).resolve()
-    archive = subprocess.run(
-        [
-            "git",
-            "-C",
-            str(args.mirror),
-            "archive",
-            args.rev,
-            f"{SUITE}/tests",
-            f"{SUITE}/pytest.ini",
-        ],
-        check=True,
-        capture_output=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive, check=True)
-    return scratch / SUITE
+    return suite_runner.export_suite(args.mirror, args.rev, SUITE, scratch)
 
 
 def ensure_venv(path: Path) -> Path:
@@ -96,37 +82,18 @@ def ensure_venv(path: Path) -> Path:
     return python
 
 
-def run_pytest(python: Path, suite: Path, env: dict[str, str], args: argparse.Namespace) -> Path:
-    report = suite / "report.xml"
-    cmd = [
-        str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN",
-        f"--timeout={args.timeout}", f"--junitxml={report}",
+def pytest_args(args: argparse.Namespace) -> list[str]:
+    return [
         *(["-k", args.k] if args.k else []),
         *(f"--deselect={t}" for t in OFFLINE_DESELECT),
         *(args.paths or BACKEND_DIRS),
-    ]  # fmt: skip
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "TORPOR_"))}
-    full_env.update(env)
-    log = suite / "pytest.log"
-    with log.open("wb") as out:
-        subprocess.run(
-            cmd, check=False, cwd=suite, env=full_env, stdout=out, stderr=subprocess.STDOUT
-        )
-    print(f"pytest output: {log}")
-    return report
+    ]
 
 
 def summarize(report: Path) -> tuple[int, int, int]:
     per_file: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for case in ET.parse(report).getroot().iter("testcase"):
-        name = (case.get("classname") or "").replace(".", "/")
-        outcome = "passed"
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome = "failed"
-            elif child.tag == "skipped":
-                outcome = "skipped"
-        per_file[name][outcome] += 1
+    for classname, _, outcome in suite_runner.outcomes(report):
+        per_file[classname.replace(".", "/")][outcome] += 1
     total: collections.Counter[str] = collections.Counter()
     width = max((len(n) for n in per_file), default=10)
     for name in sorted(per_file):
@@ -139,23 +106,18 @@ def summarize(report: Path) -> tuple[int, int, int]:
 
 
 async def with_stack(python: Path, suite: Path, args: argparse.Namespace) -> Path:
-    from bench.common import USER, torpor_stack
     from tests.support.stack import SERVICES
 
     # With the template builder (E2B's template tests); its build pods stay offline (the
     # network rule: nothing here dials outside), so steps that download fail.
-    async with torpor_stack(
-        log_level="info",
+    return await suite_runner.run_on_private_stack(
+        python,
+        suite,
+        args.timeout,
+        pytest_args(args),
         services=(*SERVICES, "builder"),
         env={"TORPOR_BUILDER_ALLOW_INTERNET": "false"},
-    ) as stack:
-        print(f"torpor stack at {stack.api_url} (logs in {stack.root}/logs)")
-        env = {
-            "E2B_API_URL": stack.api_url,
-            "E2B_SANDBOX_URL": stack.proxy_url,
-            "E2B_API_KEY": stack.keys[USER],
-        }
-        return await asyncio.to_thread(run_pytest, python, suite, env, args)
+    )
 
 
 def main() -> int:
@@ -174,11 +136,12 @@ def main() -> int:
     # SIGTERM unwinds like Ctrl-C, so the private stack (and its pods) is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     scratch = Path(tempfile.mkdtemp(prefix="torpor-e2b-suite-"))
-    suite = export_suite(args, scratch)
+    suite = export_tests(args, scratch)
     python = ensure_venv(args.venv)
     if args.use_env:
-        env = {k: os.environ[k] for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
-        report = run_pytest(python, suite, env, args)
+        report = suite_runner.run_pytest(
+            python, suite, suite_runner.env_from_environment(), args.timeout, pytest_args(args)
+        )
     else:
         report = asyncio.run(with_stack(python, suite, args))
     summarize(report)
