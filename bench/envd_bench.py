@@ -59,6 +59,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def start_daemon(port: int, root: str) -> subprocess.Popen[bytes]:
+    """envd on 127.0.0.1:``port`` serving ``root``, with the bench's access token."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.envd",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--access-token",
+            TOKEN,
+            "--root",
+            root,
+        ],
+        cwd=REPO,
+    )
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -219,20 +237,7 @@ def throughput(
 
     port = free_port()
     root = tempfile.mkdtemp(prefix="envd-bench-")
-    daemon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "services.envd",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--access-token",
-            TOKEN,
-            "--root",
-            root,
-        ],
-        cwd=REPO,
-    )
+    daemon = start_daemon(port, root)
     base = f"http://127.0.0.1:{port}"
     auth = {"x-access-token": TOKEN}
     rpc = {**auth, "content-type": "application/json", "connect-protocol-version": "1"}
@@ -416,20 +421,7 @@ def main() -> int:
     port = free_port()
     root = tempfile.mkdtemp(prefix="envd-bench-")
     t0 = time.perf_counter()
-    daemon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "services.envd",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--access-token",
-            TOKEN,
-            "--root",
-            root,
-        ],
-        cwd=REPO,
-    )
+    daemon = start_daemon(port, root)
     try:
         ready = None
         for _ in range(600):
