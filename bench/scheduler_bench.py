@@ -183,7 +183,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             "TORPOR_LOG_FORMAT": "json",
             "TORPOR_HEALTH_HOST": "127.0.0.1",
             "TORPOR_HEALTH_PORT": str(port),
-            "TORPOR_PAUSE_CHECK_SECONDS": "3600",  # nobody pauses in the bench: keep checks out
+            # nobody pauses in the bench: keep checks out
+            "TORPOR_TUNING": "SCHEDULER_PAUSE_CHECK_SECONDS=3600",
         }
         log = open(tmp / "scheduler.log", "wb")  # noqa: SIM115
         load_arm = [load_1m()]

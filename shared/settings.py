@@ -10,6 +10,7 @@ No module-level singletons: call ``load(SomeSettings)`` in the entrypoint and ha
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -44,8 +45,55 @@ def is_constant(field: FieldInfo) -> bool:
     return isinstance(extra, dict) and extra.get(_CONSTANT) is True
 
 
+# The constants tests and benchmarks set across a process boundary (a service they start), through
+# the one variable ``TORPOR_TUNING``: each named as it would be as a variable, minus ``TORPOR_``
+# (``<section>_<field>``). Their defaults are what production runs; no operator tunes them.
+TUNABLE: frozenset[str] = frozenset(
+    {
+        "SCALER_GIVE_UP_AFTER",
+        "SCALER_HEARTBEAT_SECONDS",
+        "SNAPSHOTTER_GIVE_UP_AFTER",
+        "SNAPSHOTTER_ENVD_TIMEOUT",
+        "SNAPSHOTTER_HEARTBEAT_SECONDS",
+        "SCHEDULER_PAUSE_CHECK_SECONDS",
+        "SCHEDULER_FETCH_BATCH",
+        "DELIVERER_BACKOFF_BASE_SECONDS",
+        "DELIVERER_BACKOFF_CAP_SECONDS",
+        "BUILDER_GC_INTERVAL",
+        "BUILDER_GC_GRACE",
+        "BUILDER_POD_READY_TIMEOUT",
+        "STOP_GRACE",
+    }
+)
+TUNING_VARIABLE = "TORPOR_TUNING"
+
+
+def parse_tuning(value: str) -> dict[str, str]:
+    """``NAME=VALUE[,NAME=VALUE]`` into values by name; ``ValueError`` naming the bad entry. The
+    values are validated by the field they set."""
+    if len(value) > 4096:
+        raise ValueError("longer than 4096 characters")
+    values: dict[str, str] = {}
+    for entry in filter(None, (e.strip() for e in value.split(","))):
+        name, sep, raw = entry.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not sep or name not in TUNABLE:
+            raise ValueError(f"entry {entry[:80]!r}: expected NAME=VALUE, NAME one of the tunables")
+        if name in values:
+            raise ValueError(f"{name} given twice")
+        values[name] = raw
+    return values
+
+
+def tuning_key(settings_cls: type[BaseSettings], field_name: str) -> str:
+    """The name of a constant in ``TORPOR_TUNING``: its variable's name without ``TORPOR_``."""
+    prefix = str(settings_cls.model_config.get("env_prefix", "")).removeprefix("TORPOR_")
+    return f"{prefix}{field_name}".upper()
+
+
 class _WithoutConstants(PydanticBaseSettingsSource):
-    """The environment, minus the fields declared with ``constant``."""
+    """The environment, minus the fields declared with ``constant``; of those, only the
+    ``TUNABLE`` ones, and only through ``TORPOR_TUNING``."""
 
     def __init__(self, settings_cls: type[BaseSettings], source: PydanticBaseSettingsSource):
         super().__init__(settings_cls)
@@ -56,7 +104,16 @@ class _WithoutConstants(PydanticBaseSettingsSource):
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return {k: v for k, v in self._source().items() if k not in self._constants}
+        values = {k: v for k, v in self._source().items() if k not in self._constants}
+        try:
+            tuning = parse_tuning(os.environ.get(TUNING_VARIABLE, ""))
+        except ValueError as e:
+            raise ConfigError(f"invalid configuration {TUNING_VARIABLE}: {e}") from None
+        for name in self._constants:
+            key = tuning_key(self.settings_cls, name)
+            if key in tuning:
+                values[name] = tuning[key]
+        return values
 
 
 class SettingsBase(BaseSettings):
@@ -308,6 +365,26 @@ class FeatureFlags(SettingsBase):
         if raw.lower() in {"", "false", "0", "no", "off"}:
             return False
         return user in {u.strip() for u in raw.split(",") if u.strip()}
+
+
+class TuningSettings(SettingsBase):
+    """Constants tests set in the services they start; not for production."""
+
+    tuning: str = Field(default="", max_length=4096)
+    """Tests and benchmarks only: `NAME=VALUE[,NAME=VALUE]` sets tuning constants of the
+    services a test starts (shorter heartbeats, fewer deliveries, a faster garbage collection),
+    each validated like a setting. The names: `SCALER_GIVE_UP_AFTER`, `SCALER_HEARTBEAT_SECONDS`,
+    `SNAPSHOTTER_GIVE_UP_AFTER`, `SNAPSHOTTER_ENVD_TIMEOUT`, `SNAPSHOTTER_HEARTBEAT_SECONDS`,
+    `SCHEDULER_PAUSE_CHECK_SECONDS`, `SCHEDULER_FETCH_BATCH`, `DELIVERER_BACKOFF_BASE_SECONDS`,
+    `DELIVERER_BACKOFF_CAP_SECONDS`, `BUILDER_GC_INTERVAL`, `BUILDER_GC_GRACE`,
+    `BUILDER_POD_READY_TIMEOUT`, `STOP_GRACE` (their defaults are in the services' settings
+    classes). An unknown name, or one given twice, stops every service with one line."""
+
+    @field_validator("tuning")
+    @classmethod
+    def _check_tuning(cls, value: str) -> str:
+        parse_tuning(value)
+        return value
 
 
 S = TypeVar("S", bound=BaseSettings)

@@ -18,7 +18,7 @@ class BuilderSettings(SettingsBase):
     """Builds one builder process runs at once (the rest wait in the durable)."""
     step_timeout: float = constant(1800.0, gt=0)
     """Seconds one RUN step may take; then the build fails with that step."""
-    pod_ready_timeout: float = Field(default=120.0, gt=0)
+    pod_ready_timeout: float = constant(120.0, gt=0)
     """Seconds for a build pod to become ready."""
     allow_internet: bool = True
     """Whether build pods may reach the public internet (package downloads). `false`: only
@@ -35,10 +35,10 @@ class BuilderSettings(SettingsBase):
     """CPU limit of a build pod."""
     disk: str = "4Gi"
     """Disk of a build pod (the files one RUN step may write)."""
-    gc_interval: float = Field(default=300.0, gt=0)
+    gc_interval: float = constant(300.0, gt=0)
     """Seconds between garbage collections of template layers, template files and uploads
     (local runtime; docs/templates.md)."""
-    gc_grace: float = Field(default=600.0, ge=0)
+    gc_grace: float = constant(600.0, ge=0)
     """Seconds a deleted build's files stay unused before they are removed (a create that read
     the build just before its delete is under way by then)."""
     gc_cache_max_age: float = constant(7 * 86400.0, ge=0)

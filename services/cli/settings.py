@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from shared.settings import SettingsBase
+from shared.settings import SettingsBase, constant
 
 
 class UpSettings(SettingsBase):
@@ -14,5 +14,5 @@ class UpSettings(SettingsBase):
     """Listen port; `/health`, `/livez`, `/readyz` and `/metrics` are on it."""
     nats_port: int = Field(default=4222, ge=0, le=65535)  # 0 = pick a free port
     """Embedded NATS port (`--nats-port`; 0 = any free port)."""
-    stop_grace: float = Field(default=10.0, ge=0)
+    stop_grace: float = constant(10.0, ge=0)
     """Seconds between SIGTERM and SIGKILL on shutdown."""

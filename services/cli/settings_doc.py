@@ -39,6 +39,7 @@ from shared.settings import (
     LoggingSettings,
     RetentionSettings,
     RuntimeSettings,
+    TuningSettings,
     is_constant,
 )
 from shared.web.limits import HttpLimits
@@ -67,6 +68,7 @@ CLASSES: tuple[type[BaseSettings], ...] = (
     LedgerSettings,
     BuilderSettings,
     UpSettings,
+    TuningSettings,
 )
 
 _BLOCK = re.compile(r"(<!-- settings:(\w+) -->\n)(.*?)(<!-- /settings -->)", re.S)

@@ -13,9 +13,9 @@ class DelivererSettings(SettingsBase):
 
     max_attempts: int = Field(default=10, ge=1, le=20)
     """Attempts per delivery before it is dead-lettered (with the last reason)."""
-    backoff_base_seconds: float = Field(default=2.0, gt=0, le=3600)
+    backoff_base_seconds: float = constant(2.0, gt=0, le=3600)
     """Wait before the second attempt; doubles per attempt (±20 % jitter)."""
-    backoff_cap_seconds: float = Field(default=600.0, gt=0, le=3600)
+    backoff_cap_seconds: float = constant(600.0, gt=0, le=3600)
     """Longest wait between two attempts."""
     timeout_seconds: float = constant(10.0, gt=0, le=50)
     """One attempt: connect, send, and the receiver's status line (kept below the ack wait)."""

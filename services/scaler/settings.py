@@ -21,21 +21,10 @@ class ScalerSettings(SettingsBase):
     """Seconds for the pod to be gone after a scale to 0."""
     start_timeout: float = constant(10.0, gt=0)
     """Seconds for one replayed process ``Start``."""
-    give_up_after: int = Field(
-        default=5,
-        ge=1,
-        le=10,
-        validation_alias=formerly("give_up_after", service="scaler", old="TORPOR_GIVE_UP_AFTER"),
-    )
+    give_up_after: int = constant(5, ge=1, le=10)
     """Deliveries of one command before its transition is failed on the record. At 8 or more
     the command is dead-lettered first (``shared/bus/retry.py``)."""
-    heartbeat_seconds: float = Field(
-        default=10.0,
-        gt=0,
-        validation_alias=formerly(
-            "heartbeat_seconds", service="scaler", old="TORPOR_HEARTBEAT_SECONDS"
-        ),
-    )
+    heartbeat_seconds: float = constant(10.0, gt=0)
     """``in_progress()`` interval of long handlers; below the durables' ``ack_wait`` (30 s)."""
     max_workers: int = constant(8, ge=1)
     """Concurrent messages per subscriber per replica."""

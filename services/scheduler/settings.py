@@ -4,21 +4,13 @@ health are the shared sections (``shared.settings``)."""
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from shared.settings import SettingsBase, constant, formerly, prefixed
+from shared.settings import SettingsBase, constant, prefixed
 
 
 class SchedulerSettings(SettingsBase):
     model_config = prefixed("scheduler")
 
-    pause_check_seconds: float = Field(
-        default=30.0,
-        gt=0,
-        validation_alias=formerly(
-            "pause_check_seconds", service="scheduler", old="TORPOR_PAUSE_CHECK_SECONDS"
-        ),
-    )
+    pause_check_seconds: float = constant(30.0, gt=0)
     """How long a timeout pause may take before the scheduler looks again; doubles per attempt."""
     pause_attempts: int = constant(4, ge=1)
     """Timeout pause attempts before the sandbox is deleted instead."""
@@ -26,12 +18,7 @@ class SchedulerSettings(SettingsBase):
     """Fired timer messages delete themselves after this (``Nats-Schedule-TTL``)."""
     max_workers: int = constant(2, ge=1, le=16)
     """Batches handled at once per durable (a batch's messages are handled concurrently)."""
-    fetch_batch: int = Field(
-        default=500,
-        ge=1,
-        le=1000,
-        validation_alias=formerly("fetch_batch", service="scheduler", old="TORPOR_FETCH_BATCH"),
-    )
+    fetch_batch: int = constant(500, ge=1, le=1000)
     """Messages fetched per pull request, handled as one batch."""
     fetch_wait_seconds: float = constant(0.25, gt=0, le=30)
     """Longest wait of an idle pull (bounds the extra latency of a lone fired timer)."""

@@ -3,37 +3,18 @@ are the shared sections (``shared.settings``)."""
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from shared.settings import SettingsBase, constant, formerly, prefixed
+from shared.settings import SettingsBase, constant, prefixed
 
 
 class SnapshotterSettings(SettingsBase):
     model_config = prefixed("snapshotter")
 
-    give_up_after: int = Field(
-        default=5,
-        ge=1,
-        le=10,
-        validation_alias=formerly(
-            "give_up_after", service="snapshotter", old="TORPOR_GIVE_UP_AFTER"
-        ),
-    )
+    give_up_after: int = constant(5, ge=1, le=10)
     """Deliveries of one pause command before the pause is failed on the record (the pod keeps
     running). At 8 or more the command is dead-lettered first (``shared/bus/retry.py``)."""
-    envd_timeout: float = Field(
-        default=10.0,
-        gt=0,
-        validation_alias=formerly("envd_timeout", service="snapshotter", old="TORPOR_ENVD_TIMEOUT"),
-    )
+    envd_timeout: float = constant(10.0, gt=0)
     """Seconds for one envd ``List`` call."""
-    heartbeat_seconds: float = Field(
-        default=10.0,
-        gt=0,
-        validation_alias=formerly(
-            "heartbeat_seconds", service="snapshotter", old="TORPOR_HEARTBEAT_SECONDS"
-        ),
-    )
+    heartbeat_seconds: float = constant(10.0, gt=0)
     """``in_progress()`` interval of long handlers; below the durable's ``ack_wait`` (30 s)."""
     max_workers: int = constant(8, ge=1)
     """Concurrent pauses per replica."""

@@ -69,7 +69,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         users={},
         fast_redelivery=True,
         log_level="warning",
-        env={"TORPOR_GIVE_UP_AFTER": "10"},
+        env={"TORPOR_TUNING": "SCALER_GIVE_UP_AFTER=10,SNAPSHOTTER_GIVE_UP_AFTER=10"},
         data_dir=tmp_path / "rt",
         log_dir=Path(os.environ.get("TORPOR_CHAOS_LOGS", tmp_path)),
     )

@@ -101,7 +101,10 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         users={USER: False},
         fast_redelivery=True,
         log_level="info",
-        env={"TORPOR_GIVE_UP_AFTER": "4", "TORPOR_ENVD_TIMEOUT": "3"},
+        env={
+            "TORPOR_TUNING": "SCALER_GIVE_UP_AFTER=4,SNAPSHOTTER_GIVE_UP_AFTER=4,"
+            "SNAPSHOTTER_ENVD_TIMEOUT=3"
+        },
         data_dir=root / "rt",
     )
     try:

@@ -43,7 +43,7 @@ class Up:
             stderr=subprocess.STDOUT,
             text=True,
             # one warm pod (the real services only): a pod the stop must not leave behind
-            env=clean_env(TORPOR_STOP_GRACE="10", TORPOR_POOLS=POOL),
+            env=clean_env(TORPOR_POOLS=POOL),
             start_new_session=True,
         )
         self.lines: list[str] = []

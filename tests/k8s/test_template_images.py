@@ -121,7 +121,7 @@ def kstack(
                     "TORPOR_BUILDER_REGISTRY_INSECURE": "true",
                     "TORPOR_BUILDER_BASE_IMAGE": base_image.removeprefix(real_node.registry + "/"),
                     "TORPOR_BUILDER_ALLOW_INTERNET": "false",
-                    "TORPOR_BUILDER_POD_READY_TIMEOUT": "240",
+                    "TORPOR_TUNING": "BUILDER_POD_READY_TIMEOUT=240",
                     "TORPOR_BUILDER_DISK": "2Gi",
                 },
             )

@@ -46,8 +46,8 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Re
         env_of={
             "deliverer": {
                 "TORPOR_DELIVERER_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
-                "TORPOR_DELIVERER_BACKOFF_BASE_SECONDS": "0.5",
-                "TORPOR_DELIVERER_BACKOFF_CAP_SECONDS": "2",
+                "TORPOR_TUNING": "DELIVERER_BACKOFF_BASE_SECONDS=0.5,"
+                "DELIVERER_BACKOFF_CAP_SECONDS=2",
             }
         },
     )

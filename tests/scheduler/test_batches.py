@@ -165,7 +165,7 @@ async def test_a_batch_redelivered_after_part_of_it_was_handled_fires_each_deadl
 async def test_two_replicas_share_the_work_and_a_killed_ones_deadlines_still_fire_once(
     bus: Bus, scheduler_process: Any
 ) -> None:
-    small = {"PAUSE_RESUME": "true", "TORPOR_SCHEDULER_FETCH_BATCH": "10"}
+    small = {"PAUSE_RESUME": "true", "TORPOR_TUNING": "SCHEDULER_FETCH_BATCH=10"}
     replicas = [scheduler_process(**small), scheduler_process(**small)]
     for r in replicas:
         await r.wait_ready(timeout=60)  # a loaded machine starts Python slowly

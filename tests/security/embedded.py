@@ -50,7 +50,7 @@ def placeholder_up(root: Path, *, timeout: float = 90) -> Iterator[EmbeddedBus]:
     data_dir = root / "data"
     proc = processes.spawn(
         up_args(data_dir, *free_ports(2)),
-        env=cli_env(TORPOR_STOP_GRACE="5"),
+        env=cli_env(TORPOR_TUNING="STOP_GRACE=5"),
         log=root / "up.log",
         command=placeholder.COMMAND,
     )

@@ -125,7 +125,7 @@ class Stack:
         return cls(
             root,
             mode="up",
-            env={"PAUSE_RESUME": "alice", "TORPOR_STOP_GRACE": "10", **env},
+            env={"PAUSE_RESUME": "alice", **env},
             data_dir=data_dir or root / "data",
         )
 
@@ -307,13 +307,15 @@ class Stack:
         )
         if self.templates is not None:
             env["TORPOR_TEMPLATES_DIR"] = str(self.templates_dir)
+        own = self.env_of.get(service_of(key), {})
+        # TORPOR_TUNING of the stack, of the test and of the service add up (a name given twice
+        # stops the service).
+        tuning = [self.env.get("TORPOR_TUNING", ""), own.get("TORPOR_TUNING", "")]
         if self.fast_redelivery:
-            env |= {
-                "TORPOR_BUS_PROVISION": "false",
-                "TORPOR_HEARTBEAT_SECONDS": "1",
-                "TORPOR_READY_TIMEOUT": "30",
-            }
-        env |= self.env | self.env_of.get(service_of(key), {})
+            env |= {"TORPOR_BUS_PROVISION": "false", "TORPOR_READY_TIMEOUT": "30"}
+            tuning.insert(0, "SCALER_HEARTBEAT_SECONDS=1,SNAPSHOTTER_HEARTBEAT_SECONDS=1")
+        env |= self.env | own
+        env["TORPOR_TUNING"] = ",".join(filter(None, tuning))
         port = self.ports[key]
         if service_of(key) in HTTP:
             env |= {

@@ -24,8 +24,7 @@ def tstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "TORPOR_SCALER_READY_TIMEOUT": "30",
                 # Garbage collection every second, a deleted build's files a second after
                 # (test_gc); cache entries and uploads keep their default bounds.
-                "TORPOR_BUILDER_GC_INTERVAL": "1",
-                "TORPOR_BUILDER_GC_GRACE": "1",
+                "TORPOR_TUNING": "BUILDER_GC_INTERVAL=1,BUILDER_GC_GRACE=1",
             },
         )
     )

@@ -10,12 +10,23 @@ from pathlib import Path
 
 import pytest
 
+from services.builder.settings import BuilderSettings
 from services.cli import settings_doc
+from services.deliverer.settings import DelivererSettings
 from services.scaler.settings import ScalerSettings
 from services.scheduler.settings import SchedulerSettings
 from services.snapshotter.settings import SnapshotterSettings
 from shared.errors import ConfigError
-from shared.settings import FORMER_NAMES, RetentionSettings, load
+from shared.settings import (
+    FORMER_NAMES,
+    TUNABLE,
+    RetentionSettings,
+    TuningSettings,
+    is_constant,
+    load,
+    parse_tuning,
+    tuning_key,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -59,14 +70,15 @@ def test_no_variable_feeds_two_knobs_except_on_purpose() -> None:
 def test_per_service_names_win_and_former_names_are_still_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("TORPOR_GIVE_UP_AFTER", "3")
-    monkeypatch.setenv("TORPOR_SCALER_GIVE_UP_AFTER", "4")
+    monkeypatch.setenv("TORPOR_READY_TIMEOUT", "3")
+    monkeypatch.setenv("TORPOR_SCALER_READY_TIMEOUT", "4")
     monkeypatch.setenv("TORPOR_RETENTION_SECONDS", "120")
-    assert load(ScalerSettings).give_up_after == 4
-    assert load(SnapshotterSettings).give_up_after == 3
+    assert load(ScalerSettings).ready_timeout == 4
     assert load(RetentionSettings).retention_seconds == 120
-    monkeypatch.delenv("TORPOR_GIVE_UP_AFTER")
-    assert load(SnapshotterSettings).give_up_after == 5
+    monkeypatch.delenv("TORPOR_SCALER_READY_TIMEOUT")
+    assert load(ScalerSettings).ready_timeout == 3
+    monkeypatch.delenv("TORPOR_READY_TIMEOUT")
+    assert load(ScalerSettings).ready_timeout == 60
 
 
 def test_a_tuning_constant_is_never_read_from_the_environment(
@@ -93,8 +105,86 @@ def test_a_tuning_constant_is_never_read_from_the_environment(
 def test_a_bad_value_is_one_line_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
-    monkeypatch.setenv("TORPOR_SCALER_GIVE_UP_AFTER", value)
+    monkeypatch.setenv("TORPOR_DELIVERER_MAX_ATTEMPTS", value)
+    with pytest.raises(ConfigError) as caught:
+        load(DelivererSettings)
+    message = str(caught.value)
+    assert "\n" not in message and "max_attempts" in message
+
+
+# ---- TORPOR_TUNING: the constants tests set in the services they start ---------------------------
+
+
+def test_every_tunable_is_a_constant_of_a_settings_class_and_documented() -> None:
+    keys = {
+        tuning_key(cls, name)
+        for cls in settings_doc.CLASSES
+        for name, field in cls.model_fields.items()
+        if is_constant(field)
+    }
+    assert keys >= TUNABLE
+    meaning = " ".join((TuningSettings.model_fields["tuning"].description or "").split())
+    listed = set(re.findall(r"`([A-Z_]+)`", meaning.partition("The names:")[2]))
+    assert listed == TUNABLE
+    assert not TUNABLE & {e.removeprefix("TORPOR_") for e in settings_doc.variables()}
+
+
+def test_torpor_tuning_sets_a_tunable_constant_of_its_own_section_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "TORPOR_TUNING", " SCALER_GIVE_UP_AFTER=4 ,BUILDER_GC_GRACE=1,STOP_GRACE=5,,"
+    )
+    # the knobs' former variables are read no more
+    monkeypatch.setenv("TORPOR_SCALER_GIVE_UP_AFTER", "7")
+    monkeypatch.setenv("TORPOR_GIVE_UP_AFTER", "8")
+    monkeypatch.setenv("TORPOR_SCHEDULER_FETCH_BATCH", "9")
+    assert load(ScalerSettings).give_up_after == 4
+    assert load(SnapshotterSettings).give_up_after == 5
+    assert load(SchedulerSettings).fetch_batch == 500
+    assert (load(BuilderSettings).gc_grace, load(BuilderSettings).gc_interval) == (1.0, 300.0)
+    assert ScalerSettings(give_up_after=2).give_up_after == 2  # code still wins
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "SCALER_MAX_WORKERS=3",  # a constant, but not a tunable
+        "SCALER_READY_TIMEOUT=4",  # a setting: set by its own variable
+        "TORPOR_SCALER_GIVE_UP_AFTER=4",
+        "scaler_give_up_after=4",
+        "SCALER_GIVE_UP_AFTER",
+        "=4",
+        "--ro-bind",
+        "SCALER_GIVE_UP_AFTER=4,SCALER_GIVE_UP_AFTER=5",
+        "SCALER_GIVE_UP_AFTER:4",
+        "SCALER_GIVE_UP_AFTER=4," + "x" * 5000,
+    ],
+)
+def test_a_bad_torpor_tuning_stops_every_service_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("TORPOR_TUNING", value)
+    for cls in (ScalerSettings, SnapshotterSettings, RetentionSettings, TuningSettings):
+        with pytest.raises(ConfigError) as caught:
+            load(cls)
+        message = str(caught.value)
+        assert "\n" not in message and "TORPOR_TUNING" in message
+        assert len(message) < 300
+
+
+@pytest.mark.parametrize("value", ["0", "11", "--ro-bind", "", "1.5", "1e999", "4;STOP_GRACE=1"])
+def test_a_bad_tuned_value_is_refused_like_a_setting(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("TORPOR_TUNING", f"SCALER_GIVE_UP_AFTER={value}")
     with pytest.raises(ConfigError) as caught:
         load(ScalerSettings)
     message = str(caught.value)
-    assert "\n" not in message and "TORPOR_SCALER_GIVE_UP_AFTER" in message
+    assert "\n" not in message and "give_up_after" in message
+    assert load(SnapshotterSettings).give_up_after == 5  # another section's knob: not its own
+
+
+def test_a_nul_in_a_tuning_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="expected NAME=VALUE"):
+        parse_tuning("SCALER_GIVE_UP_AFTER\x00=4")
