@@ -7,8 +7,9 @@ harmless work and the record says exactly how far a sandbox got:
 - create   ``creating`` → (create workload, scale 1, wait ready) → ``running``
 - pause    ``pausing`` + stored snapshot → (check the annotation is that snapshot, scale 0, wait
            stopped) → ``paused``. Never scales to 0 unless the workload carries the snapshot.
-- resume   ``paused|failed`` → ``resuming`` → (scale 1, wait ready, replay once per pod)
-           → ``running``; the replay (and a snapshot's files on create) is ``restoring.py``.
+- resume   ``paused|failed`` → ``resuming`` → (scale 1, wait until the daemon answers, replay
+           once per pod, wait ready) → ``running``; the replay (and a snapshot's files on
+           create) is ``restoring.py``.
            Onto the pod a pause failed on (still running), its processes, which a held
            kept-files export may keep stopped, are continued first (best effort).
 - kill     any → ``killing`` → (delete workload) → ``killed`` (a tombstone)
@@ -265,11 +266,13 @@ class Scaler:
             await self._runtime.scale(sid, 1)
             spans.mark("scale")
             await progress()
-            try:
-                endpoint = await self._runtime.wait_ready(sid, timeout=self._ready_timeout)
-            except ReadyFailed as e:  # the template's ready command never succeeded
-                return await self._fail_back_to_paused(record, cmd_msg_id, str(e))
-            spans.mark("ready")
+            deadline = time.monotonic() + self._ready_timeout
+            # Replay once the daemon answers, before its ready command passes: the command may
+            # check what the template's start command (replayed like any process) starts.
+            endpoint = await self._runtime.wait_ready(
+                sid, timeout=self._ready_timeout, answering=True
+            )
+            spans.mark("answering")
             if endpoint.pod_uid == record.pod_uid:
                 await self._continue_held(sid)
             await progress()
@@ -278,6 +281,15 @@ class Scaler:
                 record, endpoint, workload.annotations, progress, spans.mark
             )
             spans.mark("replay_mark")
+            try:
+                ready = await self._runtime.wait_ready(
+                    sid, timeout=max(deadline - time.monotonic(), 1.0)
+                )
+            except ReadyFailed as e:  # the template's ready command never succeeded
+                return await self._fail_back_to_paused(record, cmd_msg_id, str(e))
+            if ready.pod_uid != endpoint.pod_uid:  # replaced meanwhile: replay into the new one
+                raise Retry("the resumed pod was replaced before it was ready", delay=1.0)
+            spans.mark("ready")
             facts = self._templates(record.template)
             hooks = await self._hooks.run("postResume", "resume", record, endpoint, facts.hooks)
             spans.mark("hooks")
@@ -326,8 +338,9 @@ class Scaler:
         self, record: SandboxRecord, cmd_msg_id: str, reason: str
     ) -> Outcome:
         """A resumed pod that never became ready: no retry heals it, and the sandbox's snapshot
-        is untouched (nothing was replayed), so the pod stops again and the sandbox stays
-        paused with the reason; ``sandbox.evt.failed`` (op ``resume``) answers the waiter."""
+        is untouched (a replay only starts processes in the pod), so the pod stops again and
+        the sandbox stays paused with the reason; ``sandbox.evt.failed`` (op ``resume``)
+        answers the waiter."""
         sid = record.sandbox_id
         if not t.can_fail_back_to_paused(record):
             await self._runtime.scale(sid, 0)

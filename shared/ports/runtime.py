@@ -45,9 +45,12 @@ class Runtime(Protocol):
         every later pod (kept across scale 0/1). ``NotFound`` for a missing workload."""
         ...
 
-    async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
+    async def wait_ready(self, name: str, *, timeout: float, answering: bool = False) -> Endpoint:
         """Wait until a *new*, non-terminating pod of the workload is Ready; its daemon endpoint.
-        Raises ``PodNotReady`` after ``timeout`` seconds."""
+        Raises ``PodNotReady`` after ``timeout`` seconds (``ReadyFailed`` when its daemon is up
+        but the template's ready command kept failing). ``answering``: return once the daemon
+        answers at all, also while it still waits for the ready command (a resume replays the
+        start command the ready command may depend on before it waits for ready)."""
         ...
 
     async def wait_stopped(self, name: str, *, timeout: float) -> None:

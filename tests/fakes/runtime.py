@@ -112,10 +112,10 @@ class FakeRuntime:
             return self._put(wl, replicas=0, ready_replicas=0, pod_uid=None, pod_ip=None)
         return wl
 
-    async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
+    async def wait_ready(self, name: str, *, timeout: float, answering: bool = False) -> Endpoint:
         wl = self._require(name)
         await asyncio.sleep(0)
-        if self.ready_failure is not None:
+        if self.ready_failure is not None and not answering:
             raise ReadyFailed(f"pod of {name} not ready within {timeout:g}s: {self.ready_failure}")
         if self.fail_ready or wl.pod_uid is None or wl.pod_ip is None:
             raise PodNotReady(f"{name} not ready")

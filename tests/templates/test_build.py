@@ -348,6 +348,38 @@ def test_ready_command_that_never_succeeds_fails_the_resume_back_to_paused(
         Sandbox.kill(sid, **tstack.sdk_opts("alice"))
 
 
+def test_ready_command_checking_the_start_commands_process_passes_on_a_resume(
+    tstack: Stack,
+) -> None:
+    """The ready command checks that the start command's process runs. On a resume the start
+    command is not run by the daemon again (its marker is among the kept files) but replayed
+    with the snapshot's processes: the replay must not wait for the ready command, which only
+    that process can satisfy (before, every resume timed out back to paused)."""
+    # ``exec -a`` names the process; the ready command's own command line spells the name with
+    # quotes inside, so only the start command's process matches.
+    start = "exec -a torpor-beat sleep infinity"
+    ready = "grep -qsF torpor''-beat /proc/[0-9]*/cmdline || { echo no beat; exit 4; }"
+    name = f"startdep-{uuid.uuid4().hex[:8]}"
+    Template.build(Template().from_debian_image().set_start_cmd(start, ready), name, **_api(tstack))
+    opts = tstack.sdk_opts("alice")
+    sbx = Sandbox.create(name, **opts)
+    sid = sbx.sandbox_id
+    try:
+        sbx.files.write("/home/user/kept.txt", "written before the pause")
+        sbx.pause()
+        again = Sandbox.connect(sid, **opts)
+        with tstack.client("alice") as c:
+            native = c.get(f"/api/v1/sandbox/{sid}").json()
+        assert native["state"] == "running", native
+        assert again.commands.run("cat /home/user/kept.txt").stdout == "written before the pause"
+        running = [" ".join([p.cmd, *p.args]) for p in again.commands.list()]
+        assert sum(start in line for line in running) == 1, running
+        beat = again.commands.run("grep -lsF torpor''-beat /proc/[0-9]*/cmdline")
+        assert beat.stdout.strip(), "the start command's process is not running"
+    finally:
+        Sandbox.kill(sid, **opts)
+
+
 def _metric(stack: Stack, name: str, kind: str) -> float | None:
     text = httpx.get(f"{stack.url('builder')}/metrics", timeout=10).text
     found = re.search(rf'^{name}{{kind="{kind}"}} (\S+)$', text, re.MULTILINE)

@@ -276,7 +276,11 @@ class KubernetesRuntime(PoolClaiming, FileKeeping, Rerendering):
             )
         log.info("k8s_network_policy_applied", name=name, egress_rules=len(body["spec"]["egress"]))
 
-    async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
+    async def wait_ready(self, name: str, *, timeout: float, answering: bool = False) -> Endpoint:
+        # ``answering`` is not told apart here yet: a pod counts once Ready (its kept files are
+        # restored at that point), so a ready command depending on its start command's process
+        # still cannot pass on a resume on Kubernetes.
+        del answering
         spans = Spans()
         rs = await self._read(name)
         if rs is None or rs.metadata is None:

@@ -19,7 +19,7 @@ from shared.runtime.readiness import not_ready_reason
 
 
 class Waiting(RuntimeInstance):
-    async def wait_ready(self, name: str, *, timeout: float) -> Endpoint:
+    async def wait_ready(self, name: str, *, timeout: float, answering: bool = False) -> Endpoint:
         deadline = time.monotonic() + timeout
         waiting: str | None = None  # the daemon's last "ready command not yet" (startup.py)
         async with httpx.AsyncClient(timeout=1.0, trust_env=False) as client:
@@ -47,6 +47,9 @@ class Waiting(RuntimeInstance):
                     if pod.ready or await self._mark_ready(name, pod.uid):
                         return Endpoint(host=record.address, port=ENVD_PORT, pod_uid=pod.uid)
                     continue  # replaced or stopped meanwhile: look again
+                if pod is not None and answering and waiting is not None:
+                    # Up, waiting for its ready command: not marked ready (it is not yet).
+                    return Endpoint(host=record.address, port=ENVD_PORT, pod_uid=pod.uid)
                 if time.monotonic() >= deadline and waiting is not None:
                     # Up, but its ready command kept failing: waiting longer will not heal it.
                     msg = f"pod of {name} not ready within {timeout:g}s: {waiting}"
