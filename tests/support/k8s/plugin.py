@@ -15,6 +15,7 @@ Fixtures:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import uuid
@@ -98,14 +99,8 @@ def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNodeAcce
 
 @pytest.fixture
 async def real_namespace(real_node: RealNodeAccess) -> AsyncIterator[str]:
-    api = await admin_client(real_node.cluster)
-    name = f"torpor-rn-{uuid.uuid4().hex[:8]}"
-    try:
-        await create_namespace(api, name)
+    async with scratch_namespace(real_node.cluster, "torpor-rn") as name:
         yield name
-        await delete_namespace(api, name)
-    finally:
-        await api.close()  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture
@@ -175,16 +170,23 @@ async def delete_namespace(api: k8s.ApiClient, name: str) -> None:
             raise
 
 
-@pytest.fixture
-async def k8s_namespace(k8s_cluster: ClusterAccess) -> AsyncIterator[str]:
-    api = await admin_client(k8s_cluster)
-    name = f"torpor-t-{uuid.uuid4().hex[:8]}"
+@contextlib.asynccontextmanager
+async def scratch_namespace(access: ClusterAccess, prefix: str) -> AsyncIterator[str]:
+    """A new namespace ``<prefix>-<random>``, deleted afterwards (not when the body raises)."""
+    api = await admin_client(access)
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     try:
         await create_namespace(api, name)
         yield name
         await delete_namespace(api, name)
     finally:
         await api.close()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+async def k8s_namespace(k8s_cluster: ClusterAccess) -> AsyncIterator[str]:
+    async with scratch_namespace(k8s_cluster, "torpor-t") as name:
+        yield name
 
 
 @pytest.fixture

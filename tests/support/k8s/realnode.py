@@ -43,12 +43,11 @@ import yaml
 from shared.bus.server import free_port, free_ports
 from tests.support.k8s.rig import (
     BINARIES,
-    BUILD_SCRIPT,
     REPO_ROOT,
     ClusterAccess,
     ClusterUnavailable,
     ControlPlane,
-    k8s_bin_dir,
+    ensure_binaries,
     spawn,
     stop_process,
 )
@@ -108,19 +107,11 @@ def missing_prerequisites() -> list[str]:
 
 def ensure_node_binaries(*, build: bool) -> Path:
     """The control plane's binaries plus kubelet and kube-scheduler; builds the missing ones."""
-    folder = k8s_bin_dir()
-    if all(os.access(folder / b, os.X_OK) for b in (*BINARIES, *NODE_BINARIES)):
-        return folder
-    if not build:
-        msg = f"kubelet/kube-scheduler not built in {folder}: run scripts/build-k8s.sh"
-        raise ClusterUnavailable(msg)
-    done = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3 * 3600, check=False
+    return ensure_binaries(
+        build=build,
+        binaries=(*BINARIES, *NODE_BINARIES),
+        missing="kubelet/kube-scheduler not built in {folder}: run scripts/build-k8s.sh",
     )
-    if done.returncode != 0:
-        msg = f"scripts/build-k8s.sh failed ({done.returncode}): {done.stderr[-2000:]}"
-        raise ClusterUnavailable(msg)
-    return Path(done.stdout.strip().splitlines()[-1])
 
 
 def images_folder() -> Path:

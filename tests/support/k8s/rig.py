@@ -64,18 +64,19 @@ def k8s_bin_dir() -> Path:
     return cache / "torpor" / "k8s" / f"v{version}"
 
 
-def have_binaries(folder: Path) -> bool:
-    return all(os.access(folder / b, os.X_OK) for b in BINARIES)
-
-
-def ensure_binaries(*, build: bool) -> Path:
-    """The binaries' folder; runs the (idempotent, slow when cold) build when ``build``."""
+def ensure_binaries(
+    *,
+    build: bool,
+    binaries: tuple[str, ...] = BINARIES,
+    missing: str = "kube binaries not built in {folder}: run scripts/build-k8s.sh (20-35 min cold)",
+) -> Path:
+    """The binaries' folder; runs the (idempotent, slow when cold) build when ``build``.
+    ``binaries`` are the ones that must be there; ``missing`` the error when they are not."""
     folder = k8s_bin_dir()
-    if have_binaries(folder):
+    if all(os.access(folder / b, os.X_OK) for b in binaries):
         return folder
     if not build:
-        msg = f"kube binaries not built in {folder}: run scripts/build-k8s.sh (20-35 min cold)"
-        raise ClusterUnavailable(msg)
+        raise ClusterUnavailable(missing.format(folder=folder))
     done = subprocess.run(
         ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3 * 3600, check=False
     )
