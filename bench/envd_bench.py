@@ -77,6 +77,20 @@ def start_daemon(port: int, root: str) -> subprocess.Popen[bytes]:
     )
 
 
+def write_result(name: str, out: dict[str, Any]) -> None:
+    """``out`` with the machine and the time, as bench/results/``name``."""
+    out["machine"] = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "loadavg": os.getloadavg(),
+    }
+    out["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    path = REPO / "bench" / "results" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path.relative_to(REPO)}")
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -188,16 +202,8 @@ def start_bench(starts: int) -> int:
         "benchmark": "envd_start",
         "starts": starts,
         "results": rows,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "loadavg": os.getloadavg(),
-        },
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    path = REPO / "bench" / "results" / "envd_start.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {path.relative_to(REPO)}")
+    write_result("envd_start.json", out)
     return 0
 
 
@@ -452,17 +458,8 @@ def main() -> int:
         "n": args.n,
         "startup_to_health_ms": round(ready * 1000, 1),
         "results": rows,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "loadavg": os.getloadavg(),
-        },
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    path = REPO / "bench" / "results" / "envd.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {path.relative_to(REPO)}")
+    write_result("envd.json", out)
     return 0
 
 
