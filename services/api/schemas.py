@@ -236,6 +236,12 @@ class ResumeReportOut(_Out):
     template: str
     template_version: str | None = Field(default=None, alias="templateVersion")
     files_kept: bool = Field(alias="filesKept")
+    memory_kept: bool = Field(
+        default=False, alias="memoryKept", description="false: processes were started again"
+    )
+    memory_note: str | None = Field(
+        default=None, alias="memoryNote", description="What the resume did not keep, and why"
+    )
     processes: list[ProcessOutcomeOut]
     omitted: int = Field(default=0, description="Processes beyond the report's 32 KiB: not listed")
     replayed: int

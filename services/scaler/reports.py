@@ -39,6 +39,14 @@ class Spans(BaseSpans):
         )
 
 
+# What a replayed resume loses; memory-preserving pause (docs/memory-pause.md) is not on the
+# pause path yet, so every resume replays.
+REPLAYED = (
+    "memory not kept: each process was started again from its command line, so its variables, "
+    "a kernel's state and open connections are gone (files are kept as filesKept says)"
+)
+
+
 def within_budget(
     outcomes: list[ProcessOutcome], budget: int = REPORT_PROCESS_BYTES
 ) -> list[ProcessOutcome]:
@@ -71,6 +79,8 @@ def resume_report(
         template=record.template,
         template_version=facts.version,
         files_kept=facts.keeps_files,
+        memory_kept=False,
+        memory_note=REPLAYED,
         processes=listed,
         omitted=len(outcomes) - len(listed),
         replayed=sum(1 for o in outcomes if o.new_pid is not None),

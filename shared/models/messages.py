@@ -141,6 +141,11 @@ class ResumeReport(BaseModel):
     template: str
     template_version: str | None = None  # content digest of the template the pod started from
     files_kept: bool
+    # Whether the processes' memory came back. A resume replays each process from its command
+    # line, so variables, a kernel's state and open connections are gone: said here, never
+    # silently (``memory_note`` says what was lost and why).
+    memory_kept: bool = False
+    memory_note: str | None = None
     processes: list[ProcessOutcome] = Field(default_factory=list)
     # Processes beyond the report's size budget (``REPORT_PROCESS_BYTES``): counted in
     # ``replayed``/``failed``, not listed. The report lives on the record, which also holds the

@@ -193,5 +193,9 @@ def test_pause_and_resume_bring_the_server_back_without_kernel_state(stack: Stac
         again = Sandbox.connect(s.sandbox_id, **opts)
         assert again.run_code("open('/home/user/kept.txt').read()").text == "file"
         assert again.run_code("'kept' in globals()").text == "False"
+        # The lost kernel state is reported, not silent: the resume report says memory went.
+        with stack.client("alice") as api:
+            report = api.get(f"/api/v1/sandbox/{s.sandbox_id}").json()["lastResume"]
+        assert report["memoryKept"] is False and "kernel" in report["memoryNote"]
     finally:
         Sandbox.kill(s.sandbox_id, **opts)

@@ -116,6 +116,7 @@ def test_resume_report_lists_replayed_processes_with_new_pids(
         (proc,) = report["processes"]
         assert (proc["oldPid"], proc["newPid"], proc["error"]) == (old_pid, new_pid, None)
         assert report["filesKept"] is True and report["template"] == "sandbox-base"
+        assert report["memoryKept"] is False and "started again" in report["memoryNote"]
         assert report["templateVersion"].startswith("sha256:")
         assert report["replayed"] == 1 and report["failed"] == 0
         assert set(report["timings"]) == {

@@ -31,18 +31,7 @@ from tests.support.env import REPO, TORPOR, cli_env, parse_exports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-USERS = (
-    "admin",
-    "api",
-    "proxy",
-    "scheduler",
-    "snapshotter",
-    "scaler",
-    "deliverer",
-    "ledger",
-    "builder",
-    "platform",
-)
+USERS = ("admin", *deploy.SERVICES, "platform")
 
 
 async def refused(url: str) -> None:
@@ -95,16 +84,7 @@ def test_credentials_are_owner_only_and_complete(placeholder_bus: EmbeddedBus) -
 
 def test_each_service_process_holds_only_its_own_password(placeholder_bus: EmbeddedBus) -> None:
     pids = service_pids(placeholder_bus.data_dir)
-    assert set(pids) == {
-        "api",
-        "proxy",
-        "scheduler",
-        "snapshotter",
-        "scaler",
-        "deliverer",
-        "ledger",
-        "builder",
-    }
+    assert set(pids) == set(deploy.SERVICES)
     for name, pid in pids.items():
         env = environ_of(pid)
         assert env["NATS_USER"] == name

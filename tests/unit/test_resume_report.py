@@ -51,6 +51,9 @@ async def test_report_lists_each_process_with_old_and_new_pid_or_error(
     assert report is not None
     assert report.snapshot_id == paused.snapshot.id and report.template == "sandbox-base"
     assert report.files_kept is True and (report.replayed, report.failed) == (1, 1)
+    # A replay loses memory, and the report says so rather than leaving it to be found out.
+    assert report.memory_kept is False
+    assert report.memory_note is not None and "started again" in report.memory_note
     web, broken = report.processes
     assert (web.tag, web.old_pid, web.error) == ("web", server_pid, None)
     live = system.envd.pods[result.record.pod_uid or ""]
