@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import skip_or_fail
 from tests.envd.conftest import TOKEN, Daemon, start_daemon, stop_daemon
+from tests.support.tar_members import tar_bytes
 
 AUTH = {"X-Access-Token": TOKEN}
 
@@ -37,13 +38,7 @@ def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 
 def _tar(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for info, data in members:
-            if data is not None:
-                info.size = len(data)
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    return buf.getvalue()
+    return tar_bytes(members)
 
 
 def _file(name: str, data: bytes = b"x", mode: int = 0o644) -> tuple[tarfile.TarInfo, bytes]:

@@ -7,7 +7,6 @@ layer changes: a host sentinel folder is checked for content, owner, mode and ex
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import shutil
 import stat
@@ -19,6 +18,8 @@ import pytest
 from shared.errors import RuntimeFailure
 from shared.runtime.local import template_layers
 from tests.support.host_state import tree_state
+from tests.support.tar_members import member as _member
+from tests.support.tar_members import write_tar
 
 pytestmark = pytest.mark.unit
 
@@ -32,24 +33,6 @@ def host(tmp_path: Path) -> Path:
     os.chmod(folder / "secret", 0o600)
     os.chmod(folder / "dir", 0o700)
     return folder
-
-
-def _member(name: str, kind: bytes = tarfile.REGTYPE, **fields: object) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
-    for key, value in fields.items():
-        setattr(info, key, value)
-    return info
-
-
-def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        for info, data in members:
-            if data is not None:
-                info.size = len(data)
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    return path
 
 
 def _copy(
@@ -109,7 +92,7 @@ def test_a_later_match_never_writes_through_a_symlink_an_earlier_match_planted(
         (_member(f"b/{prefix}s/dir", tarfile.DIRTYPE), None),
         (_member(f"b/{prefix}s/dir/deep"), b"deep\n"),
     ]
-    archive = _tar(tmp_path / "a.tar", members)
+    archive = write_tar(tmp_path / "a.tar", members)
     tree = _copy(tmp_path, archive, "*", "/opt/app/")
     assert tree_state(host) == before
     landed = tree / "opt/app" / prefix / "s"
@@ -131,7 +114,7 @@ def test_a_symlink_to_a_host_file_is_replaced_not_written_through(
         (_member("b/f", tarfile.DIRTYPE), None),  # a folder where the link was: rmtree of it
         (_member("b/f/x"), b"x"),
     ]
-    tree = _copy(tmp_path, _tar(tmp_path / "a.tar", members), "*", "/opt/")
+    tree = _copy(tmp_path, write_tar(tmp_path / "a.tar", members), "*", "/opt/")
     assert tree_state(host) == before
     assert (tree / "opt/f/x").read_bytes() == b"x"
 
@@ -143,7 +126,7 @@ def test_a_symlink_planted_by_an_earlier_step_is_never_passed(tmp_path: Path, ho
     earlier = tmp_path / "earlier"
     (earlier / "opt").mkdir(parents=True)
     os.symlink(str(host), earlier / "opt" / "app")
-    archive = _tar(tmp_path / "a.tar", [(_member("secret"), b"tenant\n")])
+    archive = write_tar(tmp_path / "a.tar", [(_member("secret"), b"tenant\n")])
     with pytest.raises(RuntimeFailure, match=r"not a folder|symlink"):
         _copy(tmp_path, archive, "secret", "/opt/app/", lowers=[earlier])
     with pytest.raises(RuntimeFailure, match=r"not a folder|symlink"):
@@ -162,7 +145,7 @@ def test_a_member_through_a_symlink_member_is_refused(
         (_member("l/secret", mode=0o777), b"overwritten\n"),
     ]
     with pytest.raises(RuntimeFailure):
-        _copy(tmp_path, _tar(tmp_path / "a.tar", members), "*", "/opt/")
+        _copy(tmp_path, write_tar(tmp_path / "a.tar", members), "*", "/opt/")
     assert tree_state(host) == before
 
 
@@ -189,7 +172,7 @@ def test_the_long_path_filter_bypass_cve_2025_4517_is_refused(tmp_path: Path, ho
     members.append((_member("escape/secret", mode=0o777), b"overwritten\n"))
     members.append((_member("leak", tarfile.LNKTYPE, linkname="escape/dir/../secret"), None))
     members.append((_member("leak2", tarfile.LNKTYPE, linkname="escape/secret"), None))
-    archive = _tar(tmp_path / "a.tar", members)
+    archive = write_tar(tmp_path / "a.tar", members)
     with contextlib.suppress(RuntimeFailure):  # refused, or copied harmlessly: either is fine
         _copy(tmp_path, archive, "leak*", "/opt/")
     assert tree_state(host) == before
@@ -222,7 +205,7 @@ def test_links_out_devices_and_fifos_are_refused(
         (_member("later"), b"later\n"),
     ]
     with pytest.raises(RuntimeFailure):
-        _copy(tmp_path, _tar(tmp_path / "a.tar", members), "*", "/opt/")
+        _copy(tmp_path, write_tar(tmp_path / "a.tar", members), "*", "/opt/")
     assert tree_state(host) == before, name
     assert not list((tmp_path / "layer").rglob("*"))
 
@@ -239,7 +222,7 @@ def test_a_tar_bomb_by_size_is_refused_before_it_is_written(tmp_path: Path) -> N
         "GNU.sparse.name": "big",
         "GNU.sparse.realsize": str(9 * 2**30),
     }
-    _tar(archive, [(info, sparse_map + b"x")])
+    write_tar(archive, [(info, sparse_map + b"x")])
     with tarfile.open(archive) as tar:
         assert tar.getmembers()[0].size == 9 * 2**30  # the bomb as tarfile sees it
     with pytest.raises(RuntimeFailure, match=r"more than \d+ bytes"):
@@ -264,7 +247,7 @@ def test_a_tar_bomb_by_member_count_is_refused(tmp_path: Path) -> None:
 
 def test_a_path_longer_than_the_bound_is_refused(tmp_path: Path) -> None:
     deep = "/".join(["x" * 200] * 6)  # 1205 bytes
-    archive = _tar(tmp_path / "a.tar", [(_member(deep), b"x")])
+    archive = write_tar(tmp_path / "a.tar", [(_member(deep), b"x")])
     with pytest.raises(RuntimeFailure, match="longer than 1024 bytes"):
         _copy(tmp_path, archive, "*", "/opt/")
 
@@ -279,7 +262,7 @@ def test_a_benign_context_keeps_files_modes_and_in_context_links(tmp_path: Path)
         (_member("app/again", tarfile.LNKTYPE, linkname="app/conf/a.txt"), None),
         (_member("app/dangling", tarfile.SYMTYPE, linkname="/usr/lib/whatever"), None),
     ]
-    tree = _copy(tmp_path, _tar(tmp_path / "a.tar", members), "app", "/opt/app/")
+    tree = _copy(tmp_path, write_tar(tmp_path / "a.tar", members), "app", "/opt/app/")
     app = tree / "opt/app"
     assert (app / "run.sh").read_bytes() == b"#!/bin/sh\necho hi\n"
     assert stat.S_IMODE((app / "run.sh").stat().st_mode) == 0o755
@@ -330,7 +313,7 @@ def test_globs_match_beneath_the_context_and_never_enter_a_link(
         (_member(".hidden"), b"h\n"),
         (_member("link", tarfile.SYMTYPE, linkname=str(host)), None),
     ]
-    archive = _tar(tmp_path / "a.tar", members)
+    archive = write_tar(tmp_path / "a.tar", members)
     if expected is None:
         with pytest.raises(RuntimeFailure, match="matched no file"):
             _copy(tmp_path, archive, src, "/opt/out/")

@@ -3,7 +3,6 @@ build pod are refused or cleaned, whiteouts are exactly OCI's, manifests and con
 
 from __future__ import annotations
 
-import io
 import json
 import tarfile
 from pathlib import Path
@@ -29,24 +28,7 @@ from shared.oci.layers import (
     whiteout_name,
     whiteout_target,
 )
-
-
-def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        for info, data in members:
-            if data is not None:
-                info.size = len(data)
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    return path
-
-
-def _info(name: str, kind: bytes = tarfile.REGTYPE, **kw: object) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.mode = 0o644
-    for k, v in kw.items():
-        setattr(info, k, v)
-    return info
+from tests.support.tar_members import member, write_tar
 
 
 def _members(path: Path) -> dict[str, tarfile.TarInfo]:
@@ -55,17 +37,17 @@ def _members(path: Path) -> dict[str, tarfile.TarInfo]:
 
 
 def test_repack_keeps_a_clean_layer_and_hashes_it(tmp_path: Path) -> None:
-    source = _tar(
+    source = write_tar(
         tmp_path / "in.tar",
         [
-            (_info("etc", tarfile.DIRTYPE, mode=0o755), None),
-            (_info("etc/app.conf", uid=1000, gid=1000, uname="user", gname="user"), b"x=1\n"),
-            (_info("usr/bin/tool", mode=0o4755), b"#!/bin/sh\n"),
-            (_info("etc/link", tarfile.SYMTYPE, linkname="/etc/app.conf"), None),
-            (_info("etc/hard", tarfile.LNKTYPE, linkname="etc/app.conf"), None),
-            (_info("var/.wh.cache"), b""),
-            (_info("opt/.wh..wh..opq"), b""),
-            (_info("./run/./fifo", tarfile.FIFOTYPE), None),
+            (member("etc", tarfile.DIRTYPE, mode=0o755), None),
+            (member("etc/app.conf", uid=1000, gid=1000, uname="user", gname="user"), b"x=1\n"),
+            (member("usr/bin/tool", mode=0o4755), b"#!/bin/sh\n"),
+            (member("etc/link", tarfile.SYMTYPE, linkname="/etc/app.conf"), None),
+            (member("etc/hard", tarfile.LNKTYPE, linkname="etc/app.conf"), None),
+            (member("var/.wh.cache"), b""),
+            (member("opt/.wh..wh..opq"), b""),
+            (member("./run/./fifo", tarfile.FIFOTYPE), None),
         ],
     )
     blob = repack(source, tmp_path / "out.tar")
@@ -121,22 +103,22 @@ def test_repack_refuses_hostile_members(
     tmp_path: Path, name: str, kind: bytes, extra: dict[str, object]
 ) -> None:
     data = b"" if kind == tarfile.REGTYPE else None
-    source = _tar(tmp_path / "in.tar", [(_info(name, kind, **extra), data)])
+    source = write_tar(tmp_path / "in.tar", [(member(name, kind, **extra), data)])
     with pytest.raises(BadLayer):
         repack(source, tmp_path / "out.tar")
 
 
 def test_a_non_empty_whiteout_is_refused(tmp_path: Path) -> None:
-    source = _tar(tmp_path / "in.tar", [(_info("a/.wh.b"), b"payload")])
+    source = write_tar(tmp_path / "in.tar", [(member("a/.wh.b"), b"payload")])
     with pytest.raises(BadLayer, match="whiteout"):
         repack(source, tmp_path / "out.tar")
 
 
 def test_repack_bounds_members_and_bytes(tmp_path: Path) -> None:
-    source = _tar(tmp_path / "in.tar", [(_info(f"f{i}"), b"abc") for i in range(5)])
+    source = write_tar(tmp_path / "in.tar", [(member(f"f{i}"), b"abc") for i in range(5)])
     with pytest.raises(BadLayer, match="members"):
         repack(source, tmp_path / "o1.tar", max_members=4)
-    big = _tar(tmp_path / "big.tar", [(_info("big"), b"\0" * 200_000)])
+    big = write_tar(tmp_path / "big.tar", [(member("big"), b"\0" * 200_000)])
     with pytest.raises(BadLayer, match="larger"):
         repack(big, tmp_path / "o2.tar", max_bytes=100_000)
 
