@@ -30,6 +30,7 @@ from common import (
     create_sandbox,
     loadavg,
     pause,
+    start_commands,
     stats_row,
     summary,
     table,
@@ -38,8 +39,6 @@ from common import (
 )
 
 from shared.envd.client import ConnectEnvdClient
-from shared.models.snapshots import ProcessConfig
-from shared.ports.workloads import Endpoint
 
 COMMANDS = ["exec sleep 300001", "exec sleep 300002"]
 
@@ -49,13 +48,7 @@ async def _seed(stack: Stack, envd: ConnectEnvdClient, store: Any) -> tuple[str,
         sbx = await create_sandbox(http, autoResume=True)
     sid = sbx["sandboxID"]
     rec = await store.get(sid)
-    for command in COMMANDS:
-        await envd.start_process(
-            Endpoint(host=rec.host, pod_uid=rec.pod_uid),
-            ProcessConfig(cmd="/bin/bash", args=["-l", "-c", command], cwd="/workspace"),
-            tag=None,
-            access_token=rec.envd_access_token,
-        )
+    await start_commands(envd, rec, COMMANDS)
     return sid, rec.envd_access_token
 
 

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -34,6 +34,9 @@ if str(REPO) not in sys.path:
 from shared.logging import configure  # noqa: E402
 from shared.settings import LoggingSettings  # noqa: E402
 from tests.support.stack import Stack  # noqa: E402
+
+if TYPE_CHECKING:
+    from shared.envd.client import ConnectEnvdClient
 
 # The benchmark's own runtime and envd clients log at warning: the figures are the output.
 configure(LoggingSettings(log_level="warning"), service="bench")
@@ -208,6 +211,21 @@ async def torpor_stack(
 
 
 # ---------------------------------------------------------------- E2B REST calls
+
+
+async def start_commands(envd: ConnectEnvdClient, rec: Any, commands: Iterable[str]) -> None:
+    """Each command as a login shell's process in /workspace of the sandbox ``rec`` (its
+    record: host, pod, envd token), so that a pause has processes to keep."""
+    from shared.models.snapshots import ProcessConfig
+    from shared.ports.workloads import Endpoint
+
+    for command in commands:
+        await envd.start_process(
+            Endpoint(host=rec.host, pod_uid=rec.pod_uid),
+            ProcessConfig(cmd="/bin/bash", args=["-l", "-c", command], cwd="/workspace"),
+            tag=None,
+            access_token=rec.envd_access_token,
+        )
 
 
 async def create_sandbox(http: httpx.AsyncClient, **body: Any) -> dict[str, Any]:

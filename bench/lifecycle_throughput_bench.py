@@ -27,6 +27,7 @@ from common import (
     create_sandbox,
     loadavg,
     pause,
+    start_commands,
     summary,
     table,
     torpor_stack,
@@ -34,7 +35,6 @@ from common import (
 )
 
 from shared.envd.client import ConnectEnvdClient
-from shared.models.snapshots import ProcessConfig
 from shared.ports.workloads import Endpoint
 
 COMMAND = "exec sleep 400001"
@@ -44,12 +44,7 @@ async def _one(stack: Stack, index: int, envd: ConnectEnvdClient, store: Any) ->
     async with stack.aclient(USER, index=index) as http:
         sid = str((await create_sandbox(http))["sandboxID"])
     rec = await store.get(sid)
-    await envd.start_process(
-        Endpoint(host=rec.host, pod_uid=rec.pod_uid),
-        ProcessConfig(cmd="/bin/bash", args=["-l", "-c", COMMAND], cwd="/workspace"),
-        tag=None,
-        access_token=rec.envd_access_token,
-    )
+    await start_commands(envd, rec, [COMMAND])
     return sid
 
 

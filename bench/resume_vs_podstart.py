@@ -62,6 +62,7 @@ from common import (
     pause,
     ratio,
     save_result,
+    start_commands,
     stats_row,
     summary,
     table,
@@ -69,7 +70,6 @@ from common import (
 )
 
 from shared.envd.client import ConnectEnvdClient
-from shared.models.snapshots import ProcessConfig
 from shared.ports.workloads import Endpoint, WorkloadSpec
 
 COMMANDS = ["exec sleep 100001", "exec sleep 100002"]
@@ -261,13 +261,7 @@ async def seed(stack: Stack, envd: ConnectEnvdClient, count: int) -> list[str]:
             sbx = await create_sandbox(http)
             sid = sbx["sandboxID"]
             rec = await store.get(sid)
-            for command in COMMANDS:
-                await envd.start_process(
-                    Endpoint(host=rec.host, pod_uid=rec.pod_uid),
-                    ProcessConfig(cmd="/bin/bash", args=["-l", "-c", command], cwd="/workspace"),
-                    tag=None,
-                    access_token=rec.envd_access_token,
-                )
+            await start_commands(envd, rec, COMMANDS)
             ids.append(sid)
     return ids
 
