@@ -269,9 +269,12 @@ class Scaler:
             deadline = time.monotonic() + self._ready_timeout
             # Replay once the daemon answers, before its ready command passes: the command may
             # check what the template's start command (replayed like any process) starts.
-            endpoint = await self._runtime.wait_ready(
-                sid, timeout=self._ready_timeout, answering=True
-            )
+            try:  # (a runtime that cannot tell answering from ready fails here)
+                endpoint = await self._runtime.wait_ready(
+                    sid, timeout=self._ready_timeout, answering=True
+                )
+            except ReadyFailed as e:  # the template's ready command never succeeded
+                return await self._fail_back_to_paused(record, cmd_msg_id, str(e))
             spans.mark("answering")
             if endpoint.pod_uid == record.pod_uid:
                 await self._continue_held(sid)
