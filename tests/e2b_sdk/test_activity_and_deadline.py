@@ -9,7 +9,6 @@ after a file read left the sandbox running for another timeout, about 1 run in 2
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from e2b import Sandbox
@@ -22,14 +21,6 @@ pytestmark = pytest.mark.slow
 # Longer than a touch takes to land on an idle machine (milliseconds): the old code moved endAt
 # within it. A bounded observation, not a timing assertion: a slower touch could only hide it.
 OBSERVE_S = 2.0
-
-
-@pytest.fixture(scope="module")
-def sbx(stack: Stack) -> Iterator[Sandbox]:
-    opts = stack.sdk_opts("alice")
-    s = Sandbox.create(template="base", timeout=300, **opts)
-    yield s
-    Sandbox.kill(s.sandbox_id, **opts)
 
 
 def test_is_running_does_not_move_end_at_but_traffic_does(sbx: Sandbox) -> None:

@@ -7,7 +7,6 @@ cannot change it."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,6 @@ from tests.support.stack import Stack
 pytestmark = pytest.mark.slow
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-
-
-@pytest.fixture(scope="module")
-def sbx(stack: Stack) -> Iterator[Sandbox]:
-    opts = stack.sdk_opts("alice")
-    s = Sandbox.create(template="base", timeout=300, **opts)
-    yield s
-    Sandbox.kill(s.sandbox_id, **opts)
 
 
 def _boot_id(s: Sandbox) -> str:

@@ -6,7 +6,6 @@ template says ``persist: none``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,13 +15,6 @@ from tests.support.stack import Stack
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sbx(opts: dict[str, object]) -> Iterator[Sandbox]:
-    s = Sandbox.create(template="base", timeout=300, **opts)  # type: ignore[arg-type]
-    yield s
-    Sandbox.kill(s.sandbox_id, **opts)  # type: ignore[arg-type]
 
 
 def _out(s: Sandbox, cmd: str, **kwargs: Any) -> str:
