@@ -6,6 +6,7 @@ sandbox id, envdVersion and envdAccessToken; ``E2B_SANDBOX_URL`` points the SDK 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -143,14 +144,21 @@ class _ControlPlane(BaseHTTPRequestHandler):
 from services.envd.version import ENVD_VERSION  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def control_plane() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ControlPlane)
+@contextlib.contextmanager
+def _serving(plane: type[_ControlPlane]) -> Iterator[str]:
+    """``plane`` on a loopback port in a thread: its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), plane)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="module")
+def control_plane() -> Iterator[str]:
+    with _serving(_ControlPlane) as url:
+        yield url
 
 
 class _WrongTokenPlane(_ControlPlane):
@@ -159,12 +167,8 @@ class _WrongTokenPlane(_ControlPlane):
 
 @pytest.fixture(scope="module")
 def wrong_token_plane() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _WrongTokenPlane)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with _serving(_WrongTokenPlane) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
