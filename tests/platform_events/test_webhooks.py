@@ -82,6 +82,16 @@ def deliveries(stack: Stack, user: str, hook_id: str) -> list[dict[str, Any]]:
     return list(r.json())
 
 
+def lifecycle_events(stack: Stack, user: str, sandbox_id: str) -> list[dict[str, Any]]:
+    """The sandbox's lifecycle events from the API, oldest first."""
+    with stack.client(user) as api:
+        r = api.get(
+            f"/events/sandboxes/{sandbox_id}",
+            params=[("types", t) for t in LIFECYCLE] + [("orderAsc", "true")],
+        )
+    return list(r.json())
+
+
 def of_sandbox(receiver: Receiver, path: str, sandbox_id: str) -> list[Any]:
     return [r for r in receiver.on(path) if json.loads(r.body)["sandboxId"] == sandbox_id]
 
@@ -125,11 +135,7 @@ def test_every_event_once_signed_through_a_crash_and_an_outage(
     receiver.start()
     sbx.kill()
 
-    with stack.client("alice") as api:
-        listed = api.get(
-            f"/events/sandboxes/{sid}",
-            params=[("types", t) for t in LIFECYCLE] + [("orderAsc", "true")],
-        ).json()
+    listed = lifecycle_events(stack, "alice", sid)
     expected = [e["id"] for e in listed]
     assert [e["type"] for e in listed] == LIFECYCLE, listed
     until(
@@ -265,11 +271,8 @@ def test_usage_of_a_scripted_scenario_matches_its_event_timestamps(
     sbx = Sandbox.connect(sid, timeout=300, **stack.sdk_opts("alice"))
     sbx.kill()
 
+    listed = lifecycle_events(stack, "alice", sid)
     with stack.client("alice") as api:
-        listed = api.get(
-            f"/events/sandboxes/{sid}",
-            params=[("types", t) for t in LIFECYCLE] + [("orderAsc", "true")],
-        ).json()
         at = {e["type"].rsplit(".", 1)[1]: datetime.fromisoformat(e["timestamp"]) for e in listed}
         assert len(at) == 4, listed
 
