@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import resource
 import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -20,7 +17,7 @@ from shared.runtime.local import limits as local_limits
 from shared.runtime.local import procfs
 from shared.runtime.local.layers import Layers
 from tests.contract.harness import healthy, read_file, write_file
-from tests.runtime_local.support import TEMPLATES, LocalRuntimeFactory
+from tests.runtime_local.support import LocalRuntimeFactory, start_owner
 
 pytestmark = pytest.mark.timeout(180)
 READY = 30.0
@@ -189,32 +186,6 @@ async def test_crashed_pod_is_restarted_with_a_new_uid(
         assert asyncio.get_running_loop().time() < deadline, "the crashed pod was not replaced"
         await asyncio.sleep(0.1)
     assert await healthy(ep)
-
-
-def start_owner(
-    nats_url: str, data_dir: Path, bucket: str, names: list[str]
-) -> tuple[subprocess.Popen[str], dict]:
-    script = Path(__file__).with_name("owner_process.py")
-    argv = [
-        sys.executable,
-        str(script),
-        "--nats-url",
-        nats_url,
-        "--data-dir",
-        str(data_dir),
-        "--bucket",
-        bucket,
-    ]
-    if TEMPLATES is not None:
-        argv += ["--templates-dir", str(TEMPLATES)]
-    for name in names:
-        argv += ["--name", name]
-    owner = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert owner.stdout is not None
-    for line in owner.stdout:
-        if line.startswith("ENDPOINTS "):
-            return owner, json.loads(line.removeprefix("ENDPOINTS "))
-    pytest.fail(f"owner exited with {owner.wait(10)} before its pods were ready")
 
 
 @pytest.mark.slow

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -24,12 +23,12 @@ from shared.models.network import NetworkPolicy
 from shared.runtime.local import LocalRuntime, procfs
 from shared.runtime.local.network import PodNetwork, release_instance
 from shared.runtime.local.pod_dirs import unmount_stopped
+from tests.runtime_local.support import start_owner
 from tests.security.network_support import leftovers, require_root_network, sh
 from tests.support.pods import instance_processes
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
-OWNER = Path(__file__).resolve().parents[1] / "runtime_local" / "owner_process.py"
 
 
 def kill9_pods(data_dir: Path) -> None:
@@ -54,17 +53,7 @@ async def test_restart_after_kill9_removes_only_its_own_leftovers(
     require_root_network()
     data_dir, bucket = tmp_path / "rt", f"wl_{uuid.uuid4().hex[:12]}"
     names = [f"sbx-{uuid.uuid4().hex[:10]}" for _ in range(2)]
-    argv = [sys.executable, str(OWNER), "--nats-url", nats_url, "--data-dir", str(data_dir)]
-    argv += ["--bucket", bucket]
-    for name in names:
-        argv += ["--name", name]
-    owner = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert owner.stdout is not None
-    for line in owner.stdout:
-        if line.startswith("ENDPOINTS "):
-            break
-    else:
-        pytest.fail(f"owner exited with {owner.wait(10)} before its pods were ready")
+    owner, _ = start_owner(nats_url, data_dir, bucket, names)
     # Another instance on the same host, with a pod network of its own.
     other = await PodNetwork(tmp_path / "other").open()
     other_pod = "0fedcba"
