@@ -10,6 +10,7 @@ No module-level singletons: call ``load(SomeSettings)`` in the entrypoint and ha
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from datetime import timedelta
@@ -71,6 +72,12 @@ TUNING_VARIABLE = "TORPOR_TUNING"
 def parse_tuning(value: str) -> dict[str, str]:
     """``NAME=VALUE[,NAME=VALUE]`` into values by name; ``ValueError`` naming the bad entry. The
     values are validated by the field they set."""
+    return dict(_parsed_tuning(value))
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_tuning(value: str) -> tuple[tuple[str, str], ...]:
+    # Once per process and value: every settings class a service loads reads the same variable.
     if len(value) > 4096:
         raise ValueError("longer than 4096 characters")
     values: dict[str, str] = {}
@@ -82,7 +89,7 @@ def parse_tuning(value: str) -> dict[str, str]:
         if name in values:
             raise ValueError(f"{name} given twice")
         values[name] = raw
-    return values
+    return tuple(values.items())
 
 
 def tuning_key(settings_cls: type[BaseSettings], field_name: str) -> str:
@@ -373,12 +380,8 @@ class TuningSettings(SettingsBase):
     tuning: str = Field(default="", max_length=4096)
     """Tests and benchmarks only: `NAME=VALUE[,NAME=VALUE]` sets tuning constants of the
     services a test starts (shorter heartbeats, fewer deliveries, a faster garbage collection),
-    each validated like a setting. The names: `SCALER_GIVE_UP_AFTER`, `SCALER_HEARTBEAT_SECONDS`,
-    `SNAPSHOTTER_GIVE_UP_AFTER`, `SNAPSHOTTER_ENVD_TIMEOUT`, `SNAPSHOTTER_HEARTBEAT_SECONDS`,
-    `SCHEDULER_PAUSE_CHECK_SECONDS`, `SCHEDULER_FETCH_BATCH`, `DELIVERER_BACKOFF_BASE_SECONDS`,
-    `DELIVERER_BACKOFF_CAP_SECONDS`, `BUILDER_GC_INTERVAL`, `BUILDER_GC_GRACE`,
-    `BUILDER_POD_READY_TIMEOUT`, `STOP_GRACE` (their defaults are in the services' settings
-    classes). An unknown name, or one given twice, stops every service with one line."""
+    each validated like a setting; their defaults are in the services' settings classes. An
+    unknown name, or one given twice, stops every service with one line."""
 
     @field_validator("tuning")
     @classmethod

@@ -33,6 +33,7 @@ from shared.quota.models import QuotaSettings
 from shared.runtime.factory import LocalRuntimeSettings
 from shared.settings import (
     FORMER_NAMES,
+    TUNABLE,
     BusSettings,
     FeatureFlags,
     HealthSettings,
@@ -125,13 +126,20 @@ def variables() -> set[str]:
     }
 
 
+def _meaning(cls: type[BaseSettings], name: str, field: FieldInfo) -> str:
+    meaning = field.description or ""
+    if cls is TuningSettings and name == "tuning":  # the names come from their one list
+        meaning += " The names: " + ", ".join(f"`{n}`" for n in sorted(TUNABLE)) + "."
+    return meaning
+
+
 def table(cls: type[BaseSettings]) -> str:
     fields = environment_fields(cls)
     if not fields:
         return f"No environment settings: the defaults are constants in `{cls.__module__}`.\n"
     rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
     for name, field in fields.items():
-        meaning = " ".join((field.description or "").split()).replace("|", "\\|")
+        meaning = " ".join((_meaning(cls, name, field)).split()).replace("|", "\\|")
         variables = _variables(env_names(cls, name, field))
         rows.append(f"| {variables} | {_default(field.default)} | {meaning} |")
     return "\n".join(rows) + "\n"
