@@ -21,6 +21,13 @@ ANNOTATION_REPLAYED = "torpor.dev/replayed-snapshot"
 ANNOTATION_RESTORED = "torpor.dev/restored-snapshot"
 # The workload's network policy (JSON of NetworkPolicy), where a runtime keeps it on the object.
 ANNOTATION_NETWORK = "torpor.dev/network"
+# "false": the pause of the current snapshot keeps files only (E2B's ``memory: false``, or
+# ``autoPauseMemory: false`` for a timeout); absent or "true": the runtime keeps memory where it
+# can (docs/memory-pause.md).
+ANNOTATION_PAUSE_MEMORY = "torpor.dev/pause-memory"
+# "false": the next pod boots from the kept files even if memory was kept (E2B's connect
+# ``memory: false``, the SDK's ``on_resume="reboot"``).
+ANNOTATION_RESUME_MEMORY = "torpor.dev/resume-memory"
 ENVD_PORT = 49983
 
 
@@ -51,6 +58,10 @@ class Endpoint(_Frozen):
     # The pod came from a warm pool (claimed, not started for this request): the ``path`` of
     # the ``created``/``resumed`` events.
     warm: bool = False
+    # The pod is the sandbox's paused tree restored with its memory (no replay); else, when a
+    # memory pause was asked for, why its memory did not come back (the resume report says it).
+    memory_kept: bool = False
+    memory_note: str | None = None
 
     @property
     def base_url(self) -> str:

@@ -40,8 +40,8 @@ import os
 import shutil
 import stat
 import struct
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -111,6 +111,9 @@ exec nsenter --user=/proc/"$CRTOOLS_INIT_PID"/ns/user -- \\
   /bin/sh -c 'echo 0 > /proc/sys/user/max_user_namespaces'
 """
 # Run as root in a private mount namespace: a tmpfs stage, each source bound onto <stage>/<n>.
+# Each source comes with the ``dev:ino`` its bound file or folder must have, or ``-`` (as
+# ``bwrap._STAGE_SCRIPT``): mount resolves the path again, so what it bound is checked after it
+# (a mount cannot be swapped, a name can: a volume folder's parent is the sandbox owner's).
 _STAGE_SCRIPT = """set -e
 stage=$1; shift
 mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev torpor-criu-stage "$stage"
@@ -118,11 +121,23 @@ i=0
 while [ "$1" != "--" ]; do
   if [ -d "$1" ]; then mkdir "$stage/$i"; else : > "$stage/$i"; fi
   mount --bind "$1" "$stage/$i"
-  i=$((i + 1)); shift
+  if [ "$2" != - ] && [ "$(stat -c %d:%i "$stage/$i")" != "$2" ]; then
+    echo "torpor-criu-stage: refused: $1 is not the one this pod start checked" \\
+      "(a name on its way was swapped, e.g. for a symlink)" >&2
+    exit 1
+  fi
+  i=$((i + 1)); shift 2
 done
 shift
 exec "$@"
 """
+# The restored tree's PID 1 (bubblewrap, dumpable) is made non-dumpable in its image: a restored
+# task is in no Landlock domain (CRIU restores none), so only "not dumpable" (ptrace, pidfd_getfd
+# and /proc/<pid>/mem need CAP_SYS_PTRACE over its mm's user namespace, which sandbox root does
+# not have) keeps sandbox code off it, as it keeps it off the daemon (which makes itself so).
+_IMG_COMMON_MAGIC = 0x54564319
+_MM_DUMPABLE = 15  # mm_entry.dumpable (images/mm.proto)
+_PSTREE_PID = 1  # pstree_entry.pid
 
 
 class CheckpointFailure(RuntimeFailure):
@@ -147,17 +162,28 @@ class PodTree:
 @dataclass(frozen=True)
 class RestoreTarget:
     """Where a tree comes back: the pod's root (mounted as at a pod start), its network
-    namespace, and the write end of its new output pipe."""
+    namespace, and the write end of its new output pipe.
+
+    ``identities``: the ``dev:ino`` each bind source under ``checked_dir`` must have (the
+    runtime opened them safely for this pod start); a source of the images under ``checked_dir``
+    without one is refused, the others (the OS, torpor's code) are bound by path as at a start.
+    """
 
     root: Path
     enter: Sequence[str]
     output_fd: int
+    identities: Mapping[str, str] = field(default_factory=dict)
+    checked_dir: Path | None = None
 
 
 class Checkpointer(Protocol):
-    async def dump(self, pod: PodTree, images: Path) -> None: ...
+    async def dump(
+        self, pod: PodTree, images: Path, *, identity: Mapping[str, str] | None = None
+    ) -> None: ...
 
-    async def restore(self, target: RestoreTarget, images: Path) -> int: ...
+    async def restore(
+        self, target: RestoreTarget, images: Path, *, identity: Mapping[str, str] | None = None
+    ) -> int: ...
 
 
 def default_criu() -> str | None:
@@ -199,10 +225,13 @@ class Criu:
     def __init__(self, criu: str) -> None:
         self._criu = criu
 
-    async def dump(self, pod: PodTree, images: Path) -> None:
+    async def dump(
+        self, pod: PodTree, images: Path, *, identity: Mapping[str, str] | None = None
+    ) -> None:
         """Dump pod ``pod`` into the new folder ``images`` (host root's, 0700); the pod's
-        processes are gone afterwards. Raises :class:`CheckpointFailure` (the pod then still
-        runs, unless CRIU failed after it killed it)."""
+        processes are gone afterwards. ``identity`` (whose pod this is: sandbox, pod uid) is
+        kept with the images, and a restore must name it. Raises :class:`CheckpointFailure`
+        (the pod then still runs, unless CRIU failed after it killed it)."""
         tree = await asyncio.to_thread(inspect_tree, pod.pid)
         await asyncio.to_thread(_new_private_dir, images)
         owner = await asyncio.to_thread(userns_owner, pod.pid)
@@ -231,7 +260,9 @@ class Criu:
         if rc != 0:
             raise CheckpointFailure(f"criu dump failed: {_errors(images / 'dump.log', out)}")
         await _wait_dead(pod.pid)  # CRIU killed the tree; its PID 1's parent reaps it
+        await asyncio.to_thread(seal_init, images)
         meta = {
+            "identity": dict(identity or {}),
             "gid": tree.gid,
             "mounts": [m.__dict__ for m in tree.mounts],
             "files": [f.__dict__ for f in tree.files],
@@ -239,11 +270,22 @@ class Criu:
         }
         await asyncio.to_thread(_write_private, images / META, json.dumps(meta))
 
-    async def restore(self, target: RestoreTarget, images: Path) -> int:
+    async def restore(
+        self, target: RestoreTarget, images: Path, *, identity: Mapping[str, str] | None = None
+    ) -> int:
         """Restore the tree of ``images`` into ``target``; returns the host pid of its PID 1.
-        Refuses images without the dump's record (a partial or foreign folder)."""
+        Refuses images without the dump's record (a partial or foreign folder), images whose
+        record names another ``identity`` (another sandbox's or pod's), and a bind source under
+        ``target.checked_dir`` that this start did not check."""
         meta = await asyncio.to_thread(_read_meta, images)
+        if identity is not None and meta.get("identity") != dict(identity):
+            msg = f"checkpoint images {images} are not this pod's (they name another sandbox)"
+            raise CheckpointFailure(msg)
+        if await asyncio.to_thread(pid1_dumpable, images) != 0:
+            msg = f"checkpoint images {images} would restore a dumpable PID 1 (not sealed)"
+            raise CheckpointFailure(msg)
         mounts = [ExternalMount(**m) for m in meta["mounts"]]
+        checks = [_expected_identity(m.source, target) for m in mounts]
         files = [ExternalFile(**f) for f in meta["files"]]
         fds: list[int] = []
         try:
@@ -261,7 +303,8 @@ class Criu:
                 pidfile.unlink()  # criu refuses an existing one
             argv = [*target.enter, "unshare", "--mount", "--propagation", "private", "--"]
             argv += ["/bin/sh", "-c", _STAGE_SCRIPT, "torpor-criu-stage", str(stage)]
-            argv += [m.source for m in mounts]
+            for mount, check in zip(mounts, checks, strict=True):
+                argv += [mount.source, check]
             argv += ["--", self._criu, "restore", "-D", str(images), "-o", "restore.log", "-d"]
             argv += ["--root", str(target.root), "--tcp-close", "--pidfile", str(pidfile)]
             script = images / _NEST_SCRIPT
@@ -353,6 +396,25 @@ def _host_source(mount: _MountLine, host: Sequence[_MountLine]) -> str | None:
         return None
     rest = mount.root[len(best.root.rstrip("/")) :] if best.root != "/" else mount.root
     return os.path.normpath(best.mountpoint.rstrip("/") + "/" + rest.lstrip("/"))
+
+
+def _expected_identity(source: str, target: RestoreTarget) -> str:
+    """The ``dev:ino`` the stage must find bound for ``source``, or ``-`` (bound by path)."""
+    if target.checked_dir is None or not _within(source, target.checked_dir):
+        return "-"
+    found = target.identities.get(source)
+    if found is None:
+        msg = f"the checkpoint binds {source!r}, which this pod start did not check"
+        raise CheckpointFailure(msg)
+    return found
+
+
+def _within(path: str, folder: Path) -> bool:
+    try:
+        Path(os.path.normpath(path)).relative_to(folder)
+    except ValueError:
+        return False
+    return True
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -450,6 +512,123 @@ def _open_same(file: ExternalFile) -> int:
             os.close(fd)
     msg = f"a file the pod had open is gone or changed: {file.path}"
     raise CheckpointFailure(msg)
+
+
+# ---- PID 1 restored non-dumpable ------------------------------------------------------
+
+
+def seal_init(images: Path) -> None:
+    """Rewrite the image of the tree's PID 1 (the first ``pstree`` entry) so that its restored
+    mm is not dumpable (see ``_MM_DUMPABLE``); every other task keeps what it had."""
+    root = _first_entry(images / "pstree.img")
+    pid = _varint_field(root, _PSTREE_PID)
+    if pid is None:
+        msg = "checkpoint images have no pstree root"
+        raise CheckpointFailure(msg)
+    path = images / f"mm-{pid}.img"
+    head, entry, tail = _split_image(path.read_bytes(), path)
+    fields = [f for f in _fields(entry) if f[0] != _MM_DUMPABLE]
+    body = b"".join(raw for _, _, raw in fields) + _varint(_MM_DUMPABLE << 3) + _varint(0)
+    partial = path.with_name(path.name + ".partial")
+    _write_private(partial, "")
+    partial.write_bytes(head + struct.pack("<I", len(body)) + body + tail)
+    os.replace(partial, path)
+    if _varint_field(_split_image(path.read_bytes(), path)[1], _MM_DUMPABLE) != 0:
+        msg = f"{path.name}: PID 1 could not be made non-dumpable"
+        raise CheckpointFailure(msg)
+
+
+def pid1_dumpable(images: Path) -> int | None:
+    """The dumpable flag PID 1's image restores (tests, and the restore's own check)."""
+    pid = _varint_field(_first_entry(images / "pstree.img"), _PSTREE_PID)
+    path = images / f"mm-{pid}.img"
+    return _varint_field(_split_image(path.read_bytes(), path)[1], _MM_DUMPABLE)
+
+
+def _split_image(data: bytes, path: Path) -> tuple[bytes, bytes, bytes]:
+    """(magic header, first entry, the rest) of a CRIU image: magics, then entries each after
+    its 32-bit size."""
+    try:
+        head = 8 if struct.unpack_from("<I", data)[0] == _IMG_COMMON_MAGIC else 4
+        (size,) = struct.unpack_from("<I", data, head)
+    except struct.error as e:
+        raise CheckpointFailure(f"{path.name} is not a CRIU image ({e})") from e
+    start = head + 4
+    if start + size > len(data):
+        msg = f"{path.name} is truncated"
+        raise CheckpointFailure(msg)
+    return data[:head], data[start : start + size], data[start + size :]
+
+
+def _first_entry(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CheckpointFailure(f"checkpoint images lack {path.name} ({e.strerror})") from e
+    return _split_image(data, path)[1]
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= len(data) or shift > 63:
+            msg = "malformed protobuf varint in a CRIU image"
+            raise CheckpointFailure(msg)
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, i
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _fields(message: bytes) -> list[tuple[int, int | None, bytes]]:
+    """Top-level (field number, varint value or None, raw bytes) of a protobuf message."""
+    out: list[tuple[int, int | None, bytes]] = []
+    i = 0
+    while i < len(message):
+        start = i
+        tag, i = _read_varint(message, i)
+        number, wire = tag >> 3, tag & 7
+        value: int | None = None
+        if wire == 0:
+            value, i = _read_varint(message, i)
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        elif wire == 2:
+            length, i = _read_varint(message, i)
+            i += length
+        else:
+            msg = f"unexpected protobuf wire type {wire} in a CRIU image"
+            raise CheckpointFailure(msg)
+        if i > len(message):
+            msg = "truncated protobuf field in a CRIU image"
+            raise CheckpointFailure(msg)
+        out.append((number, value, message[start:i]))
+    return out
+
+
+def _varint_field(message: bytes, number: int) -> int | None:
+    """The last value of varint field ``number`` (protobuf: the last one wins)."""
+    found = None
+    for n, value, _ in _fields(message):
+        if n == number and value is not None:
+            found = value
+    return found
 
 
 # ---- helpers ---------------------------------------------------------------------------

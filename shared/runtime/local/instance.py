@@ -29,6 +29,7 @@ from shared.runtime.local import bwrap, bytecode, checkpoint, limits, podlog
 from shared.runtime.local import rootfs as rootfs_location
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import PodLauncher
+from shared.runtime.local.memory import MemoryPauses
 from shared.runtime.local.network import PodNetwork
 from shared.runtime.local.reconciler import Reconciler
 from shared.runtime.local.records import WorkloadStore
@@ -129,6 +130,14 @@ class RuntimeInstance:
         self._store_ = WorkloadStore(kv)
         self._addresses_ = AddressPool(kv, network=self._network)
         self._id_ranges_ = IdRangePool(kv, instance=str(self._data_dir))
+        self.checkpoints = await checkpoint.probe(checkpoint.default_criu())
+        criu = checkpoint.default_criu() if self.checkpoints.available else None
+        memory = MemoryPauses(
+            launcher=self._launcher,
+            template_dirs=self._template_dirs,
+            checkpointer=checkpoint.Criu(criu) if criu is not None else None,
+            unavailable=self.checkpoints.reason,
+        )
         self._reconciler_ = Reconciler(
             store=self._store_,
             addresses=self._addresses_,
@@ -139,17 +148,17 @@ class RuntimeInstance:
             pools=self._pools,
             template_dirs=self._template_dirs,
             pool_claim_timeout=self._pool_claim_timeout,
+            memory=memory,
         )
         if self._supervise:
             await self._reconciler_.reconcile_all(stray_sweep=True)
             self._reconciler_.start_monitor()
-        self.checkpoints = await checkpoint.probe(checkpoint.default_criu())
         log.info(
             "runtime_local_started",
             data_dir=str(self._data_dir),
             cgroups=bool(cgroups),
             criu=self.checkpoints.version or None,
-            # Pauses keep files and replay processes either way (docs/memory-pause.md).
+            # Without CRIU pauses keep files and resumes replay processes (docs/memory-pause.md).
             criu_unavailable=self.checkpoints.reason or None,
         )
         return self

@@ -18,7 +18,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 import structlog
@@ -27,6 +27,7 @@ from shared.errors import RuntimeFailure
 from shared.runtime.local import (
     beneath,
     bwrap,
+    checkpoint,
     disk,
     etc,
     inject,
@@ -98,6 +99,90 @@ class PodLauncher:
     ) -> tuple[PodRecord, asyncio.subprocess.Process]:
         """Spawn pod ``uid`` of ``record`` (not yet recorded anywhere); ``enter`` is the argv
         prefix that puts it in its network namespace."""
+        pod_dir, launch, pod_limits, version = await self._prepare(record, uid)
+        try:
+            process = await spawning.spawn(
+                launch,
+                pod_limits,
+                pod_dir,
+                enter,
+                cgroups=self._cgroups,
+                log_bytes=self._log_bytes,
+            )
+        except (OSError, RuntimeFailure) as e:
+            await self._discard(uid, pod_dir)
+            msg = f"cannot start a pod for {record.name}: {e}"
+            raise RuntimeFailure(msg) from e
+        pod = PodRecord(
+            uid=uid,
+            pid=process.pid,
+            started_at=time.time(),
+            pod_dir=str(pod_dir),
+            start_ticks=procfs.start_ticks(process.pid),
+            template_version=version,
+        )
+        return pod, process
+
+    async def restore(
+        self,
+        record: WorkloadRecord,
+        uid: str,
+        *,
+        enter: Sequence[str],
+        images: Path,
+        checkpointer: checkpoint.Checkpointer,
+        identity: Mapping[str, str],
+        boot_id: str,
+    ) -> PodRecord:
+        """Bring pod ``uid`` back from its checkpoint ``images``: its folders, layer, volumes and
+        cgroups made as for a start (its boot id the dumped one's), then CRIU restores its tree
+        into them instead of a spawn. Raises :class:`checkpoint.CheckpointFailure` (the pod is
+        gone again then)."""
+        pod_dir, launch, _, version = await self._prepare(record, uid, boot_id=boot_id)
+        try:
+            # Every bind source under the data dir is one this start made or opened safely
+            # (a volume's checked dev:ino): the restore's stage refuses a swapped one.
+            identities = {
+                str(source): bwrap.identity(os.stat(source))
+                for source in bwrap.bind_sources(launch)
+                if bwrap.is_within(source, self._data_dir)
+            }
+            identities.update({str(k): v for k, v in bwrap.bind_identities(launch).items()})
+            reader = await podlog.start_reader(pod_dir, self._log_bytes)
+            try:
+                target = checkpoint.RestoreTarget(
+                    root=pod_dir / "root",
+                    enter=enter,
+                    output_fd=reader.fd,
+                    identities=identities,
+                    checked_dir=self._data_dir,
+                )
+                pid = await checkpointer.restore(target, images, identity=identity)
+            finally:
+                os.close(reader.fd)
+            if self._cgroups is not None:
+                await asyncio.to_thread(self._cgroups.join, uid, checkpoint.tree_pids(pid))
+        except (OSError, RuntimeFailure) as e:
+            with contextlib.suppress(RuntimeFailure):
+                await self._stop(uid)
+            await self._discard(uid, pod_dir)
+            msg = f"cannot restore a pod for {record.name}: {e}"
+            raise checkpoint.CheckpointFailure(msg) from e
+        return PodRecord(
+            uid=uid,
+            pid=pid,
+            started_at=time.time(),
+            pod_dir=str(pod_dir),
+            start_ticks=procfs.start_ticks(pid),
+            template_version=version,
+            memory_kept=True,
+        )
+
+    async def _prepare(
+        self, record: WorkloadRecord, uid: str, *, boot_id: str | None = None
+    ) -> tuple[Path, bwrap.PodLaunch, limits.Limits, str]:
+        """Pod ``uid``'s folders, layer, root, volumes, cgroups and launch: all but its
+        processes. Undone on failure."""
         template = await asyncio.to_thread(load_template, record.template, self._template_dirs)
         pod_dir = self.pod_dir(uid)
         if pod_dir is None or record.id_base is None or not userns.valid_base(record.id_base):
@@ -147,9 +232,9 @@ class PodLauncher:
                 address=record.address,
                 accounts=False,
             )
-            boot_id = pod_dir / "boot_id"
-            await asyncio.to_thread(boot_id.write_text, f"{uuid.uuid4()}\n")
-            await asyncio.to_thread(boot_id.chmod, 0o444)
+            boot_id_file = pod_dir / "boot_id"
+            await asyncio.to_thread(boot_id_file.write_text, boot_id or f"{uuid.uuid4()}\n")
+            await asyncio.to_thread(boot_id_file.chmod, 0o444)
             launch = bwrap.PodLaunch(
                 bwrap=self._bwrap,
                 uid=uid,
@@ -157,7 +242,7 @@ class PodLauncher:
                 runtime_root=self._data_dir,
                 workspace=root,
                 workdir=template.workdir,
-                mounts=[*volumes, bwrap.Mount(boot_id, BOOT_ID, read_only=True)],
+                mounts=[*volumes, bwrap.Mount(boot_id_file, BOOT_ID, read_only=True)],
                 env=env,
                 command=pod_command(template, record, python=self._python, pycache=self._pycache),
                 code_dirs=await asyncio.to_thread(bwrap.code_dirs),
@@ -173,27 +258,11 @@ class PodLauncher:
                 await asyncio.to_thread(self._cgroups.create, uid, pod_limits)
                 if record.pool is not None:  # a warm pod yields the CPU to sandboxes
                     await asyncio.to_thread(self._cgroups.set_cpu_weight, uid, POOL_CPU_WEIGHT)
-            process = await spawning.spawn(
-                launch,
-                pod_limits,
-                pod_dir,
-                enter,
-                cgroups=self._cgroups,
-                log_bytes=self._log_bytes,
-            )
         except (OSError, RuntimeFailure) as e:
             await self._discard(uid, pod_dir)
             msg = f"cannot start a pod for {record.name}: {e}"
             raise RuntimeFailure(msg) from e
-        pod = PodRecord(
-            uid=uid,
-            pid=process.pid,
-            started_at=time.time(),
-            pod_dir=str(pod_dir),
-            start_ticks=procfs.start_ticks(process.pid),
-            template_version=template_version(template),
-        )
-        return pod, process
+        return pod_dir, launch, pod_limits, template_version(template)
 
     def note_layer(self, uid: str, name: str, persist: Persist) -> None:
         """Pod ``uid`` holds workload ``name``'s layer now (a claimed warm pod, see .pools)."""

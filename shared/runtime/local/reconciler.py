@@ -23,6 +23,7 @@ from shared.errors import Conflict, NotFound, RuntimeFailure
 from shared.runtime.local import procfs
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import PodLauncher
+from shared.runtime.local.memory import MemoryPauses
 from shared.runtime.local.network import PodNetwork
 from shared.runtime.local.network.names import pod_net_id
 from shared.runtime.local.pools import Pools, is_pool_name
@@ -47,8 +48,10 @@ class Reconciler:
         pools: Mapping[str, int] | None = None,
         template_dirs: list[Path] | None = None,
         pool_claim_timeout: float = 30.0,
+        memory: MemoryPauses | None = None,
     ) -> None:
         self._store = store
+        self._memory = memory
         self._addresses = addresses
         self._id_ranges = id_ranges
         self._launcher = launcher
@@ -241,6 +244,10 @@ class Reconciler:
             return False
         if record.terminating:
             for pod in record.terminating:
+                if self._memory is not None and _pausing(record, pod):
+                    # A pause: the tree is dumped (or why not noted) before its teardown.
+                    enter = self._network.enter_prefix(pod_net_id(pod.uid))
+                    await self._memory.dump(record, pod, enter)
                 await self._discard(pod)
             gone = {p.uid for p in record.terminating}
             await self._store.mutate(
@@ -284,7 +291,8 @@ class Reconciler:
         if wait > 0:
             self.kick(name, after=wait)
             return False
-        if self.pools is not None and await self.pools.claim(record):
+        restoring = self._memory is not None and self._memory.has_images(name)
+        if not restoring and self.pools is not None and await self.pools.claim(record):
             return True  # a warm pod: the next step binds it
         await self._start_pod(record)
         return False
@@ -318,7 +326,8 @@ class Reconciler:
         if record.id_base is None:  # a record from before id ranges
             record = await self._give_id_range(record)
         record = await self._usable_address(record)
-        uid = str(uuid.uuid4())
+        # A paused tree comes back as the pod it was (its folders, cgroups and net id by uid).
+        uid = (self._memory.pod_uid(record) if self._memory else None) or str(uuid.uuid4())
         net_id = pod_net_id(uid)
         async with self._network.address_lock(record.address):
             # Under the lock: another reconciler (another service) may have started it.
@@ -331,9 +340,7 @@ class Reconciler:
                 try:
                     await self._network.setup(net_id, record.address, record.network)
                     try:
-                        pod, process = await self._launcher.start(
-                            record, uid, enter=self._network.enter_prefix(net_id)
-                        )
+                        pod, process = await self._restore_or_start(record, uid, net_id)
                     except Exception:
                         await self._network.teardown(net_id, record.address)
                         raise
@@ -353,8 +360,22 @@ class Reconciler:
             return
         if current.network != record.network:  # changed while the pod was starting
             await self.apply_network(record.name)
-        log.info("runtime_local_pod_started", workload=record.name, pod_uid=uid, pid=process.pid)
-        self._spawn_task(self._watch_exit(record.name, process))
+        log.info("runtime_local_pod_started", workload=record.name, pod_uid=uid, pid=pod.pid)
+        if process is not None:  # a restored tree is not this process's child: polled
+            self._spawn_task(self._watch_exit(record.name, process))
+
+    async def _restore_or_start(
+        self, record: WorkloadRecord, uid: str, net_id: str
+    ) -> tuple[PodRecord, asyncio.subprocess.Process | None]:
+        """The workload's paused tree restored, else a fresh pod that says why not."""
+        enter = self._network.enter_prefix(net_id)
+        note = None
+        if self._memory is not None:
+            restored, note = await self._memory.restore(record, uid, enter)
+            if restored is not None:
+                return restored, None
+        pod, process = await self._launcher.start(record, uid, enter=enter)
+        return (pod.model_copy(update={"memory_note": note}) if note else pod), process
 
     async def _usable_address(self, record: WorkloadRecord) -> WorkloadRecord:
         """The record, with a new address when its own is not in the current pod range."""
@@ -423,6 +444,17 @@ def _needs_work(record: WorkloadRecord) -> bool:
     if record.pod is None:
         return record.not_before <= time.time()  # else a delayed reconcile is already queued
     return not procfs.is_pod_alive(record.pod.pid, record.pod.uid, record.pod.start_ticks)
+
+
+def _pausing(record: WorkloadRecord, pod: PodRecord) -> bool:
+    """Whether stopping ``pod`` is a pause (scaled to 0, kept): the pod the scale took, alive."""
+    return (
+        record.replicas == 0
+        and not record.deleting
+        and record.pool is None
+        and pod is record.terminating[-1]
+        and procfs.is_pod_alive(pod.pid, pod.uid, pod.start_ticks)
+    )
 
 
 def _wants_pod(record: WorkloadRecord) -> bool:

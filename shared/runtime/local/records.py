@@ -72,6 +72,10 @@ class PodRecord(_Frozen):
     address: str | None = None  # its address in the pod network (None: older records)
     claim: Claim | None = None  # a warm pod from a pool (None: started for this workload)
     template_version: str | None = None  # what it was started from (templates.template_version)
+    # Restored from its sandbox's memory checkpoint (.memory) rather than started; else why the
+    # memory a pause kept (or tried to) did not come back, for the resume report.
+    memory_kept: bool = False
+    memory_note: str | None = None
 
 
 class WorkloadRecord(_Frozen):

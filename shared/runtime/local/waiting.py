@@ -14,7 +14,7 @@ from shared.errors import NotFound, PodNotReady, ReadyFailed, RuntimeFailure
 from shared.ports.workloads import ENVD_PORT, Endpoint
 from shared.runtime.local import podlog
 from shared.runtime.local.instance import RuntimeInstance
-from shared.runtime.local.records import WorkloadRecord
+from shared.runtime.local.records import PodRecord, WorkloadRecord
 from shared.runtime.readiness import not_ready_reason
 
 
@@ -45,11 +45,11 @@ class Waiting(RuntimeInstance):
                     healthy, waiting = await self._probe(client, record.address, patience)
                 if pod is not None and healthy:
                     if pod.ready or await self._mark_ready(name, pod.uid):
-                        return Endpoint(host=record.address, port=ENVD_PORT, pod_uid=pod.uid)
+                        return _endpoint(record.address, pod)
                     continue  # replaced or stopped meanwhile: look again
                 if pod is not None and answering and waiting is not None:
                     # Up, waiting for its ready command: not marked ready (it is not yet).
-                    return Endpoint(host=record.address, port=ENVD_PORT, pod_uid=pod.uid)
+                    return _endpoint(record.address, pod)
                 if time.monotonic() >= deadline and waiting is not None:
                     # Up, but its ready command kept failing: waiting longer will not heal it.
                     msg = f"pod of {name} not ready within {timeout:g}s: {waiting}"
@@ -115,3 +115,13 @@ async def _until(event: asyncio.Event, timeout: float) -> None:
     signalled: the caller looks again after the timeout)."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout)
+
+
+def _endpoint(address: str, pod: PodRecord) -> Endpoint:
+    return Endpoint(
+        host=address,
+        port=ENVD_PORT,
+        pod_uid=pod.uid,
+        memory_kept=pod.memory_kept,
+        memory_note=pod.memory_note,
+    )
