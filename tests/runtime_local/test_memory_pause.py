@@ -76,6 +76,8 @@ async def test_a_paused_pod_comes_back_with_its_memory_and_pid1_not_dumpable(
     await rt.create(WorkloadSpec(name=name, owner="alice", template=counter_pod.TEMPLATE))
     ep = await rt.wait_ready(name, timeout=30)
     assert not ep.memory_kept
+    # Opt-in for now: without the annotation a pause keeps files only (the second test).
+    await rt.patch_annotations(name, {ANNOTATION_PAUSE_MEMORY: "true"})
     before, secret, inside_pid = await counter_pod.ask(ep)
     boot_id = (data_dir / "pods" / ep.pod_uid / "boot_id").read_text()
     first = await rt._store.get(name)
@@ -144,8 +146,16 @@ async def test_files_only_pause_and_broken_images_start_fresh_with_the_reason(
     _, new_secret, _ = await counter_pod.ask(fresh)
     assert new_secret != secret
 
-    # A broken image: the restore fails, the pod starts fresh, the reason is kept.
+    # Not asked for: files only too (opt-in until the scaler handles a restored pod).
     await rt.patch_annotations(name, {ANNOTATION_PAUSE_MEMORY: None})
+    await _pause(rt, name)
+    assert not images.exists()
+    await rt.scale(name, 1)
+    plain = await rt.wait_ready(name, timeout=60)
+    assert not plain.memory_kept and "not switched on" in (plain.memory_note or "")
+
+    # A broken image: the restore fails, the pod starts fresh, the reason is kept.
+    await rt.patch_annotations(name, {ANNOTATION_PAUSE_MEMORY: "true"})
     await _pause(rt, name)
     pages = sorted(images.glob("pages-*.img"))
     assert pages

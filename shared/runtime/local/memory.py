@@ -9,9 +9,12 @@ silence: a pause that could not keep memory, or a restore that failed, leaves it
 (``memory.note``), which the next pod carries to the resume report (``memory_note``); that pod
 is then a fresh start, and the scaler replays the process list as for a files-only pause.
 
-A pause keeps memory unless its workload says ``torpor.dev/pause-memory: false`` (E2B's
-``memory: false``), CRIU is not usable here, or the template keeps no files (``persist:
-none``: the restored processes' files would be gone). A resume with ``torpor.dev/resume-memory:
+**Opt-in for now**: a pause keeps memory only when its workload says ``torpor.dev/pause-memory:
+true``, and not when CRIU is not usable here or the template keeps no files (``persist: none``:
+the restored processes' files would be gone). Nothing sets that annotation yet: the scaler
+does not yet skip the replay after a restore nor report ``memoryKept: true``, and the API does
+not yet carry E2B's ``memory`` choice to it (docs/memory-pause.md, "Not built yet"). Until then
+every pause keeps files only, as before. A resume with ``torpor.dev/resume-memory:
 false`` (E2B's reboot) drops the images and starts fresh.
 """
 
@@ -89,8 +92,11 @@ class MemoryPauses:
             await asyncio.to_thread(_write_note, folder, reason)
 
     def _why_not(self, record: WorkloadRecord) -> str | None:
-        if record.annotations.get(ANNOTATION_PAUSE_MEMORY) == "false":
+        wanted = record.annotations.get(ANNOTATION_PAUSE_MEMORY)
+        if wanted == "false":
             return "the pause kept files only (memory: false)"
+        if wanted != "true":  # opt-in until the scaler handles a restored pod (module docstring)
+            return "memory pause is not switched on (files-only pause)"
         if self.checkpointer is None:
             return f"CRIU is not usable on this host: {self.unavailable}"
         try:
