@@ -13,7 +13,6 @@ import httpx
 import pytest
 import yaml
 from kubernetes.aio import client as k8s
-from kubernetes.aio.client.exceptions import ApiException
 
 from shared.errors import ConfigError, Conflict
 from shared.ports.workloads import LABEL_MANAGED_BY, LABEL_SANDBOX_ID, Endpoint, WorkloadSpec
@@ -26,6 +25,7 @@ from shared.runtime.kubernetes.objects import (
     uses_claim,
     with_sandbox_data,
 )
+from tests.support.k8s.claims import read_claim, wait_claim_gone
 from tests.support.k8s.kubelet import TestKubelet
 from tests.support.k8s.plugin import TEST_TEMPLATES
 from tests.support.k8s.provisioner import bound_path
@@ -56,23 +56,6 @@ async def download(ep: Endpoint, path: str) -> bytes | None:
         return None
     assert r.status_code == 200, r.text
     return r.content
-
-
-async def read_claim(api: k8s.ApiClient, ns: str, name: str) -> Any | None:
-    try:
-        return await k8s.CoreV1Api(api).read_namespaced_persistent_volume_claim(name, ns)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-
-
-async def wait_claim_gone(api: k8s.ApiClient, ns: str, name: str) -> None:
-    for _ in range(300):
-        if await read_claim(api, ns, name) is None:
-            return
-        await asyncio.sleep(0.1)
-    pytest.fail(f"claim {ns}/{name} still exists")
 
 
 async def pause_resume(rt: KubernetesRuntime, name: str) -> Endpoint:
