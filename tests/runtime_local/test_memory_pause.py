@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.ports.workloads import ANNOTATION_PAUSE_MEMORY, WorkloadSpec
+from shared.ports.workloads import ANNOTATION_PAUSE_MEMORY, Endpoint, WorkloadSpec
 from shared.runtime.local import LocalRuntime, checkpoint, memory, procfs
 from tests.conftest import skip_or_fail
 from tests.runtime_local.support import LocalRuntimeFactory
@@ -23,11 +23,17 @@ from tests.support import counter_pod
 pytestmark = pytest.mark.timeout(240)
 
 
-async def _runtime(local_runtime: LocalRuntimeFactory, tmp_path: Path) -> LocalRuntime:
+async def _counter_sandbox(
+    local_runtime: LocalRuntimeFactory, tmp_path: Path
+) -> tuple[LocalRuntime, str, Endpoint]:
+    """A runtime that can dump, and a started counter pod on it: the runtime, its name, its
+    endpoint."""
     rt = await local_runtime(templates_dir=counter_pod.write_template(tmp_path / "t"))
     if not rt.checkpoints.available:
         skip_or_fail(f"CRIU is not usable here: {rt.checkpoints.reason}")
-    return rt
+    name = f"sbx-{uuid.uuid4().hex[:10]}"
+    await rt.create(WorkloadSpec(name=name, owner="alice", template=counter_pod.TEMPLATE))
+    return rt, name, await rt.wait_ready(name, timeout=30)
 
 
 async def _pause(rt: LocalRuntime, name: str) -> None:
@@ -71,10 +77,7 @@ def _status(pid: int, key: str) -> str:
 async def test_a_paused_pod_comes_back_with_its_memory_and_pid1_not_dumpable(
     local_runtime: LocalRuntimeFactory, data_dir: Path, tmp_path: Path
 ) -> None:
-    rt = await _runtime(local_runtime, tmp_path)
-    name = f"sbx-{uuid.uuid4().hex[:10]}"
-    await rt.create(WorkloadSpec(name=name, owner="alice", template=counter_pod.TEMPLATE))
-    ep = await rt.wait_ready(name, timeout=30)
+    rt, name, ep = await _counter_sandbox(local_runtime, tmp_path)
     assert not ep.memory_kept
     # Opt-in for now: without the annotation a pause keeps files only (the second test).
     await rt.patch_annotations(name, {ANNOTATION_PAUSE_MEMORY: "true"})
@@ -129,10 +132,7 @@ async def test_a_paused_pod_comes_back_with_its_memory_and_pid1_not_dumpable(
 async def test_files_only_pause_and_broken_images_start_fresh_with_the_reason(
     local_runtime: LocalRuntimeFactory, data_dir: Path, tmp_path: Path
 ) -> None:
-    rt = await _runtime(local_runtime, tmp_path)
-    name = f"sbx-{uuid.uuid4().hex[:10]}"
-    await rt.create(WorkloadSpec(name=name, owner="alice", template=counter_pod.TEMPLATE))
-    ep = await rt.wait_ready(name, timeout=30)
+    rt, name, ep = await _counter_sandbox(local_runtime, tmp_path)
     _, secret, _ = await counter_pod.ask(ep)
     images = data_dir / "layers" / name / memory.IMAGES
 
@@ -152,7 +152,7 @@ async def test_files_only_pause_and_broken_images_start_fresh_with_the_reason(
     assert not images.exists()
     await rt.scale(name, 1)
     plain = await rt.wait_ready(name, timeout=60)
-    assert not plain.memory_kept and "not switched on" in (plain.memory_note or "")
+    assert not plain.memory_kept and "not asked for" in (plain.memory_note or "")
 
     # A broken image: the restore fails, the pod starts fresh, the reason is kept.
     await rt.patch_annotations(name, {ANNOTATION_PAUSE_MEMORY: "true"})
