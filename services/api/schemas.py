@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 
 from shared.ids import SANDBOX_ID_PATTERN
 from shared.models.lifecycle import Hooks
@@ -179,10 +179,10 @@ class ResumedSandbox(_In):
 
 
 class PauseRequest(_In):
-    # Accepted either way: the JS SDK sends ``memory: true`` on every pause by default, so a
-    # refusal would break its plain ``pause()``. A torpor pause is always a process-list
-    # snapshot (documented in docs/api.md).
-    memory: bool | None = None
+    # true (the JS SDK's default, the Python SDK's ``mode="full"``): keep the processes' memory
+    # where the runtime can (local runtime with CRIU; else files only and the resume report says
+    # why). Absent or false: files only, the processes are replayed on resume.
+    memory: StrictBool = False
     require_healthy_guest: bool | None = Field(default=None, alias="requireHealthyGuest")
 
 

@@ -39,8 +39,8 @@ class Spans(BaseSpans):
         )
 
 
-# What a replayed resume loses; memory-preserving pause (docs/memory-pause.md) is not on the
-# pause path yet, so every resume replays.
+# What a replayed resume loses (a files-only pause, or a memory pause whose dump or restore
+# failed: the runtime's ``Endpoint.memory_note`` then follows, docs/memory-pause.md).
 REPLAYED = (
     "memory not kept: each process was started again from its command line, so its variables, "
     "a kernel's state and open connections are gone (files are kept as filesKept says)"
@@ -70,8 +70,15 @@ def resume_report(
     timings: ResumeTimings,
     *,
     path: StartPath,
+    memory: Endpoint | None = None,
 ) -> ResumeReport:
+    """``memory``: the resumed pod; ``memory_kept`` when it is the paused tree restored (no
+    replay), else the replay's note and the runtime's reason, if it gave one."""
     listed = within_budget(outcomes)
+    kept = memory is not None and memory.memory_kept
+    note = None if kept else REPLAYED
+    if not kept and memory is not None and memory.memory_note:
+        note = f"{REPLAYED}; {memory.memory_note}"
     return ResumeReport(
         at=t.now(),
         path=path,
@@ -79,8 +86,8 @@ def resume_report(
         template=record.template,
         template_version=facts.version,
         files_kept=facts.keeps_files,
-        memory_kept=False,
-        memory_note=REPLAYED,
+        memory_kept=kept,
+        memory_note=note,
         processes=listed,
         omitted=len(outcomes) - len(listed),
         replayed=sum(1 for o in outcomes if o.new_pid is not None),

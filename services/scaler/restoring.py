@@ -1,5 +1,6 @@
 """Bringing a snapshot back into a workload: a stored snapshot's files before the first pod of a
-sandbox made from it, and the snapshot's processes started once in each new pod (the replay).
+sandbox made from it, and the snapshot's processes started once in each new pod (the replay),
+unless the pod is the paused tree restored with its memory (``kept``: nothing to start).
 
 Both are idempotent: the workload's annotations (``torpor.dev/restored-snapshot``,
 ``torpor.dev/replayed-snapshot = <snapshot id>@<pod uid>``) say what is done already, so a
@@ -59,6 +60,35 @@ class Restorer:
         return await self.runtime.patch_annotations(
             record.sandbox_id, {ANNOTATION_RESTORED: snapshot_id}
         )
+
+    async def kept(self, record: SandboxRecord, endpoint: Endpoint) -> list[ProcessOutcome]:
+        """The pod is the paused tree restored with its memory (``Endpoint.memory_kept``): its
+        processes still run, so nothing is started; each snapshot process is reported with the
+        pid it runs under now, or as gone."""
+        value = record.snapshot.annotation if record.snapshot is not None else None
+        if value is None:
+            return []
+        snapshot = Snapshot.decode(value)
+        running = await self.envd.list_processes(
+            endpoint, access_token=record.envd_access_token, timeout=self.start_timeout
+        )
+        outcomes = [
+            ProcessOutcome(
+                cmd=step.process.config.cmd,
+                args=list(step.process.config.args),
+                tag=step.process.tag,
+                old_pid=step.process.pid,
+                new_pid=step.running_pid,
+                error=None if step.running_pid is not None else "not running after the restore",
+            )
+            for step in plan(snapshot.processes, running)
+        ]
+        log.info(
+            "memory_kept",
+            snapshot_id=snapshot.id,
+            running=sum(1 for o in outcomes if o.new_pid is not None),
+        )
+        return outcomes
 
     async def replay(
         self,

@@ -279,10 +279,13 @@ class Scaler:
             if endpoint.pod_uid == record.pod_uid:
                 await self._continue_held(sid)
             await progress()
-            # Annotations as read before the scale: only this resume writes them meanwhile.
-            outcomes = await self._restorer.replay(
-                record, endpoint, workload.annotations, progress, spans.mark
-            )
+            if endpoint.memory_kept:  # the paused processes still run: no replay
+                outcomes = await self._restorer.kept(record, endpoint)
+            else:
+                # Annotations as read before the scale: only this resume writes them meanwhile.
+                outcomes = await self._restorer.replay(
+                    record, endpoint, workload.annotations, progress, spans.mark
+                )
             spans.mark("replay_mark")
             try:
                 ready = await self._runtime.wait_ready(
@@ -301,7 +304,13 @@ class Scaler:
                 raise PermanentFailure(describe(refused))
             snapshot_id = record.snapshot.id if record.snapshot else None
             report = resume_report(
-                record, snapshot_id, outcomes, facts, spans.timings(), path=path_of(endpoint)
+                record,
+                snapshot_id,
+                outcomes,
+                facts,
+                spans.timings(),
+                path=path_of(endpoint),
+                memory=endpoint,
             ).model_copy(update={"hooks": hooks})
             record = await self._store.update(
                 sid,

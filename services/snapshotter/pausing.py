@@ -3,8 +3,10 @@
 Order of effects, each safe to repeat:
 1. CAS ``running → pausing`` owned by the command's message id (a redelivery continues).
 2. ``List`` the daemon's processes and build the snapshot (``Snapshot.capture``).
-3. Patch the workload: the snapshot annotation, and the replay key of the pod it was captured
-   from (that pod already runs these processes).
+3. Patch the workload: the snapshot annotation, the replay key of the pod it was captured
+   from (that pod already runs these processes), and whether the pause keeps memory
+   (``torpor.dev/pause-memory``, the command's ``memory``; the local runtime dumps the pod with
+   CRIU when it stops it, docs/memory-pause.md).
 4. CAS the snapshot (a full copy of the annotation value) into the record.
 5. ``Runtime.keep_files``: the files the pod's disk would lose go to the kept-files store
    (Kubernetes ``persist: store``; a no-op elsewhere). Repeated on a redelivery (the newer copy
@@ -52,7 +54,12 @@ from shared.models.snapshots import MAX_SNAPSHOT_ANNOTATION_BYTES, Snapshot
 from shared.ports.bus import Publisher, SandboxStore, emit
 from shared.ports.envd import Envd
 from shared.ports.runtime import Runtime
-from shared.ports.workloads import ANNOTATION_REPLAYED, ANNOTATION_SNAPSHOT, Endpoint
+from shared.ports.workloads import (
+    ANNOTATION_PAUSE_MEMORY,
+    ANNOTATION_REPLAYED,
+    ANNOTATION_SNAPSHOT,
+    Endpoint,
+)
 
 log = structlog.get_logger()
 
@@ -117,7 +124,7 @@ class Snapshotter:
                 self._metrics.snapshots.labels("refused").inc()
                 log.info("pause_refused", reason=describe(refused), reason_by=cmd.reason)
                 return "refused"
-            record, ref = await self._capture(record, cmd_msg_id, endpoint)
+            record, ref = await self._capture(record, cmd_msg_id, endpoint, memory=cmd.memory)
         # After the capture, before the scaler may stop the pod (it waits for ``snapshotted``):
         # files the pod's disk would lose go to the kept-files store (Kubernetes ``persist:
         # store``). A failure fails the pause here, with the pod still running. Its processes
@@ -139,7 +146,7 @@ class Snapshotter:
         return "snapshotted"
 
     async def _capture(
-        self, record: SandboxRecord, cmd_msg_id: str, endpoint: Endpoint
+        self, record: SandboxRecord, cmd_msg_id: str, endpoint: Endpoint, *, memory: bool
     ) -> tuple[SandboxRecord, SnapshotRef]:
         processes = await self._envd.list_processes(
             endpoint, access_token=record.envd_access_token, timeout=self._envd_timeout
@@ -153,6 +160,9 @@ class Snapshotter:
             {
                 ANNOTATION_SNAPSHOT: value,
                 ANNOTATION_REPLAYED: replay_key(snapshot.id, endpoint.pod_uid),
+                # Read by the runtime when it stops the pod (set on every pause: the last
+                # pause's choice must not carry over to the next one).
+                ANNOTATION_PAUSE_MEMORY: "true" if memory else "false",
             },
         )
         ref = SnapshotRef(

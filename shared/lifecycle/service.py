@@ -173,7 +173,7 @@ class SandboxLifecycle:
     # ---- pause / resume / kill --------------------------------------------------------------
 
     async def pause(
-        self, sandbox_id: str, *, owner: str | None, wait: float = 55.0
+        self, sandbox_id: str, *, owner: str | None, wait: float = 55.0, memory: bool = False
     ) -> SandboxRecord:
         until = time.monotonic() + wait
         record = await self.get(sandbox_id, owner=owner)
@@ -188,7 +188,12 @@ class SandboxLifecycle:
         if t.can_pause(record.state):
             await emit(
                 self._publisher,
-                PauseSandbox(sandbox_id=sandbox_id, generation=record.generation, reason="user"),
+                PauseSandbox(
+                    sandbox_id=sandbox_id,
+                    generation=record.generation,
+                    reason="user",
+                    memory=memory,
+                ),
             )
         elif record.state != SandboxState.PAUSING:
             raise IllegalTransition(

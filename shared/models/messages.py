@@ -43,6 +43,9 @@ class PauseSandbox(_Message):
     type: Literal["sandbox.cmd.pause"] = "sandbox.cmd.pause"
     generation: int
     reason: Literal["user", "timeout", "platform"] = "user"
+    # E2B's pause ``memory: true``: keep the processes' memory where the runtime can (the
+    # snapshotter sets ``torpor.dev/pause-memory`` on the workload); false: files only.
+    memory: bool = False
 
 
 class ResumeSandbox(_Message):

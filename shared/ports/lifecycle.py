@@ -60,10 +60,11 @@ class Lifecycle(Protocol):
     async def list(self, *, owner: str | None) -> list[SandboxRecord]: ...
 
     async def pause(
-        self, sandbox_id: str, *, owner: str | None, wait: float = 55.0
+        self, sandbox_id: str, *, owner: str | None, wait: float = 55.0, memory: bool = False
     ) -> SandboxRecord:
         """Manual pause (always allowed, no feature flag). ``IllegalTransition`` if already
-        paused; waits through an in-flight pause."""
+        paused; waits through an in-flight pause. ``memory``: keep the processes' memory where
+        the runtime can (E2B's pause ``memory: true``); else files only."""
         ...
 
     async def resume(

@@ -22,7 +22,8 @@ ANNOTATION_RESTORED = "torpor.dev/restored-snapshot"
 # The workload's network policy (JSON of NetworkPolicy), where a runtime keeps it on the object.
 ANNOTATION_NETWORK = "torpor.dev/network"
 # "true": the local runtime keeps the pod's memory on its next pause where it can; "false" or
-# absent: files only. Opt-in until the scaler handles a restored pod (docs/memory-pause.md).
+# absent: files only. Set by the snapshotter on every pause from the pause's ``memory``
+# (docs/memory-pause.md).
 ANNOTATION_PAUSE_MEMORY = "torpor.dev/pause-memory"
 # "false": the next pod boots from the kept files even if memory was kept (E2B's connect
 # ``memory: false``, the SDK's ``on_resume="reboot"``).

@@ -111,7 +111,7 @@ class FakeLifecycle:
         ]
 
     async def pause(
-        self, sandbox_id: str, *, owner: str | None, wait: float = 55.0
+        self, sandbox_id: str, *, owner: str | None, wait: float = 55.0, memory: bool = False
     ) -> SandboxRecord:
         record = await self.get(sandbox_id, owner=owner)
         if record.state == SandboxState.PAUSED:

@@ -331,3 +331,28 @@ async def test_a_refused_pause_is_409_with_the_hook_outcome(
     r = await client.post(f"/sandboxes/{sid}/pause", json={}, headers=auth())
     assert r.status_code == 409 and r.json()["hook"] == hook
     assert r.json()["code"] == 409 and "keeps running" in r.json()["message"]
+
+
+async def test_pause_carries_memory_and_refuses_anything_but_a_bool(
+    client: httpx.AsyncClient, lifecycle: FakeLifecycle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = (await create(client))["sandboxID"]
+    asked: list[object] = []
+    pause = lifecycle.pause
+
+    async def recording(sandbox_id: str, **kw: object) -> object:
+        asked.append(kw.get("memory"))
+        return await pause(sandbox_id, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lifecycle, "pause", recording)
+    for body in ({"memory": "true"}, {"memory": 1}, {"memory": None}, {"memory": True, "x": 1}):
+        r = await client.post(f"/sandboxes/{sid}/pause", json=body, headers=auth())
+        assert r.status_code == 400 and r.json()["code"] == 400, (body, r.text)
+    assert asked == []
+    for body, memory in (({"memory": True}, True), ({}, False), (None, False)):
+        r = await client.post(f"/sandboxes/{sid}/pause", json=body, headers=auth())
+        assert r.status_code == 204, r.text
+        assert (
+            await client.post(f"/v2/sandboxes/{sid}/connect", json={}, headers=auth())
+        ).status_code == 201
+    assert asked == [True, False, False]

@@ -17,7 +17,7 @@ from shared.errors import EnvdUnavailable, NotFound, PodNotReady, ReadyFailed
 from shared.models.network import NetworkPolicy
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.ports.envd import CommandResult, InnerActivity
-from shared.ports.workloads import Endpoint, Workload, WorkloadSpec
+from shared.ports.workloads import ANNOTATION_PAUSE_MEMORY, Endpoint, Workload, WorkloadSpec
 
 
 class FakeRuntime:
@@ -40,6 +40,11 @@ class FakeRuntime:
         self.stop_failure: Exception | None = None  # a scale to 0 raises this
         self.warm_pods = 0  # a scale to 1 takes one of these (a warm pool's pod) while any are left
         self._warm: set[str] = set()  # pod uids that came from the pool
+        # A pause of a workload annotated torpor.dev/pause-memory=true keeps its pod (the local
+        # runtime's CRIU dump): the next scale to 1 brings that pod back, ``memory_kept``.
+        self.keeps_memory = False
+        self._frozen: dict[str, str] = {}  # workload -> the pod uid a memory pause kept
+        self._memory_kept: set[str] = set()  # pod uids that came back with their memory
 
     def _put(self, wl: Workload, **update: object) -> Workload:
         new = wl.model_copy(update={**update, "resource_version": str(next(self._version))})
@@ -94,6 +99,12 @@ class FakeRuntime:
     def _scale(self, name: str, replicas: int) -> Workload:
         wl = self._require(name)
         self.scale_calls.append((name, replicas))
+        if replicas == 1 and wl.pod_uid is None and name in self._frozen:
+            uid = self._frozen.pop(name)
+            self._memory_kept.add(uid)
+            return self._put(
+                wl, replicas=1, ready_replicas=1, pod_uid=uid, pod_ip=self._address[name]
+            )
         if replicas == 1 and wl.pod_uid is None:
             uid = str(uuid.uuid4())
             if self.warm_pods:
@@ -109,6 +120,9 @@ class FakeRuntime:
         if replicas == 0:
             if self.stop_failure is not None:
                 raise self.stop_failure
+            memory = wl.annotations.get(ANNOTATION_PAUSE_MEMORY) == "true"
+            if self.keeps_memory and memory and wl.pod_uid is not None:
+                self._frozen[name] = wl.pod_uid
             return self._put(wl, replicas=0, ready_replicas=0, pod_uid=None, pod_ip=None)
         return wl
 
@@ -119,7 +133,12 @@ class FakeRuntime:
             raise ReadyFailed(f"pod of {name} not ready within {timeout:g}s: {self.ready_failure}")
         if self.fail_ready or wl.pod_uid is None or wl.pod_ip is None:
             raise PodNotReady(f"{name} not ready")
-        return Endpoint(host=wl.pod_ip, pod_uid=wl.pod_uid, warm=wl.pod_uid in self._warm)
+        return Endpoint(
+            host=wl.pod_ip,
+            pod_uid=wl.pod_uid,
+            warm=wl.pod_uid in self._warm,
+            memory_kept=wl.pod_uid in self._memory_kept,
+        )
 
     async def wait_stopped(self, name: str, *, timeout: float) -> None:
         await asyncio.sleep(0)

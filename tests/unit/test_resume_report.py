@@ -12,7 +12,7 @@ from services.scaler.scaling import Scaler
 from shared.models.messages import ResumeSandbox, SandboxResumed, msg_id
 from shared.models.snapshots import ProcessConfig
 from shared.ports.lifecycle import CreateRequest
-from shared.ports.workloads import Endpoint
+from shared.ports.workloads import ANNOTATION_PAUSE_MEMORY, Endpoint
 from tests.fakes.publisher import RecordingPublisher
 from tests.fakes.system import InMemorySystem, in_memory_system
 
@@ -95,3 +95,32 @@ def test_the_report_lists_processes_within_its_budget() -> None:
     assert 0 < len(listed) < len(big) and listed == big[: len(listed)]
     assert sum(len(o.model_dump_json()) for o in listed) <= REPORT_PROCESS_BYTES
     assert within_budget(big[:3]) == big[:3]
+
+
+async def test_a_memory_pause_marks_the_workload_and_a_restored_pod_is_not_replayed(
+    system: InMemorySystem,
+) -> None:
+    """``memory=True`` reaches the workload (``torpor.dev/pause-memory``); a pod the runtime
+    brings back with its memory gets no replay and the report says memory was kept; the next
+    plain pause sets it back to files only and replays."""
+    system.runtime.keeps_memory = True
+    sid = "sbx-memory"
+    await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id=sid))
+    server_pid = await _start(system, sid, SERVER, "web")
+    await system.lifecycle.pause(sid, owner="alice", wait=5, memory=True)
+    assert system.runtime.workloads[sid].annotations[ANNOTATION_PAUSE_MEMORY] == "true"
+
+    result = await system.lifecycle.resume(sid, owner="alice", wait=5)
+    report = result.record.last_resume
+    assert report is not None and report.memory_kept is True and report.memory_note is None
+    pod = result.record.pod_uid or ""
+    assert system.envd.started[pod] == 1  # the one start before the pause: nothing replayed
+    (web,) = report.processes
+    assert (web.old_pid, web.new_pid, web.error) == (server_pid, server_pid, None)
+    assert (report.replayed, report.failed) == (1, 0)
+
+    await system.lifecycle.pause(sid, owner="alice", wait=5)
+    assert system.runtime.workloads[sid].annotations[ANNOTATION_PAUSE_MEMORY] == "false"
+    again = (await system.lifecycle.resume(sid, owner="alice", wait=5)).record.last_resume
+    assert again is not None and again.memory_kept is False and again.replayed == 1
+    assert again.memory_note is not None and "started again" in again.memory_note

@@ -336,7 +336,10 @@ async def pause_sandbox(
     w: WiringDep, caller: CallerDep, sandbox_id: str, body: PauseRequest | None = None
 ) -> Response:
     await _get(w, caller, sandbox_id)
-    await w.lifecycle.pause(sandbox_id, owner=caller.scope, wait=w.settings.transition_wait)
+    memory = body.memory if body is not None else False
+    await w.lifecycle.pause(
+        sandbox_id, owner=caller.scope, wait=w.settings.transition_wait, memory=memory
+    )
     return Response(status_code=204)
 
 

@@ -9,13 +9,12 @@ silence: a pause that could not keep memory, or a restore that failed, leaves it
 (``memory.note``), which the next pod carries to the resume report (``memory_note``); that pod
 is then a fresh start, and the scaler replays the process list as for a files-only pause.
 
-**Opt-in for now**: a pause keeps memory only when its workload says ``torpor.dev/pause-memory:
-true``, and not when CRIU is not usable here or the template keeps no files (``persist: none``:
-the restored processes' files would be gone). Nothing sets that annotation yet: the scaler
-does not yet skip the replay after a restore nor report ``memoryKept: true``, and the API does
-not yet carry E2B's ``memory`` choice to it (docs/memory-pause.md, "Not built yet"). Until then
-every pause keeps files only, as before. A resume with ``torpor.dev/resume-memory:
-false`` (E2B's reboot) drops the images and starts fresh.
+A pause keeps memory only when its workload says ``torpor.dev/pause-memory: true`` (set by
+the snapshotter when the pause asked for it: E2B's pause body ``memory: true``), and not when
+CRIU is not usable here or the template keeps no files (``persist: none``: the restored
+processes' files would be gone). The scaler replays nothing into a restored pod
+(``Endpoint.memory_kept``) and reports ``memoryKept: true``. A resume with
+``torpor.dev/resume-memory: false`` (E2B's reboot) drops the images and starts fresh.
 """
 
 from __future__ import annotations
@@ -95,8 +94,8 @@ class MemoryPauses:
         wanted = record.annotations.get(ANNOTATION_PAUSE_MEMORY)
         if wanted == "false":
             return "the pause kept files only (memory: false)"
-        if wanted != "true":  # opt-in until the scaler handles a restored pod (module docstring)
-            return "memory pause is not switched on (files-only pause)"
+        if wanted != "true":  # not asked for (module docstring)
+            return "the pause kept files only (memory was not asked for)"
         if self.checkpointer is None:
             return f"CRIU is not usable on this host: {self.unavailable}"
         try:

@@ -1,0 +1,123 @@
+"""E2B's memory-keeping pause through the unmodified SDK on the real stack (local runtime, CRIU):
+``pause(mode="full")`` sends ``memory: true``, the snapshotter marks the workload
+(``torpor.dev/pause-memory``), the runtime dumps the pod and restores it on connect, and the
+scaler replays nothing: the same process (same pid) still holds the same random token it only
+keeps in memory. A plain pause still replays (a new process, a new token); hostile pause bodies
+are refused with a JSON 400."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from tests.conftest import skip_or_fail
+from tests.support.stack import Stack
+from tests.support.waiting import until
+
+pytestmark = pytest.mark.slow
+
+# Keeps a random token in a variable only; on SIGUSR1 (and once at start) writes "<pid> <token>".
+_HOLDER = """
+import os, secrets, signal
+token = secrets.token_hex(16)
+def tell(*_):
+    with open('/tmp/holder.tmp', 'w') as f:
+        f.write(f'{os.getpid()} {token}')
+    os.replace('/tmp/holder.tmp', '/tmp/holder')
+signal.signal(signal.SIGUSR1, tell)
+tell()
+while True:
+    signal.pause()
+"""
+
+
+@pytest.fixture
+def api(stack: Stack) -> Iterator[httpx.Client]:
+    with stack.client("alice") as client:
+        yield client
+
+
+def _start_holder(s: Sandbox) -> None:
+    s.commands.run(f"python3 -c {shlex.quote(_HOLDER)}", background=True, timeout=0)
+    until(lambda: s.files.exists("/tmp/holder"), 30, what="the holder started")
+
+
+def _ask(s: Sandbox) -> tuple[int, str]:
+    """The holder's pid and token, as it says them now (the file is written anew)."""
+    pid, _ = s.files.read("/tmp/holder").split()
+    s.commands.run(f"rm -f /tmp/holder && kill -USR1 {pid}")
+    until(lambda: s.files.exists("/tmp/holder"), 30, what="the holder answered")
+    new_pid, token = s.files.read("/tmp/holder").split()
+    return int(new_pid), token
+
+
+def _report(api: httpx.Client, sid: str) -> dict[str, Any]:
+    report: dict[str, Any] = api.get(f"/api/v1/sandbox/{sid}").json()["lastResume"]
+    return report
+
+
+def test_a_memory_pause_keeps_the_process_and_its_memory(
+    opts: dict[str, Any], api: httpx.Client
+) -> None:
+    s = Sandbox.create(template="base", timeout=180, **opts)
+    try:
+        _start_holder(s)
+        before = _ask(s)
+        s.pause(mode="full")  # the body's memory: true
+
+        resumed = Sandbox.connect(s.sandbox_id, **opts)
+        report = _report(api, s.sandbox_id)
+        if not report["memoryKept"] and "CRIU is not usable" in (report["memoryNote"] or ""):
+            skip_or_fail(report["memoryNote"])
+        assert report["memoryKept"] is True, report
+        assert report["memoryNote"] is None
+        (proc,) = report["processes"]  # reported as still running, not started again
+        assert proc["error"] is None and proc["newPid"] == proc["oldPid"]
+        # Not replayed: the same process answers with the token it kept in memory.
+        assert _ask(resumed) == before
+        holders = [p for p in resumed.commands.list() if "secrets" in " ".join(p.args)]
+        assert len(holders) == 1, holders
+    finally:
+        Sandbox.kill(s.sandbox_id, **opts)
+
+
+def test_a_plain_pause_replays(opts: dict[str, Any], api: httpx.Client) -> None:
+    s = Sandbox.create(template="base", timeout=180, **opts)
+    try:
+        _start_holder(s)
+        _, token = _ask(s)
+        s.files.remove("/tmp/holder")  # the files are kept: the replayed holder writes it anew
+        s.pause()  # no memory in the body: files only
+
+        resumed = Sandbox.connect(s.sandbox_id, **opts)
+        report = _report(api, s.sandbox_id)
+        assert report["memoryKept"] is False and "started again" in report["memoryNote"]
+        assert report["replayed"] == 1 and report["failed"] == 0
+        # Started again from its command line: a new process with a new token.
+        until(lambda: resumed.files.exists("/tmp/holder"), 30, what="the replay")
+        assert _ask(resumed)[1] != token
+    finally:
+        Sandbox.kill(s.sandbox_id, **opts)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"memory": "true"},
+        {"memory": 1},
+        {"memory": None},
+        {"memory": True, "snapshotMemory": True},
+        {"memroy": True},
+        ["memory"],
+    ],
+)
+def test_hostile_pause_bodies_are_refused(sbx: Sandbox, api: httpx.Client, body: Any) -> None:
+    r = api.post(f"/sandboxes/{sbx.sandbox_id}/pause", json=body)
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert isinstance(r.json()["message"], str)
+    assert sbx.is_running()
