@@ -29,6 +29,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import suite_runner  # noqa: E402
+from shared.runtime.local.cached_layers import cache_dir  # noqa: E402
 
 MIRROR = Path("/work/.mirror/e2b-dev+code-interpreter/repo")
 SUITE = "python"
@@ -43,9 +44,17 @@ PLUGINS = (
     "python-dotenv>=1,<2",
 )
 _NO_KERNEL = "needs a kernel code-interpreter-v1 does not have yet (r, java)"
-_DENO = (
-    "Deno's Jupyter kernel now and then publishes no execute_result for a cell's value (seen on"
-    " a fresh context's first cell); or no javascript kernel (the deno layer needs npm to build)"
+# The javascript/typescript kernel (Deno's), when the code-interpreter-deno layer has it: that
+# layer needs npm on the build host (scripts/build-code-interpreter.sh).
+DENO = cache_dir() / "code-interpreter-deno/current/tree/opt/torpor/deno/deno"
+_NO_DENO = "no javascript kernel: the code-interpreter-deno layer needs npm to build"
+_NEEDS_DENO = (
+    "env_vars.test_js::",
+    "::test_cwd_javascript",
+    "::test_cwd_typescript",
+    "::test_js_",
+    "::test_ts_kernel",
+    "::test_list_contexts",  # they expect a default javascript context
 )
 # Substrings of test ids ("<module>::<test>") -> why they may fail here
 # (docs/e2b-compatibility.md, "Code Interpreter").
@@ -56,12 +65,7 @@ EXPECTED_FAILURES = {
     "::test_cwd_java": _NO_KERNEL,
     "::test_r_kernel": _NO_KERNEL,
     "::test_java_kernel": _NO_KERNEL,
-    "env_vars.test_js::": _DENO,
-    "::test_cwd_javascript": _DENO,
-    "::test_cwd_typescript": _DENO,
-    "::test_js_": _DENO,
-    "::test_ts_kernel": _DENO,
-    "::test_list_contexts": _DENO,
+    **({} if DENO.is_file() else dict.fromkeys(_NEEDS_DENO, _NO_DENO)),
 }
 
 

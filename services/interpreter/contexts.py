@@ -2,12 +2,13 @@
 Jupyter server in between).
 
 A context runs one execution at a time (the next waits its turn). An execution is a stream of
-outputs (``services.interpreter.outputs``); a client that goes away interrupts it, and the
-context is handed to the next execution only once the kernel is idle again (or after a grace
-period). A kernel that dies is started again at once (its state is lost: the execution that was
-running gets an error saying so). Environment variables: the sandbox's own (the daemon's
-``/envs``) are set in every kernel before its first execution; an execution's ``env_vars`` are
-set for it and restored afterwards (to the sandbox's value, or unset)."""
+outputs (``services.interpreter.outputs``, collected by ``services.interpreter.execution``); a
+client that goes away interrupts it, and the context is handed to the next execution only once
+the kernel is idle again (or after a grace period). A kernel that dies is started again at once
+(its state is lost: the execution that was running gets an error saying so). Environment
+variables: the sandbox's own (the daemon's ``/envs``) are set in every kernel before its first
+execution; an execution's ``env_vars`` are set for it and restored afterwards (to the sandbox's
+value, or unset)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
 
 from services.interpreter import outputs
+from services.interpreter.execution import LATE_RESULT_GRACE, Execution, dispatch
 from services.interpreter.languages import ENV_NAME, Language
 from services.interpreter.outputs import Output
 
@@ -53,24 +54,6 @@ class _Manager(AsyncKernelManager):  # type: ignore[misc]
         return [setpriv, "--pdeathsig", "KILL", "--", *cmd] if setpriv else cmd
 
 
-@dataclass
-class _Execution:
-    silent: bool
-    queue: asyncio.Queue[Output] = field(default_factory=asyncio.Queue)
-    started: bool = False
-    errored: bool = False
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def put(self, output: Output) -> None:
-        if not self.finished.is_set():
-            self.queue.put_nowait(output)
-
-    def end(self) -> None:
-        if not self.finished.is_set():
-            self.queue.put_nowait(outputs.END)
-            self.finished.set()
-
-
 class Context:
     def __init__(self, language: Language, cwd: str, global_env: GlobalEnv) -> None:
         self.id = str(uuid.uuid4())
@@ -80,7 +63,7 @@ class Context:
         self._global_env: dict[str, str] | None = None
         self._start_env: dict[str, str] = {}  # what the kernel process started with
         self._lock = asyncio.Lock()
-        self._executions: dict[str, _Execution] = {}
+        self._executions: dict[str, Execution] = {}
         self._km: Any = None
         self._kc: Any = None
         self._readers: list[asyncio.Task[None]] = []
@@ -188,60 +171,16 @@ class Context:
             except Exception as e:  # a malformed or unsigned message: dropped
                 log.warning("context %s: unreadable kernel message: %s", self.id, e)
                 continue
-            self._dispatch(msg)
-
-    def _dispatch(self, msg: dict[str, Any]) -> None:
-        parent = msg.get("parent_header", {}).get("msg_id")
-        execution = self._executions.get(parent) if parent else None
-        if execution is None:
-            return
-        kind = msg.get("msg_type")
-        content = msg.get("content", {})
-        if kind == "status":
-            state = content.get("execution_state")
-            if state == "busy":
-                execution.started = True
-            elif state == "idle" and execution.started:
-                execution.end()
-            return
-        if kind == "execute_input":
-            execution.started = True
-            if not execution.silent:
-                execution.put(outputs.count(int(content.get("execution_count", 0))))
-            return
-        if kind == "execute_reply":
-            status = content.get("status")
-            if status == "error" and not execution.errored:
-                execution.errored = True
-                execution.put(
-                    outputs.error(
-                        str(content.get("ename", "")),
-                        str(content.get("evalue", "")),
-                        list(content.get("traceback", [])),
-                    )
-                )
-            elif status in ("abort", "aborted"):
-                execution.put(outputs.error("ExecutionAborted", "Execution was aborted", ""))
-                execution.end()
-            return
-        output = outputs.from_iopub(msg)
-        if output is None:
-            return
-        if output["type"] == "error":
-            if execution.errored:
-                return
-            execution.errored = True
-        elif execution.silent:
-            return
-        execution.put(output)
+            dispatch(self._executions, msg)
 
     def _fail_all(self, name: str, value: str) -> None:
         for execution in list(self._executions.values()):
             execution.put(outputs.error(name, value, ""))
             execution.end()
 
-    def _send(self, code: str, *, silent: bool) -> tuple[str, _Execution]:
-        execution = _Execution(silent=silent)
+    def _send(self, code: str, *, silent: bool) -> tuple[str, Execution]:
+        grace = LATE_RESULT_GRACE if self.language.late_outputs else 0.0
+        execution = Execution(silent=silent, late_grace=grace)
         msg_id: str = self._kc.execute(
             code,
             silent=silent,

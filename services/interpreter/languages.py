@@ -25,6 +25,12 @@ class Language:
     name: str  # what the SDK calls it (python, bash, javascript, ...)
     kernel: str  # the Jupyter kernel spec that runs it
 
+    @property
+    def late_outputs(self) -> bool:
+        """Deno's kernel (javascript, typescript) may publish a cell's outputs after its idle
+        status (``services.interpreter.execution.LATE_RESULT_GRACE``)."""
+        return self.kernel == "javascript"
+
     def chdir(self, path: str) -> str:
         if self.name == "python":
             return f"import os as _torpor_os; _torpor_os.chdir({_py(path)}); del _torpor_os"

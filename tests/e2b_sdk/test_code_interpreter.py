@@ -1,8 +1,9 @@
 """code-interpreter-v1 through the unmodified ``e2b-code-interpreter`` SDK (real stack, local
 runtime, the template's layers of scripts/build-code-interpreter.sh): stateful kernels, output
-streaming, rich results and charts, contexts, env vars (restored after an execution, never
-pasted into code unquoted), a client timeout interrupting the kernel, the server and its kernels
-started again when killed, hostile requests to the execution server."""
+streaming, rich results and charts, javascript values and logs Deno's kernel publishes after its
+idle status, contexts, env vars (restored after an execution, never pasted into code unquoted), a
+client timeout interrupting the kernel, the server and its kernels started again when killed,
+hostile requests to the execution server."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pytest
 from e2b import TimeoutException
 from e2b_code_interpreter import Sandbox
 
+from bench.e2b_code_interpreter_suite import DENO
+from tests.conftest import skip_or_fail
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -91,6 +94,18 @@ def test_bash_and_contexts(sbx: Sandbox) -> None:
     assert ctx.id not in [c.id for c in sbx.list_code_contexts()]
     with pytest.raises(Exception, match="not found"):
         sbx.run_code("1", context=ctx)
+
+
+def test_javascript_values_and_logs_after_the_kernels_idle_are_kept(sbx: Sandbox) -> None:
+    # Deno's kernel publishes about 1 cell in 10's execute_result (and its logs) after its idle
+    # status: at 40 cells each, a server that ends at idle fails this almost surely.
+    if not DENO.is_file():
+        skip_or_fail("no javascript kernel (the code-interpreter-deno layer needs npm)")
+    for i in range(40):
+        assert sbx.run_code(f"{i} * 2", language="javascript").text == str(i * 2), i
+    for i in range(40):
+        assert sbx.run_code(f"console.log({i})", language="js").logs.stdout == [f"{i}\n"], i
+    assert sbx.run_code("const n: number = 7; n", language="typescript").text == "7"
 
 
 def test_env_vars_sandbox_wide_per_execution_and_restored(sbx: Sandbox) -> None:

@@ -14,18 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from bench.e2b_code_interpreter_suite import MIRROR, expected_reason
-from shared.runtime.local.cached_layers import cache_dir
+from bench.e2b_code_interpreter_suite import DENO, MIRROR, expected_reason
 from tests.conftest import skip_or_fail
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-# 124 pass with the javascript kernel (docs/e2b-compatibility.md); some of its tests are flaky
-# (EXPECTED_FAILURES). Without npm on the build host there is no javascript kernel: 105.
-DENO = cache_dir() / "code-interpreter-deno/current/tree/opt/torpor/deno/deno"
-MIN_PASSED = 118 if DENO.is_file() else 105
+# 127 pass with the javascript kernel (docs/e2b-compatibility.md: the 18 R and Java tests fail),
+# in each of three runs since the server reads on past Deno's idle for its late results. Without
+# npm on the build host there is no javascript kernel: 105.
+MIN_PASSED = 127 if DENO.is_file() else 105
 
 
 @pytest.mark.timeout(2400)
