@@ -47,7 +47,10 @@ def _refuse_true(reason: str) -> Callable[[bool | None], bool | None]:
     return check
 
 
-_NO_MEMORY = "memory snapshots are not built (pause keeps the process list; use false or omit)"
+_NO_MEMORY = (
+    "a memory image here (only a pause keeps memory: the pause's memory or autoPauseMemory at "
+    "create; use false or omit)"
+)
 Unsupported = Any
 NoMemory = Annotated[bool | None, AfterValidator(_refuse_true(_NO_MEMORY))]
 
@@ -125,7 +128,9 @@ class NewSandbox(_In):
     template_id: TemplateRef = Field(default="base", alias="templateID")
     timeout: int | None = Field(default=None, ge=1, le=2**31 - 1)
     auto_pause: bool | None = Field(default=None, alias="autoPause")
-    auto_pause_memory: NoMemory = Field(default=None, alias="autoPauseMemory")
+    # true: a timeout pause keeps memory where the runtime can (as a pause with memory: true);
+    # absent or false: files only. Only meaningful with autoPause; kept either way.
+    auto_pause_memory: StrictBool | None = Field(default=None, alias="autoPauseMemory")
     auto_resume: AutoResumeConfig | bool | None = Field(default=None, alias="autoResume")
     lifecycle: LifecycleIn | None = None
     secure: bool | None = None  # false: no access token (docs/security.md, "secure=False")
@@ -174,7 +179,8 @@ class ConnectSandbox(_In):
 
 class ResumedSandbox(_In):
     timeout: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    auto_pause: bool | None = Field(default=None, alias="autoPause")
+    # E2B's deprecated field: given, it sets whether the resumed sandbox pauses on timeout.
+    auto_pause: StrictBool | None = Field(default=None, alias="autoPause")
     memory: NoMemory = None
 
 

@@ -321,6 +321,7 @@ class Scaler:
                     pod_uid=endpoint.pod_uid,
                     path=report.path,
                     timeout=cmd.timeout,
+                    auto_pause=cmd.auto_pause,
                     report=report,
                 ),
             )

@@ -190,10 +190,9 @@ def _on_timeout(
             arm=(timeout_at(record, record.deadline),),
         )
     decision = decide(record, flags)
-    sid, gen = record.sandbox_id, record.generation
     command: Outgoing
     if decision == "pause":
-        command = Outgoing.of(PauseSandbox(sandbox_id=sid, generation=gen, reason="timeout"))
+        command = Outgoing.of(_timeout_pause(record))
         check = pause_check_timer(record, attempt=1, due=now + check_delay(policy, 1))
         arm: tuple[Timer, ...] = (check,)
     else:
@@ -205,6 +204,16 @@ def _on_timeout(
         arm=arm,
         decision=decision,
         deadline=record.deadline,
+    )
+
+
+def _timeout_pause(record: SandboxRecord) -> PauseSandbox:
+    """The pause a timeout sends: it keeps memory when the sandbox was created asking for it."""
+    return PauseSandbox(
+        sandbox_id=record.sandbox_id,
+        generation=record.generation,
+        reason="timeout",
+        memory=record.auto_pause_memory,
     )
 
 
@@ -235,9 +244,8 @@ def _on_pause_check(
     check = pause_check_timer(record, attempt=attempt, due=now + check_delay(policy, attempt))
     if not states.is_running(record.state):
         return Plan("pause_in_progress", arm=(check,))  # pausing (or resuming): look again later
-    sid, gen = record.sandbox_id, record.generation
     retry = Outgoing.of(
-        PauseSandbox(sandbox_id=sid, generation=gen, reason="timeout"),
+        _timeout_pause(record),
         f"a{attempt}",  # a fresh id: the first one is deduplicated
     )
     return Plan("pause_retried", publish=(retry,), arm=(check,))

@@ -50,6 +50,9 @@ class SandboxRecord(BaseModel):
     generation: int = 0
     timeout: int = 300  # seconds of inactivity before expiry
     auto_pause: bool = False
+    # A timeout pause keeps the processes' memory where the runtime can (E2B's create
+    # ``autoPauseMemory: true``); else it keeps files only, as a pause without ``memory``.
+    auto_pause_memory: bool = False
     auto_resume: bool = False
     metadata: dict[str, str] = Field(default_factory=dict)
     envs: dict[str, str] = Field(default_factory=dict)

@@ -210,10 +210,12 @@ def running(
     pod_uid: str,
     path: StartPath = "cold",
     timeout: int | None = None,
+    auto_pause: bool | None = None,
     report: ResumeReport | None = None,
 ) -> Mutation:
     """Creating/resuming → running on a ready pod: a full timeout starts now, generation+1.
-    A resume keeps its ``report`` on the record (shown by the APIs until the next resume)."""
+    A resume keeps its ``report`` on the record (shown by the APIs until the next resume) and
+    may change whether the sandbox pauses on timeout (``auto_pause``, when given)."""
     check = _require(op, cmd_msg_id)
 
     def mutate(record: SandboxRecord) -> SandboxRecord:
@@ -229,6 +231,7 @@ def running(
                 "pod_uid": pod_uid,
                 "path": path,
                 "timeout": effective,
+                "auto_pause": record.auto_pause if auto_pause is None else auto_pause,
                 "started_at": at,
                 "deadline": deadline_after(at, effective),
                 "paused_at": None,

@@ -108,6 +108,7 @@ class SandboxLifecycle:
             generation=0,
             timeout=request.timeout,
             auto_pause=request.auto_pause,
+            auto_pause_memory=request.auto_pause_memory,
             auto_resume=request.auto_resume,
             metadata=dict(request.metadata),
             envs=dict(request.envs),
@@ -220,6 +221,7 @@ class SandboxLifecycle:
         *,
         owner: str | None,
         timeout: int | None = None,
+        auto_pause: bool | None = None,
         wait: float = 55.0,
     ) -> ResumeResult:
         until = time.monotonic() + wait
@@ -244,6 +246,7 @@ class SandboxLifecycle:
                     sandbox_id=sandbox_id,
                     generation=record.generation,
                     timeout=timeout,
+                    auto_pause=auto_pause,
                     reason="user",
                 ),
             )

@@ -52,6 +52,7 @@ class ResumeSandbox(_Message):
     type: Literal["sandbox.cmd.resume"] = "sandbox.cmd.resume"
     generation: int
     timeout: int | None = Field(default=None, ge=1)  # new inactivity timeout, if given
+    auto_pause: bool | None = None  # whether it pauses on timeout from now on, if given
     reason: Literal["user", "auto", "platform"] = "user"
 
 

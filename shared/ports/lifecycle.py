@@ -30,6 +30,7 @@ class CreateRequest(BaseModel):
     template: str = "sandbox-base"
     timeout: int = Field(default=300, ge=1)
     auto_pause: bool = False
+    auto_pause_memory: bool = False  # a timeout pause keeps memory (see SandboxRecord)
     auto_resume: bool = False
     metadata: dict[str, str] = Field(default_factory=dict)
     envs: dict[str, str] = Field(default_factory=dict)
@@ -73,10 +74,12 @@ class Lifecycle(Protocol):
         *,
         owner: str | None,
         timeout: int | None = None,
+        auto_pause: bool | None = None,
         wait: float = 55.0,
     ) -> ResumeResult:
         """Resume a paused sandbox (no-op returning ``resumed=False`` when already running).
-        Concurrent callers share one resume (same message id for the same generation)."""
+        Concurrent callers share one resume (same message id for the same generation).
+        ``auto_pause``, when given, is whether the resumed sandbox pauses on timeout."""
         ...
 
     async def kill(self, sandbox_id: str, *, owner: str | None, wait: float = 30.0) -> None: ...

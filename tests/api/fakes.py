@@ -81,6 +81,7 @@ class FakeLifecycle:
             state=SandboxState.RUNNING,
             timeout=request.timeout,
             auto_pause=request.auto_pause,
+            auto_pause_memory=request.auto_pause_memory,
             auto_resume=request.auto_resume,
             metadata=dict(request.metadata),
             envs=dict(request.envs),
@@ -135,7 +136,13 @@ class FakeLifecycle:
         )
 
     async def resume(
-        self, sandbox_id: str, *, owner: str | None, timeout: int | None = None, wait: float = 55.0
+        self,
+        sandbox_id: str,
+        *,
+        owner: str | None,
+        timeout: int | None = None,
+        auto_pause: bool | None = None,
+        wait: float = 55.0,
     ) -> ResumeResult:
         record = await self.get(sandbox_id, owner=owner)
         if record.state == SandboxState.RUNNING:
@@ -151,6 +158,7 @@ class FakeLifecycle:
             host=self.host,
             started_at=at,
             timeout=timeout or record.timeout,
+            auto_pause=record.auto_pause if auto_pause is None else auto_pause,
             deadline=at + timedelta(seconds=timeout or record.timeout),
             paused_at=None,
             retain_until=None,

@@ -68,6 +68,33 @@ async def test_create_v1_and_sdk_forms(client: httpx.AsyncClient, lifecycle: Fak
     rec = lifecycle.records[r.json()["sandboxID"]]
     assert rec.auto_pause
     assert rec.auto_resume
+    assert not rec.auto_pause_memory  # not asked for: a timeout pause keeps files only
+
+
+@pytest.mark.parametrize(("sent", "kept"), [(True, True), (False, False), (None, False)])
+async def test_create_carries_auto_pause_memory(
+    client: httpx.AsyncClient, lifecycle: FakeLifecycle, sent: bool | None, kept: bool
+) -> None:
+    body = await create(client, autoPauseMemory=sent)
+    assert lifecycle.records[str(body["sandboxID"])].auto_pause_memory is kept
+
+
+async def test_resume_sets_auto_pause_when_given(
+    client: httpx.AsyncClient, lifecycle: FakeLifecycle
+) -> None:
+    """E2B's deprecated resume ``autoPause`` is applied, not ignored; absent keeps the setting."""
+    sid = str((await create(client, autoPause=True))["sandboxID"])
+    for sent, kept in ((False, False), (None, False), (True, True)):
+        assert (await client.post(f"/sandboxes/{sid}/pause", headers=auth())).status_code == 204
+        body = {} if sent is None else {"autoPause": sent}
+        r = await client.post(f"/sandboxes/{sid}/resume", json=body, headers=auth())
+        assert r.status_code == 201, r.text
+        assert lifecycle.records[sid].auto_pause is kept
+    for hostile in ("true", 1, [True]):
+        r = await client.post(
+            f"/sandboxes/{sid}/resume", json={"autoPause": hostile}, headers=auth()
+        )
+        assert r.status_code == 400 and "autoPause" in r.json()["message"], r.text
 
 
 async def test_get_info_maps_state_and_snapshot(client: httpx.AsyncClient) -> None:

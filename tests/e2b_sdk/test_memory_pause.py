@@ -47,9 +47,11 @@ def _start_holder(s: Sandbox) -> None:
     until(lambda: s.files.exists("/tmp/holder"), 30, what="the holder started")
 
 
-def _ask(s: Sandbox) -> tuple[int, str]:
-    """The holder's pid and token, as it says them now (the file is written anew)."""
-    pid, _ = s.files.read("/tmp/holder").split()
+def _ask(s: Sandbox, pid: int | None = None) -> tuple[int, str]:
+    """The holder's pid and token, as it says them now (the file is written anew); ``pid``:
+    ask that process (else the one the file names)."""
+    if pid is None:
+        pid = int(s.files.read("/tmp/holder").split()[0])
     s.commands.run(f"rm -f /tmp/holder && kill -USR1 {pid}")
     until(lambda: s.files.exists("/tmp/holder"), 30, what="the holder answered")
     new_pid, token = s.files.read("/tmp/holder").split()
@@ -101,6 +103,47 @@ def test_a_plain_pause_replays(opts: dict[str, Any], api: httpx.Client) -> None:
         # Started again from its command line: a new process with a new token.
         until(lambda: resumed.files.exists("/tmp/holder"), 30, what="the replay")
         assert _ask(resumed)[1] != token
+    finally:
+        Sandbox.kill(s.sandbox_id, **opts)
+
+
+def _state(api: httpx.Client, sid: str) -> str:
+    return str(api.get(f"/api/v1/sandbox/{sid}").json()["state"])
+
+
+@pytest.mark.parametrize(("mode", "kept"), [("full", True), ("filesystem", False)])
+def test_a_timeout_pause_keeps_memory_as_the_sandbox_was_created(
+    opts: dict[str, Any], api: httpx.Client, mode: str, kept: bool
+) -> None:
+    """``lifecycle={"on_timeout": {"action": "pause", "mode": ...}}`` (``autoPauseMemory`` on the
+    wire) decides what the timeout's pause keeps: the same process and token, or a replay."""
+    lifecycle: Any = {"on_timeout": {"action": "pause", "mode": mode}}
+    s = Sandbox.create(template="base", timeout=8, lifecycle=lifecycle, **opts)
+    try:
+        _start_holder(s)
+        before = _ask(s)
+        s.files.remove("/tmp/holder")  # a replayed holder writes it anew; a kept one does not
+        until(lambda: _state(api, s.sandbox_id) == "paused", 120, what="the timeout pause")
+
+        resumed = Sandbox.connect(s.sandbox_id, timeout=180, **opts)
+        report = _report(api, s.sandbox_id)
+        if (
+            kept
+            and not report["memoryKept"]
+            and "CRIU is not usable" in (report["memoryNote"] or "")
+        ):
+            skip_or_fail(report["memoryNote"])
+        assert report["memoryKept"] is kept, report
+        if kept:
+            assert report["memoryNote"] is None, report
+            (proc,) = report["processes"]  # still running under its pid, not started again
+            assert proc["error"] is None and proc["newPid"] == proc["oldPid"], report
+            assert not resumed.files.exists("/tmp/holder")  # the same process, not a new one
+            assert _ask(resumed, before[0]) == before
+        else:
+            assert report["replayed"] == 1 and "started again" in report["memoryNote"], report
+            until(lambda: resumed.files.exists("/tmp/holder"), 30, what="the replay")
+            assert _ask(resumed)[1] != before[1]
     finally:
         Sandbox.kill(s.sandbox_id, **opts)
 

@@ -94,6 +94,19 @@ async def test_create_pause_resume_cycle(system: System) -> None:
     assert not again.resumed and envd.started[new_pod] == 1
 
 
+async def test_a_resume_may_change_whether_the_sandbox_pauses_on_timeout(system: System) -> None:
+    """The scaler applies the resume's ``auto_pause`` with the new generation; an absent one
+    keeps the record's, and create's ``auto_pause_memory`` stays across both."""
+    request = CreateRequest(owner="alice", sandbox_id="sbx-ap", auto_pause=True)
+    rec = await system.lifecycle.create(request.model_copy(update={"auto_pause_memory": True}))
+    assert rec.auto_pause and rec.auto_pause_memory
+    for sent, kept in ((False, False), (None, False), (True, True)):
+        await system.lifecycle.pause("sbx-ap", owner="alice", wait=10)
+        result = await system.lifecycle.resume("sbx-ap", owner="alice", auto_pause=sent, wait=10)
+        assert result.resumed and result.record.state == SandboxState.RUNNING
+        assert result.record.auto_pause is kept and result.record.auto_pause_memory
+
+
 async def test_unknown_and_foreign_sandboxes_are_not_found(system: System) -> None:
     with pytest.raises(NotFound):
         await system.lifecycle.pause("nope", owner="alice")

@@ -45,11 +45,18 @@ class Scheduler:
     handlers: SchedulerHandlers
 
     async def put(
-        self, sid: str, *, owner: str = "alice", timeout: int = 2, auto_pause: bool = True
+        self,
+        sid: str,
+        *,
+        owner: str = "alice",
+        timeout: int = 2,
+        auto_pause: bool = True,
+        auto_pause_memory: bool = False,
     ) -> SandboxRecord:
         """A running sandbox whose full timeout starts now, announced (what the scaler does)."""
         at = self.clock()
         record = running_record(sid, at=at, owner=owner, timeout=timeout, auto_pause=auto_pause)
+        record = record.model_copy(update={"auto_pause_memory": auto_pause_memory})
         await self.store.create(record)
         await self.event(SandboxCreated(sandbox_id=sid, generation=1, at=at))
         return record
@@ -104,6 +111,7 @@ async def test_flag_on_and_auto_pause_pauses_at_the_deadline() -> None:
     assert s.commands() == [("pause", "pause:sbx-on:g1")]  # the API's id for this generation
     (pause,) = s.publisher.of_type(PauseSandbox)
     assert pause.reason == "timeout"
+    assert pause.memory is False  # created without autoPauseMemory: files only
     (expired,) = s.publisher.of_type(SandboxExpired)
     assert (expired.decision, expired.deadline) == ("pause", record.deadline)
     assert expired.command == "sandbox.cmd.pause.sbx-on pause:sbx-on:g1"
@@ -150,6 +158,14 @@ async def test_a_pause_that_never_happens_is_retried_then_the_sandbox_is_killed(
         ("kill", "kill:sbx-stuck:g1"),
     ]
     assert [e.decision for e in s.publisher.of_type(SandboxExpired)] == ["pause", "kill"]
+
+
+async def test_a_timeout_pause_keeps_memory_when_the_sandbox_was_created_asking_for_it() -> None:
+    s = scheduler(pause_check=0.5, attempts=2)
+    await s.put("sbx-mem", timeout=1, auto_pause_memory=True)
+    await s.run(10)  # nobody pauses it: the first pause and its retry both ask for memory
+    assert [c for c, _ in s.commands()] == ["pause", "pause", "kill"]
+    assert [p.memory for p in s.publisher.of_type(PauseSandbox)] == [True, True]
 
 
 async def test_a_refused_timeout_pause_arms_the_timeout_again() -> None:

@@ -110,6 +110,7 @@ async def create_sandbox(
         template=template,
         timeout=_timeout(w, body.timeout),
         auto_pause=body.wants_auto_pause(),
+        auto_pause_memory=body.auto_pause_memory is True,
         auto_resume=body.wants_auto_resume(),
         metadata=body.metadata or {},
         envs=body.env_vars or {},
@@ -301,18 +302,28 @@ async def resume_sandbox(
     record = await _get(w, caller, sandbox_id)
     refuse_resume_if_up(record, sandbox_id)
     timeout = _timeout(w, body.timeout if body else None, default=record.timeout)
-    return (await _resume(w, caller, record, timeout))[1]
+    auto_pause = body.auto_pause if body else None
+    return (await _resume(w, caller, record, timeout, auto_pause=auto_pause))[1]
 
 
 async def _resume(
-    w: WiringDep, caller: CallerDep, record: SandboxRecord, timeout: int
+    w: WiringDep,
+    caller: CallerDep,
+    record: SandboxRecord,
+    timeout: int,
+    *,
+    auto_pause: bool | None = None,
 ) -> tuple[bool, SandboxOut]:
     """Resume (admitted by the caller's quota and rate first); whether it resumed, and the view."""
     spans = Spans()
     await admit_resume(w, record)
     spans.mark("admit")
     result = await w.lifecycle.resume(
-        record.sandbox_id, owner=caller.scope, timeout=timeout, wait=w.settings.transition_wait
+        record.sandbox_id,
+        owner=caller.scope,
+        timeout=timeout,
+        auto_pause=auto_pause,
+        wait=w.settings.transition_wait,
     )
     spans.mark("lifecycle")
     out = sandbox_out(
