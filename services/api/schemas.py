@@ -172,16 +172,22 @@ class NewSandbox(_In):
         return bool(self.lifecycle and self.lifecycle.auto_resume)
 
 
+# Connect's and resume's ``memory``: absent or true restores a memory-keeping pause's processes
+# (E2B's ``on_resume="restore"``); false boots from the kept files and replays the process list
+# (``on_resume="reboot"``; the images are dropped). Nothing to choose after a files-only pause.
+ResumeMemory = StrictBool | None
+
+
 class ConnectSandbox(_In):
     timeout: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    memory: NoMemory = None
+    memory: ResumeMemory = None
 
 
 class ResumedSandbox(_In):
     timeout: int | None = Field(default=None, ge=0, le=2**31 - 1)
     # E2B's deprecated field: given, it sets whether the resumed sandbox pauses on timeout.
     auto_pause: StrictBool | None = Field(default=None, alias="autoPause")
-    memory: NoMemory = None
+    memory: ResumeMemory = None
 
 
 class PauseRequest(_In):

@@ -58,7 +58,7 @@ from shared.models.messages import (
 from shared.ports.bus import Publisher, SandboxStore, emit
 from shared.ports.envd import Envd
 from shared.ports.runtime import Runtime
-from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
+from shared.ports.workloads import ANNOTATION_RESUME_MEMORY, ANNOTATION_SNAPSHOT, Endpoint, Workload
 
 log = structlog.get_logger()
 
@@ -262,6 +262,7 @@ class Scaler:
             return "skipped"
         try:
             workload = await ensure_workload(self._runtime, record)
+            workload = await self._choose_memory(workload, cmd)
             spans.mark("workload")
             await self._runtime.scale(sid, 1)
             spans.mark("scale")
@@ -337,6 +338,16 @@ class Scaler:
         for o in outcomes:
             self._metrics.replayed.labels("ok" if o.error is None else "error").inc()
         return "done"
+
+    async def _choose_memory(self, workload: Workload, cmd: ResumeSandbox) -> Workload:
+        """Tell the runtime whether this resume restores a kept memory image (each resume
+        chooses anew; written only when it changes, so a plain resume costs no extra call)."""
+        wanted = "false" if cmd.memory is False else "true"
+        if workload.annotations.get(ANNOTATION_RESUME_MEMORY, "true") == wanted:
+            return workload
+        return await self._runtime.patch_annotations(
+            cmd.sandbox_id, {ANNOTATION_RESUME_MEMORY: wanted}
+        )
 
     async def _continue_held(self, sandbox_id: str) -> None:
         """The pod a pause failed on still runs (resumed from ``failed``): a held kept-files

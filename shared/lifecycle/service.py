@@ -222,6 +222,7 @@ class SandboxLifecycle:
         owner: str | None,
         timeout: int | None = None,
         auto_pause: bool | None = None,
+        memory: bool | None = None,
         wait: float = 55.0,
     ) -> ResumeResult:
         until = time.monotonic() + wait
@@ -247,6 +248,7 @@ class SandboxLifecycle:
                     generation=record.generation,
                     timeout=timeout,
                     auto_pause=auto_pause,
+                    memory=memory,
                     reason="user",
                 ),
             )

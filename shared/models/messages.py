@@ -53,6 +53,9 @@ class ResumeSandbox(_Message):
     generation: int
     timeout: int | None = Field(default=None, ge=1)  # new inactivity timeout, if given
     auto_pause: bool | None = None  # whether it pauses on timeout from now on, if given
+    # False: boot from the kept files even if the pause kept memory (E2B's reboot); the
+    # scaler sets ``torpor.dev/resume-memory`` for the runtime. None/True: restore it.
+    memory: bool | None = None
     reason: Literal["user", "auto", "platform"] = "user"
 
 

@@ -75,11 +75,13 @@ class Lifecycle(Protocol):
         owner: str | None,
         timeout: int | None = None,
         auto_pause: bool | None = None,
+        memory: bool | None = None,
         wait: float = 55.0,
     ) -> ResumeResult:
         """Resume a paused sandbox (no-op returning ``resumed=False`` when already running).
         Concurrent callers share one resume (same message id for the same generation).
-        ``auto_pause``, when given, is whether the resumed sandbox pauses on timeout."""
+        ``auto_pause``, when given, is whether the resumed sandbox pauses on timeout;
+        ``memory=False`` boots from the kept files even where the pause kept memory."""
         ...
 
     async def kill(self, sandbox_id: str, *, owner: str | None, wait: float = 30.0) -> None: ...

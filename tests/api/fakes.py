@@ -142,6 +142,7 @@ class FakeLifecycle:
         owner: str | None,
         timeout: int | None = None,
         auto_pause: bool | None = None,
+        memory: bool | None = None,
         wait: float = 55.0,
     ) -> ResumeResult:
         record = await self.get(sandbox_id, owner=owner)

@@ -88,6 +88,38 @@ def test_a_memory_pause_keeps_the_process_and_its_memory(
         Sandbox.kill(s.sandbox_id, **opts)
 
 
+def test_a_reboot_connect_drops_the_memory_and_replays_once(
+    opts: dict[str, Any], api: httpx.Client
+) -> None:
+    """``connect(on_resume="reboot")`` (``memory: false``) after a memory pause boots from the
+    kept files and replays; the next memory pause and plain connect restore memory again."""
+    s = Sandbox.create(template="base", timeout=180, **opts)
+    try:
+        _start_holder(s)
+        _, token = _ask(s)
+        s.files.remove("/tmp/holder")
+        s.pause(mode="full")
+
+        rebooted = Sandbox.connect(s.sandbox_id, on_resume="reboot", **opts)
+        report = _report(api, s.sandbox_id)
+        assert report["memoryKept"] is False, report
+        assert "booted from the kept files" in (report["memoryNote"] or ""), report
+        assert report["replayed"] == 1 and report["failed"] == 0, report
+        until(lambda: rebooted.files.exists("/tmp/holder"), 30, what="the replay")
+        pid, new_token = _ask(rebooted)
+        assert new_token != token
+
+        rebooted.pause(mode="full")
+        restored = Sandbox.connect(s.sandbox_id, **opts)
+        report = _report(api, s.sandbox_id)
+        if not report["memoryKept"] and "CRIU is not usable" in (report["memoryNote"] or ""):
+            skip_or_fail(report["memoryNote"])
+        assert report["memoryKept"] is True, report
+        assert _ask(restored, pid) == (pid, new_token)
+    finally:
+        Sandbox.kill(s.sandbox_id, **opts)
+
+
 def test_a_plain_pause_replays(opts: dict[str, Any], api: httpx.Client) -> None:
     s = Sandbox.create(template="base", timeout=180, **opts)
     try:

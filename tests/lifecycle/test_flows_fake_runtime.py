@@ -16,7 +16,7 @@ from shared.domain.states import SandboxState
 from shared.errors import IllegalTransition, NotFound, RuntimeFailure, SnapshotTooLarge
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
 from shared.ports.lifecycle import CreateRequest
-from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
+from shared.ports.workloads import ANNOTATION_RESUME_MEMORY, ANNOTATION_SNAPSHOT, Endpoint
 from tests.fakes.runtime import FakeEnvd, FakeRuntime
 from tests.lifecycle.harness import System, running_system
 
@@ -105,6 +105,20 @@ async def test_a_resume_may_change_whether_the_sandbox_pauses_on_timeout(system:
         result = await system.lifecycle.resume("sbx-ap", owner="alice", auto_pause=sent, wait=10)
         assert result.resumed and result.record.state == SandboxState.RUNNING
         assert result.record.auto_pause is kept and result.record.auto_pause_memory
+
+
+async def test_each_resume_tells_the_runtime_whether_to_restore_memory(system: System) -> None:
+    """``memory=False`` (E2B's reboot) marks the workload for the runtime; the next plain
+    resume marks it back, so one resume's choice never carries over."""
+    runtime: FakeRuntime = system.runtime  # type: ignore[assignment]
+    await system.lifecycle.create(CreateRequest(owner="alice", sandbox_id="sbx-rm"))
+    seen = []
+    for memory in (None, False, None, True):
+        await system.lifecycle.pause("sbx-rm", owner="alice", wait=10, memory=True)
+        result = await system.lifecycle.resume("sbx-rm", owner="alice", memory=memory, wait=10)
+        assert result.resumed and result.record.state == SandboxState.RUNNING
+        seen.append(runtime.workloads["sbx-rm"].annotations.get(ANNOTATION_RESUME_MEMORY))
+    assert seen == [None, "false", "true", "true"]
 
 
 async def test_unknown_and_foreign_sandboxes_are_not_found(system: System) -> None:

@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from shared.ports.workloads import ANNOTATION_PAUSE_MEMORY, Endpoint, WorkloadSpec
+from shared.ports.workloads import (
+    ANNOTATION_PAUSE_MEMORY,
+    ANNOTATION_RESUME_MEMORY,
+    Endpoint,
+    WorkloadSpec,
+)
 from shared.runtime.local import LocalRuntime, checkpoint, memory, procfs
 from tests.conftest import skip_or_fail
 from tests.runtime_local.support import LocalRuntimeFactory
@@ -167,6 +172,8 @@ async def test_files_only_pause_and_broken_images_start_fresh_with_the_reason(
     assert not broken.memory_kept
     assert "the restore failed" in (broken.memory_note or ""), broken.memory_note
     assert not images.exists()
+    # A new pod, not the dumped one under its uid (the scaler replays into a new uid only).
+    assert broken.pod_uid != plain.pod_uid
 
     # Another sandbox's images (or a pod's other than the one paused) are refused.
     await _pause(rt, name)
@@ -176,3 +183,14 @@ async def test_files_only_pause_and_broken_images_start_fresh_with_the_reason(
     foreign = await rt.wait_ready(name, timeout=60)
     assert not foreign.memory_kept
     assert "not this" in (foreign.memory_note or ""), foreign.memory_note
+    assert foreign.pod_uid != broken.pod_uid
+
+    # A reboot (the resume's memory: false): good images are dropped, a new pod starts.
+    await _pause(rt, name)
+    assert (images / checkpoint.META).is_file()
+    await rt.patch_annotations(name, {ANNOTATION_RESUME_MEMORY: "false"})
+    await rt.scale(name, 1)
+    rebooted = await rt.wait_ready(name, timeout=60)
+    assert not rebooted.memory_kept and rebooted.pod_uid != foreign.pod_uid
+    assert "booted from the kept files" in (rebooted.memory_note or ""), rebooted.memory_note
+    assert not images.exists()

@@ -184,8 +184,9 @@ def test_unenforced_fields_are_refused(
 def test_unenforced_fields_on_other_calls(stack: Stack, api: httpx.Client) -> None:
     # Unknown sandbox: the body is judged first, so these are 400s naming the field, not 404s.
     sid = "inosuchsandbox0000000"
-    _refused(api.post(f"/v2/sandboxes/{sid}/connect", json={"memory": True}), "memory")
-    _refused(api.post(f"/sandboxes/{sid}/resume", json={"memory": True}), "memory")
+    _refused(api.post(f"/v2/sandboxes/{sid}/connect", json={"memory": "false"}), "memory")
+    _refused(api.post(f"/sandboxes/{sid}/resume", json={"memory": 0}), "memory")
+    _refused(api.post(f"/sandboxes/{sid}/resume", json={"autoPause": "no"}), "autoPause")
     _refused(api.post(f"/sandboxes/{sid}/timeout", json={"timeout": 5, "x": 1}), "x")
     _refused(api.put(f"/sandboxes/{sid}/network", json={"allowOut": ["a.example"]}), "allowOut")
     _refused(api.put(f"/sandboxes/{sid}/network", json={"rules": {"a": []}}), "rules")
@@ -199,6 +200,7 @@ def test_unenforced_fields_on_other_calls(stack: Stack, api: httpx.Client) -> No
     assert api.post(f"/sandboxes/{sid}/pause", json={"memory": True}).status_code == 404
     r = api.post(f"/v2/sandboxes/{sid}/connect", json={"timeout": 5, "memory": False})
     assert r.status_code == 404
+    assert api.post(f"/sandboxes/{sid}/resume", json={"memory": True}).status_code == 404
 
 
 BAD_PORTS = [

@@ -284,7 +284,7 @@ async def connect_sandbox(
         record = await w.lifecycle.extend_timeout(sandbox_id, owner=caller.scope, timeout=timeout)
         response.status_code = status.HTTP_200_OK
         return sandbox_out(record, w.settings, template_ids=await template_ids(w.builds, [record]))
-    resumed, out = await _resume(w, caller, record, timeout)
+    resumed, out = await _resume(w, caller, record, timeout, memory=body.memory if body else None)
     response.status_code = status.HTTP_201_CREATED if resumed else status.HTTP_200_OK
     return out
 
@@ -302,8 +302,8 @@ async def resume_sandbox(
     record = await _get(w, caller, sandbox_id)
     refuse_resume_if_up(record, sandbox_id)
     timeout = _timeout(w, body.timeout if body else None, default=record.timeout)
-    auto_pause = body.auto_pause if body else None
-    return (await _resume(w, caller, record, timeout, auto_pause=auto_pause))[1]
+    auto_pause, memory = (body.auto_pause, body.memory) if body else (None, None)
+    return (await _resume(w, caller, record, timeout, auto_pause=auto_pause, memory=memory))[1]
 
 
 async def _resume(
@@ -313,6 +313,7 @@ async def _resume(
     timeout: int,
     *,
     auto_pause: bool | None = None,
+    memory: bool | None = None,
 ) -> tuple[bool, SandboxOut]:
     """Resume (admitted by the caller's quota and rate first); whether it resumed, and the view."""
     spans = Spans()
@@ -323,6 +324,7 @@ async def _resume(
         owner=caller.scope,
         timeout=timeout,
         auto_pause=auto_pause,
+        memory=memory,
         wait=w.settings.transition_wait,
     )
     spans.mark("lifecycle")

@@ -137,6 +137,13 @@ class MemoryPauses:
 
     # ---- resume ------------------------------------------------------------------------
 
+    def restorable_uid(self, record: WorkloadRecord) -> str | None:
+        """The uid the next pod is restored as, or None when it starts fresh (no images, a
+        reboot asked for, no CRIU): a fresh pod never takes the dumped pod's uid."""
+        if record.annotations.get(ANNOTATION_RESUME_MEMORY) == "false" or self.checkpointer is None:
+            return None
+        return self.pod_uid(record)
+
     def pod_uid(self, record: WorkloadRecord) -> str | None:
         """The uid of the pod the images hold (it comes back as itself), if any."""
         with contextlib.suppress(OSError, ValueError, RuntimeFailure, AttributeError):

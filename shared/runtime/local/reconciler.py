@@ -327,23 +327,44 @@ class Reconciler:
             record = await self._give_id_range(record)
         record = await self._usable_address(record)
         # A paused tree comes back as the pod it was (its folders, cgroups and net id by uid).
-        uid = (self._memory.pod_uid(record) if self._memory else None) or str(uuid.uuid4())
+        # A fresh start is a new pod with a new uid, also after a failed restore: the scaler
+        # would take the dumped pod's uid for a pod that still runs the snapshot's processes.
+        uid = self._memory.restorable_uid(record) if self._memory else None
+        note = None
+        if uid is not None:
+            note = await self._start_pod_as(record, uid, restoring=True)
+            if note is None:
+                return
+        await self._start_pod_as(record, str(uuid.uuid4()), restoring=False, note=note)
+
+    async def _start_pod_as(
+        self, record: WorkloadRecord, uid: str, *, restoring: bool, note: str | None = None
+    ) -> str | None:
+        """Start the workload's pod as ``uid``: its paused tree when ``restoring``, else fresh
+        (saying ``note`` of the memory it lost). A restore that failed leaves no pod and
+        returns why."""
         net_id = pod_net_id(uid)
         async with self._network.address_lock(record.address):
             # Under the lock: another reconciler (another service) may have started it.
             fresh = await self._store.get(record.name)
             if fresh is None or not _wants_pod(fresh[0]) or fresh[0].address != record.address:
-                return
+                return None
             record = fresh[0]
             self._starting[uid] = record.name
             try:
                 try:
                     await self._network.setup(net_id, record.address, record.network)
                     try:
-                        pod, process = await self._restore_or_start(record, uid, net_id)
+                        started = await self._restore_or_start(
+                            record, uid, net_id, restoring=restoring, note=note
+                        )
                     except Exception:
                         await self._network.teardown(net_id, record.address)
                         raise
+                    if isinstance(started, str):  # the restore failed: a new pod starts
+                        await self._network.teardown(net_id, record.address)
+                        return started
+                    pod, process = started
                 except RuntimeFailure:
                     await self._start_failed(record)
                     raise
@@ -357,23 +378,26 @@ class Reconciler:
                 self._starting.pop(uid, None)
         if current.pod is None or current.pod.uid != uid:  # scaled to 0 or deleted meanwhile
             await self._discard(pod)
-            return
+            return None
         if current.network != record.network:  # changed while the pod was starting
             await self.apply_network(record.name)
         log.info("runtime_local_pod_started", workload=record.name, pod_uid=uid, pid=pod.pid)
         if process is not None:  # a restored tree is not this process's child: polled
             self._spawn_task(self._watch_exit(record.name, process))
+        return None
 
     async def _restore_or_start(
-        self, record: WorkloadRecord, uid: str, net_id: str
-    ) -> tuple[PodRecord, asyncio.subprocess.Process | None]:
-        """The workload's paused tree restored, else a fresh pod that says why not."""
+        self, record: WorkloadRecord, uid: str, net_id: str, *, restoring: bool, note: str | None
+    ) -> tuple[PodRecord, asyncio.subprocess.Process | None] | str:
+        """The workload's paused tree restored (``restoring``), else a fresh pod that says why
+        not; a failed restore returns its reason instead (its pod must get a new uid)."""
         enter = self._network.enter_prefix(net_id)
-        note = None
-        if self._memory is not None:
+        if self._memory is not None and note is None:
             restored, note = await self._memory.restore(record, uid, enter)
             if restored is not None:
                 return restored, None
+            if restoring:
+                return note or "the restore failed"
         pod, process = await self._launcher.start(record, uid, enter=enter)
         return (pod.model_copy(update={"memory_note": note}) if note else pod), process
 
