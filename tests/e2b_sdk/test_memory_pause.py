@@ -120,6 +120,35 @@ def test_a_reboot_connect_drops_the_memory_and_replays_once(
         Sandbox.kill(s.sandbox_id, **opts)
 
 
+_LOCKER = (
+    "import fcntl, time\n"
+    "f = open('/tmp/lockfile', 'w')\n"
+    "fcntl.flock(f, fcntl.LOCK_EX)\n"
+    "open('/tmp/locked', 'w').write('1')\n"
+    "time.sleep(100000)\n"
+)
+
+
+def test_a_memory_pause_keeps_a_processs_file_lock(opts: dict[str, Any], api: httpx.Client) -> None:
+    """A process holding a flock is dumped with it (CRIU's --file-locks) and holds it after the
+    restore: another process still cannot take it."""
+    s = Sandbox.create(template="base", timeout=180, **opts)
+    try:
+        s.commands.run(f"python3 -c {shlex.quote(_LOCKER)}", background=True, timeout=0)
+        until(lambda: s.files.exists("/tmp/locked"), 30, what="the lock taken")
+        s.pause(mode="full")
+
+        resumed = Sandbox.connect(s.sandbox_id, **opts)
+        report = _report(api, s.sandbox_id)
+        if not report["memoryKept"] and "CRIU is not usable" in (report["memoryNote"] or ""):
+            skip_or_fail(report["memoryNote"])
+        assert report["memoryKept"] is True, report["memoryNote"]
+        probe = resumed.commands.run("flock -n /tmp/lockfile true; echo $?")
+        assert probe.stdout.strip() == "1", probe  # still held by the restored process
+    finally:
+        Sandbox.kill(s.sandbox_id, **opts)
+
+
 def test_a_plain_pause_replays(opts: dict[str, Any], api: httpx.Client) -> None:
     s = Sandbox.create(template="base", timeout=180, **opts)
     try:

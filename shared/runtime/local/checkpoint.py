@@ -250,7 +250,9 @@ class Criu:
         argv += [self._criu, "dump", "-t", str(pod.pid), "-D", str(images), "-o", "dump.log"]
         if owner != 0:
             argv.append("--unprivileged")
-        argv.append("--tcp-established")
+        # --file-locks: a process holding a flock or POSIX lock (a Jupyter kernel's history
+        # database, pip, apt) is otherwise refused ("Some file locks are hold by dumping tasks").
+        argv += ["--tcp-established", "--file-locks"]
         for mount in tree.mounts:
             argv += ["--external", f"mnt[{mount.mountpoint}]:{mount.key}"]
         for file in tree.files:
@@ -306,7 +308,8 @@ class Criu:
             for mount, check in zip(mounts, checks, strict=True):
                 argv += [mount.source, check]
             argv += ["--", self._criu, "restore", "-D", str(images), "-o", "restore.log", "-d"]
-            argv += ["--root", str(target.root), "--tcp-close", "--pidfile", str(pidfile)]
+            argv += ["--root", str(target.root), "--tcp-close", "--file-locks"]
+            argv += ["--pidfile", str(pidfile)]
             script = images / _NEST_SCRIPT
             await asyncio.to_thread(_write_script, script)
             argv += ["--action-script", str(script)]
