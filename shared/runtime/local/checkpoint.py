@@ -262,6 +262,7 @@ class Criu:
         if rc != 0:
             raise CheckpointFailure(f"criu dump failed: {_errors(images / 'dump.log', out)}")
         await _wait_dead(pod.pid)  # CRIU killed the tree; its PID 1's parent reaps it
+        refuse_ghosts(images)
         await asyncio.to_thread(seal_init, images)
         meta = {
             "identity": dict(identity or {}),
@@ -286,6 +287,7 @@ class Criu:
         if await asyncio.to_thread(pid1_dumpable, images) != 0:
             msg = f"checkpoint images {images} would restore a dumpable PID 1 (not sealed)"
             raise CheckpointFailure(msg)
+        refuse_ghosts(images)
         mounts = [ExternalMount(**m) for m in meta["mounts"]]
         checks = [_expected_identity(m.source, target) for m in mounts]
         files = [ExternalFile(**f) for f in meta["files"]]
@@ -680,6 +682,25 @@ def _new_private_dir(path: Path) -> None:
         raise CheckpointFailure(msg)
     path.mkdir(mode=0o700)
     os.chown(path, 0, 0)
+
+
+GHOSTS = "ghost-file-*.img"
+
+
+def refuse_ghosts(images: Path) -> None:
+    """A deleted file a process keeps open is a "ghost" that CRIU's restore, as host root,
+    creates again *by its dumped path* before the tasks run; the sandbox may have swapped a
+    folder on that path for a symlink after the unlink (a restore then followed it out of the
+    pod: ``Can't create ghost regfile`` through the link, tests/security/
+    test_memory_pause_hostile.py). No memory is kept for such a tree: files only, with this
+    reason."""
+    ghosts = sum(1 for _ in images.glob(GHOSTS))
+    if ghosts:
+        msg = (
+            f"a process keeps {ghosts} deleted file(s) open, which CRIU would create again by "
+            "path, as host root, on restore"
+        )
+        raise CheckpointFailure(msg)
 
 
 def _own_images(images: Path) -> None:
