@@ -41,6 +41,17 @@ time.sleep(100000)
 """
 
 
+def _memory_pause_and_connect(stack: Stack, s: Sandbox) -> tuple[Sandbox, dict[str, Any]]:
+    """``pause(mode="full")``, connect again; the sandbox and its resume report."""
+    s.pause(mode="full")
+    resumed = Sandbox.connect(s.sandbox_id, **stack.sdk_opts("alice"))
+    with stack.client("alice") as api:
+        report: dict[str, Any] = api.get(f"/api/v1/sandbox/{s.sandbox_id}").json()["lastResume"]
+    if "CRIU is not usable" in (report["memoryNote"] or ""):
+        skip_or_fail(report["memoryNote"])
+    return resumed, report
+
+
 @pytest.mark.parametrize("folder", ["/home/user/g", "/tmp/g"])
 def test_a_ghost_file_behind_a_symlink_lands_nowhere_on_the_host(stack: Stack, folder: str) -> None:
     opts: dict[str, Any] = stack.sdk_opts("alice")
@@ -57,12 +68,7 @@ def test_a_ghost_file_behind_a_symlink_lands_nowhere_on_the_host(stack: Stack, f
                 timeout=10,
             )
             until(lambda: s.files.exists("/tmp/ghost-ready"), 30, what="the ghost planted")
-            s.pause(mode="full")
-            resumed = Sandbox.connect(s.sandbox_id, **opts)
-            with stack.client("alice") as api:
-                report = api.get(f"/api/v1/sandbox/{s.sandbox_id}").json()["lastResume"]
-            if "CRIU is not usable" in (report["memoryNote"] or ""):
-                skip_or_fail(report["memoryNote"])
+            resumed, report = _memory_pause_and_connect(stack, s)
             # Refused at the dump: files only, with the reason; the restore never ran.
             assert report["memoryKept"] is False, report
             assert "deleted file(s) open" in report["memoryNote"], report["memoryNote"]
@@ -121,12 +127,7 @@ def test_an_open_file_behind_a_swapped_folder_is_not_reopened_on_the_host(
             )
             until(lambda: s.files.exists("/tmp/reopen-ready"), 30, what="the file opened")
             pid = s.files.read("/tmp/reopen-ready").strip()
-            s.pause(mode="full")
-            resumed = Sandbox.connect(s.sandbox_id, **opts)
-            with stack.client("alice") as api:
-                report = api.get(f"/api/v1/sandbox/{s.sandbox_id}").json()["lastResume"]
-            if "CRIU is not usable" in (report["memoryNote"] or ""):
-                skip_or_fail(report["memoryNote"])
+            resumed, report = _memory_pause_and_connect(stack, s)
             assert report["memoryKept"] is True, report["memoryNote"]
             # The restored descriptor is the sandbox's own file (the dump named it by its
             # real path, g.moved/secret), not the host file behind the symlink.
