@@ -198,8 +198,9 @@ def test_pip_install_works_for_the_sandbox_user(sbx: Sandbox) -> None:
 
 
 def test_pause_and_resume_bring_the_server_back_without_kernel_state(stack: Stack) -> None:
-    """No memory-preserving pause yet: the files stay, the server is replayed and answers, the
-    kernels start fresh (docs/e2b-compatibility.md says so)."""
+    """A plain pause keeps files only: the files stay, the server is replayed and answers, the
+    kernels start fresh (docs/e2b-compatibility.md says so; with ``mode="full"`` they keep their
+    state: test_code_interpreter_memory.py)."""
     opts = stack.sdk_opts()
     s = Sandbox.create(timeout=300, **opts)
     try:
