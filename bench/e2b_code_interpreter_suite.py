@@ -43,7 +43,6 @@ PLUGINS = (
     "pytest-xdist>=3,<4",  # the suite's pytest.ini asks for --numprocesses=2
     "python-dotenv>=1,<2",
 )
-_NO_KERNEL = "needs a kernel code-interpreter-v1 does not have yet (r, java)"
 # The javascript/typescript kernel (Deno's), when the code-interpreter-deno layer has it: that
 # layer needs npm on the build host (scripts/build-code-interpreter.sh).
 DENO = cache_dir() / "code-interpreter-deno/current/tree/opt/torpor/deno/deno"
@@ -56,16 +55,26 @@ _NEEDS_DENO = (
     "::test_ts_kernel",
     "::test_list_contexts",  # they expect a default javascript context
 )
+# The R and Java kernels' specs, in the code-interpreter-r and -java layers (Debian's packages;
+# the template does not start without those layers, so a missing spec is a layer built before
+# they had it).
+_SPECS = "current/tree/opt/torpor/venv/share/jupyter/kernels"
+R_KERNEL = cache_dir() / f"code-interpreter-r/{_SPECS}/ir/kernel.json"
+JAVA_KERNEL = cache_dir() / f"code-interpreter-java/{_SPECS}/java/kernel.json"
+_NEEDS_R = ("env_vars.test_r::", "::test_cwd_r", "::test_r_kernel")
+_NEEDS_JAVA = ("env_vars.test_java::", "::test_cwd_java", "::test_java_kernel")
+# How many of the suite's tests need each (tests/e2b_sdk/test_code_interpreter_suite.py).
+NEEDS_COUNT = {"deno": 22, "r": 9, "java": 9}
 # Substrings of test ids ("<module>::<test>") -> why they may fail here
 # (docs/e2b-compatibility.md, "Code Interpreter").
 EXPECTED_FAILURES = {
-    "env_vars.test_r::": _NO_KERNEL,
-    "env_vars.test_java::": _NO_KERNEL,
-    "::test_cwd_r": _NO_KERNEL,
-    "::test_cwd_java": _NO_KERNEL,
-    "::test_r_kernel": _NO_KERNEL,
-    "::test_java_kernel": _NO_KERNEL,
     **({} if DENO.is_file() else dict.fromkeys(_NEEDS_DENO, _NO_DENO)),
+    **({} if R_KERNEL.is_file() else dict.fromkeys(_NEEDS_R, f"no R kernel ({R_KERNEL})")),
+    **(
+        {}
+        if JAVA_KERNEL.is_file()
+        else dict.fromkeys(_NEEDS_JAVA, f"no Java kernel ({JAVA_KERNEL})")
+    ),
 }
 
 

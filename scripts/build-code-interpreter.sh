@@ -5,16 +5,20 @@
 #   packages  /opt/torpor/venv: Debian's python3 in a venv (owned by `user`: `pip install`
 #             works there) with the kernels, the execution server's libraries and the data
 #             stack of deploy/code-interpreter/requirements.txt, from PyPI; the bash kernel.
+#   deno      /opt/torpor/deno: Deno's Jupyter kernel (javascript, typescript), from npm.
+#   r         R and IRkernel (kernel spec `ir`), Debian's packages.
+#   java      OpenJDK 17 and torpor's JShell kernel (spec `java`, deploy/code-interpreter/java).
 #   server    /opt/torpor/interpreter: the execution server (services/interpreter) and the
 #             IPython profile of deploy/code-interpreter/ipython.
 #
 # Each is an overlayfs upper tree (sandbox ids: 0 = its root, 1000 = `user`; whiteouts as
 # overlayfs writes them), cached outside the repo in
-# ${TORPOR_LAYER_CACHE:-~/.cache/torpor/layers}/code-interpreter-{packages,server}/<hash>/tree
+# ${TORPOR_LAYER_CACHE:-~/.cache/torpor/layers}/code-interpreter-<layer>/<hash>/tree
 # with `current` naming the newest; <hash> covers the base rootfs and every input, so a warm run
 # returns at once. The package layer takes a few minutes cold (downloads from PyPI, uv's cache in
-# ~/.cache/torpor/uv); the server layer is a copy. Needs root (overlayfs, chroot). Prints the two
-# layer folders on stdout; progress goes to stderr.
+# ~/.cache/torpor/uv); r and java about 30 s each (apt, .debs kept in ~/.cache/torpor/apt); the
+# server layer is a copy. Needs root (overlayfs, chroot). Prints the layer folders on stdout;
+# progress goes to stderr. The template stacks them in this order (code-interpreter-v1.yaml).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 SRC="$REPO/deploy/code-interpreter"
@@ -136,6 +140,99 @@ JSON
 fi
 publish code-interpreter-deno "$DENO_HASH"
 # ---- end
+
+# ---- apt layers --------------------------------------------------------------------------
+# R and Java: Debian bookworm's packages, apt-get in a chroot on the layers below (overlayfs, so
+# the tree holds only what apt wrote, dpkg's status included: the upper layer's status lists
+# the packages of the layers beneath too). The .debs are kept in ~/.cache/torpor/apt between
+# builds (a rebuild downloads nothing); apt's lists, caches and the host's resolv.conf stay out.
+APT_CACHE=${TORPOR_APT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/torpor/apt}
+apt_layer() {  # <kind> <hash> <lowerdir> <script run in the chroot after apt> <packages...>
+  local kind=$1 hash=$2 lowers=$3 after=$4
+  shift 4
+  local out="$CACHE/$kind/$hash"
+  [[ -f $out/done ]] && return 0
+  need_root
+  local partial="$out.partial" start
+  start=$(date +%s)
+  APT_M="$partial/merged"
+  apt_cleanup() {
+    for m in var/cache/apt/archives tmp/src dev/pts dev proc ""; do
+      if mountpoint -q "$APT_M/$m" 2>/dev/null; then umount -l "$APT_M/$m" || true; fi
+    done
+  }
+  trap apt_cleanup EXIT
+  apt_cleanup
+  rm -rf "$partial"
+  mkdir -p "$partial/tree" "$partial/work" "$APT_M" "$APT_CACHE/partial"
+  echo "build-code-interpreter: $kind layer $hash: apt-get install $*" >&2
+  mount -t overlay overlay -o "lowerdir=$lowers,upperdir=$partial/tree,workdir=$partial/work,index=off,metacopy=off" "$APT_M"
+  mount -t proc proc "$APT_M/proc"
+  mount --bind /dev "$APT_M/dev"
+  mount --bind /dev/pts "$APT_M/dev/pts"
+  mount --bind "$APT_CACHE" "$APT_M/var/cache/apt/archives"
+  mkdir -p "$APT_M/tmp/src"
+  mount --bind "$SRC" "$APT_M/tmp/src"
+  cp /etc/resolv.conf "$APT_M/etc/resolv.conf"
+  local env=(/usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 HOME=/root)
+  chroot "$APT_M" "${env[@]}" apt-get update -qq >&2
+  chroot "$APT_M" "${env[@]}" apt-get install -y -qq --no-install-recommends \
+    -o APT::Keep-Downloaded-Packages=true "$@" >&2
+  chroot "$APT_M" "${env[@]}" /bin/sh -euc "$after" >&2
+  apt_cleanup
+  trap - EXIT
+  local t="$partial/tree"
+  # An empty resolv.conf as the rootfs has (the pod gets its own); no apt lists, caches, logs.
+  : > "$t/etc/resolv.conf"
+  rm -rf "$t/tmp" "$t/root" "$t/var/lib/apt/lists" "$t/var/cache/apt" "$t/var/log" "$APT_M" "$partial/work"
+  # The venv's folders belong to `user` in the packages layer; an upper copy must not take them.
+  if [[ -d $t/opt/torpor/venv ]]; then chown -R 1000:1000 "$t/opt/torpor/venv"; fi
+  echo "$kind $hash $(date -u +%FT%TZ)" > "$partial/done"
+  rm -rf "$out"
+  mv "$partial" "$out"
+  echo "build-code-interpreter: $kind built in $(( $(date +%s) - start ))s, $(du -sh "$out/tree" | cut -f1)" >&2
+}
+LOWER_BASE="$PKG/tree:$ROOTFS"
+
+# ---- r -----------------------------------------------------------------------------------
+# The `r` language: R and IRkernel (its Jupyter kernel, spec `ir`), from Debian.
+R_HASH=$( { echo "$BASE_HASH"; sed -n '/^# ---- apt layers/,/^# ---- java/p' "$0"; } | sha256sum | cut -c1-16)
+apt_layer code-interpreter-r "$R_HASH" "$LOWER_BASE" '
+  spec=/opt/torpor/venv/share/jupyter/kernels/ir
+  mkdir -p "$spec"
+  cat > "$spec/kernel.json" <<JSON
+{
+  "argv": ["/usr/bin/R", "--no-save", "--no-restore", "--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"],
+  "display_name": "R",
+  "language": "R"
+}
+JSON
+  /usr/bin/Rscript -e "library(IRkernel)"
+' r-base-core r-cran-irkernel
+publish code-interpreter-r "$R_HASH"
+
+# ---- java --------------------------------------------------------------------------------
+# The `java` language: OpenJDK 17 and torpor's own kernel (deploy/code-interpreter/java: an
+# ipykernel kernel driving a JVM that runs the cells with JShell), compiled here.
+JAVA_SRC="$SRC/java"
+JAVA_HASH=$( { echo "$R_HASH"; find "$JAVA_SRC" -type f | LC_ALL=C sort | xargs cat; sed -n '/^# ---- java/,/^# ---- server/p' "$0"; } | sha256sum | cut -c1-16)
+apt_layer code-interpreter-java "$JAVA_HASH" "$CACHE/code-interpreter-r/$R_HASH/tree:$LOWER_BASE" '
+  lib=/opt/torpor/java
+  mkdir -p "$lib/classes"
+  javac -d "$lib/classes" /tmp/src/java/TorporJShell.java
+  cp /tmp/src/java/torpor_java_kernel.py "$lib/"
+  spec=/opt/torpor/venv/share/jupyter/kernels/java
+  mkdir -p "$spec"
+  cat > "$spec/kernel.json" <<JSON
+{
+  "argv": ["/opt/torpor/venv/bin/python", "/opt/torpor/java/torpor_java_kernel.py", "-f", "{connection_file}"],
+  "display_name": "Java (JShell)",
+  "language": "java"
+}
+JSON
+  chmod -R u=rwX,go=rX "$lib"
+' openjdk-17-jdk-headless
+publish code-interpreter-java "$JAVA_HASH"
 
 # ---- server ------------------------------------------------------------------------------
 SRV_HASH=$( { find "$REPO/services/interpreter" "$SRC/ipython" "$SRC/start.sh" -type f \( -name '*.py' -o -name '*.sh' \) | LC_ALL=C sort | xargs cat; sed -n '/^# ---- server/,$p' "$0"; } | sha256sum | cut -c1-16)

@@ -40,8 +40,8 @@ class Language:
             return f"process.chdir({json.dumps(path)})"
         if self.name == "r":
             return f"setwd({_r(path)})"
-        if self.name == "java":
-            return f'System.setProperty("user.dir", {json.dumps(path)});'
+        if self.name == "java":  # as E2B's: the JVM's cwd stays, user.dir says where to be
+            return f'System.setProperty("user.dir", {_java(path)});'
         return ""
 
     def set_env(self, env: dict[str, str]) -> str:
@@ -57,10 +57,10 @@ class Language:
             return f"export {key}={shlex.quote(value)}"
         if self.name in ("javascript", "typescript"):
             return f"process.env[{json.dumps(key)}] = {json.dumps(value)};"
-        if self.name == "r":
-            return f"Sys.setenv({key} = {_r(value)})"
-        if self.name == "java":
-            return f"System.setProperty({json.dumps(key)}, {json.dumps(value)});"
+        if self.name == "r":  # a quoted name: `if`, `TRUE` or `_A` are names here, not syntax
+            return f"Sys.setenv({_r(key)} = {_r(value)})"
+        if self.name == "java":  # as E2B's: a system property (the JVM's environment is fixed)
+            return f"System.setProperty({_java(key)}, {_java(value)});"
         return ""
 
     def _unset(self, key: str) -> str:
@@ -73,7 +73,7 @@ class Language:
         if self.name == "r":
             return f"Sys.unsetenv({_r(key)})"
         if self.name == "java":
-            return f"System.clearProperty({json.dumps(key)});"
+            return f"System.clearProperty({_java(key)});"
         return ""
 
 
@@ -136,5 +136,31 @@ def _py(text: str) -> str:
 
 
 def _r(text: str) -> str:
-    # R's double-quoted strings take the same backslash escapes as JSON's ASCII output.
-    return json.dumps(text)
+    # R's double-quoted strings take JSON's escapes (\uXXXX too; NUL never gets here: check_env
+    # and check_cwd refuse it). Other characters as they are (UTF-8, no escape for R to decode);
+    # a lone surrogate has no UTF-8 form and stays an escape.
+    quoted = json.dumps(text, ensure_ascii=False)
+    return "".join(f"\\u{ord(c):04x}" if 0xD800 <= ord(c) <= 0xDFFF else c for c in quoted)
+
+
+_JAVA_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _java(text: str) -> str:
+    """A Java string literal of ``text``. Never a \\uXXXX escape for a character that means
+    something in Java source: javac reads those before it parses (``\\u0022`` ends a literal),
+    so quotes, backslashes and line ends get their own escapes, other control characters octal
+    ones; surrogates alone (JSON allows them, UTF-8 cannot carry them) get \\uXXXX, which is safe
+    for them."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _JAVA_ESCAPES:
+            out.append(_JAVA_ESCAPES[ch])
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\{code:03o}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
