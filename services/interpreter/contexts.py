@@ -69,6 +69,10 @@ class Context:
         self._readers: list[asyncio.Task[None]] = []
         self._watcher: asyncio.Task[None] | None = None
         self._closing = False
+        # Clear while the kernel is being started again: an execution waits for the new kernel
+        # instead of sending to the old one's channels, where nothing would ever answer it.
+        self._settled = asyncio.Event()
+        self._settled.set()
         self.restarts = 0
 
     def describe(self) -> dict[str, str]:
@@ -122,18 +126,24 @@ class Context:
 
     async def restart(self, reason: str = "Context was restarted") -> None:
         """A fresh kernel for this context (its state is gone); a running execution ends with
-        a ``ContextRestarting`` error."""
-        self._fail_all("ContextRestarting", reason)
-        await self._disconnect()
+        a ``ContextRestarting`` error, the next one waits for the new kernel."""
+        self._settled.clear()
         try:
-            await self._km.restart_kernel(now=True)
-        except Exception as e:
-            msg = f"cannot restart the kernel: {e}"
-            raise ContextError(msg) from e
-        self.restarts += 1
-        self._global_env = None
-        await self._connect()
-        await self._enter_cwd()
+            self._fail_all("ContextRestarting", reason)
+            await self._disconnect()
+            try:
+                await self._km.restart_kernel(now=True)
+            except Exception as e:
+                msg = f"cannot restart the kernel: {e}"
+                raise ContextError(msg) from e
+            self.restarts += 1
+            self._global_env = None
+            await self._connect()
+            await self._enter_cwd()
+        finally:
+            # One sent to the old channels while this ran would wait forever: it ends too.
+            self._fail_all("ContextRestarting", reason)
+            self._settled.set()
 
     async def close(self) -> None:
         self._closing = True
@@ -216,6 +226,7 @@ class Context:
         handed_off = False
         msg_id: str | None = None
         try:
+            await self._settled.wait()
             await self._apply_global_env(access_token)
             if env:
                 await self._silent(self.language.set_env(env))
