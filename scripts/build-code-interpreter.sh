@@ -197,12 +197,17 @@ LOWER_BASE="$PKG/tree:$ROOTFS"
 # ---- r -----------------------------------------------------------------------------------
 # The `r` language: R and IRkernel (its Jupyter kernel, spec `ir`), from Debian.
 R_HASH=$( { echo "$BASE_HASH"; sed -n '/^# ---- apt layers/,/^# ---- java/p' "$0"; } | sha256sum | cut -c1-16)
+# The kernel's code is a file (-f), not -e: R writes -e expressions to a temporary file it
+# deletes and keeps open, and CRIU refuses to keep the memory of a tree holding a deleted file.
 apt_layer code-interpreter-r "$R_HASH" "$LOWER_BASE" '
+  mkdir -p /opt/torpor/r
+  echo "IRkernel::main()" > /opt/torpor/r/irkernel.R
+  chmod 0644 /opt/torpor/r/irkernel.R
   spec=/opt/torpor/venv/share/jupyter/kernels/ir
   mkdir -p "$spec"
   cat > "$spec/kernel.json" <<JSON
 {
-  "argv": ["/usr/bin/R", "--no-save", "--no-restore", "--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"],
+  "argv": ["/usr/bin/R", "--no-save", "--no-restore", "--slave", "-f", "/opt/torpor/r/irkernel.R", "--args", "{connection_file}"],
   "display_name": "R",
   "language": "R"
 }

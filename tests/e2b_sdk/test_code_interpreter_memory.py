@@ -1,7 +1,7 @@
 """A code-interpreter-v1 sandbox paused with its memory (the unmodified SDK's
 ``pause(mode="full")``, local runtime with CRIU) comes back with its kernels as they were: the
-python kernel's variables and imports, the execution server's contexts, and the next execution
-counts on. A plain pause replays the server instead (tests/e2b_sdk/test_code_interpreter.py)."""
+python, javascript, r, java and bash kernels' variables, the execution server's contexts, and
+the next execution counts on. A plain pause replays the server instead (tests/e2b_sdk/test_code_interpreter.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,14 @@ from tests.conftest import skip_or_fail
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
+
+
+# Each kernel's own variable: set before the pause, read (+ 1) after it.
+LANGUAGES = {
+    "javascript": ("let kept = 41;", "kept + 1", "42"),
+    "r": ("kept <- 41", "kept + 1", "[1] 42"),
+    "java": ("int kept = 41;", "kept + 1", "42"),
+}
 
 
 def _report(stack: Stack, sid: str) -> dict[str, Any]:
@@ -30,6 +38,9 @@ def test_a_memory_pause_keeps_the_kernels_variables(stack: Stack) -> None:
         token = s.run_code("token").text
         bash = s.create_code_context(language="bash")
         s.run_code("export KEPT_IN_BASH=yes", context=bash)
+        others = {lang: s.create_code_context(language=lang) for lang in LANGUAGES}
+        for lang, ctx in others.items():
+            s.run_code(LANGUAGES[lang][0], context=ctx)
         before = s.run_code("x").execution_count
         s.pause(mode="full")
 
@@ -47,5 +58,9 @@ def test_a_memory_pause_keeps_the_kernels_variables(stack: Stack) -> None:
         out = again.run_code("echo $KEPT_IN_BASH", context=bash)
         assert out.logs.stdout == ["yes\n"], out
         assert again.run_code("y = x * 2\ny").text == "82"  # and it still computes
+        for lang, ctx in others.items():
+            _, code, value = LANGUAGES[lang]
+            got = again.run_code(code, context=ctx)
+            assert got.error is None and [r.text for r in got.results] == [value], (lang, got)
     finally:
         Sandbox.kill(s.sandbox_id, **opts)
