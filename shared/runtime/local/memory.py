@@ -140,9 +140,15 @@ class MemoryPauses:
     def restorable_uid(self, record: WorkloadRecord) -> str | None:
         """The uid the next pod is restored as, or None when it starts fresh (no images, a
         reboot asked for, no CRIU): a fresh pod never takes the dumped pod's uid."""
-        if record.annotations.get(ANNOTATION_RESUME_MEMORY) == "false" or self.checkpointer is None:
-            return None
-        return self.pod_uid(record)
+        return None if self._why_no_restore(record) else self.pod_uid(record)
+
+    def _why_no_restore(self, record: WorkloadRecord) -> str | None:
+        """Why this resume does not even try the images it may have (else None)."""
+        if record.annotations.get(ANNOTATION_RESUME_MEMORY) == "false":
+            return "the resume booted from the kept files (memory: false)"
+        if self.checkpointer is None:
+            return f"CRIU is not usable on this host: {self.unavailable}"
+        return None
 
     def pod_uid(self, record: WorkloadRecord) -> str | None:
         """The uid of the pod the images hold (it comes back as itself), if any."""
@@ -166,11 +172,10 @@ class MemoryPauses:
             return None, note
         images = folder / IMAGES
         try:
-            if record.annotations.get(ANNOTATION_RESUME_MEMORY) == "false":
-                return None, "the resume booted from the kept files (memory: false)"
-            if self.checkpointer is None:
-                return None, f"CRIU is not usable on this host: {self.unavailable}"
-            if self.pod_uid(record) != uid:
+            why_not = self._why_no_restore(record)
+            if why_not is not None:
+                return None, why_not
+            if self.checkpointer is None or self.pod_uid(record) != uid:
                 return None, "the memory image is not this sandbox's pod's"
             try:
                 boot_id = (await asyncio.to_thread((images / _BOOT_ID).read_text))[:64]
