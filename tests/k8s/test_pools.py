@@ -91,6 +91,31 @@ async def until_warm(rt: KubernetesRuntime, size: int = 1) -> None:
     pytest.fail(f"not {size} warm pods within 120 s")
 
 
+async def the_pool_pod(core: k8s.CoreV1Api, ns: str, version: str) -> Any:
+    """The pool's one pod once the pods of older versions are gone: a drained pod is listed
+    until the kubelet has stopped it, beside the warm one of the new version."""
+    listed: list[Any] = []
+    for _ in range(600):
+        listed = (await core.list_namespaced_pod(ns, label_selector=LABEL_POOL)).items
+        if len(listed) == 1 and listed[0].metadata.labels[LABEL_POOL_VERSION] == version:
+            return listed[0]
+        await asyncio.sleep(0.2)
+    versions = [p.metadata.labels.get(LABEL_POOL_VERSION) for p in listed]
+    pytest.fail(f"pool pods of versions {versions}, not one of {version}, after 120 s")
+
+
+async def the_pod_of(api: k8s.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    """The sandbox's one pod once any other it had is gone (a scale that found no warm pod at
+    first started a cold one, deleted once the claim won)."""
+    pods: list[dict[str, Any]] = []
+    for _ in range(300):
+        pods = await pods_of(api, ns, name)
+        if len(pods) == 1:
+            return pods[0]
+        await asyncio.sleep(0.2)
+    pytest.fail(f"{name} has {len(pods)} pods, not 1, after 60 s")
+
+
 async def envs(ep: Endpoint, token: str) -> tuple[int, dict[str, str]]:
     async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
         r = await c.get(f"{ep.base_url}/envs", headers={"X-Access-Token": token})
@@ -386,19 +411,18 @@ async def test_pool_pods_of_an_older_template_are_never_claimed_and_refill_with_
         await rt.create(sandbox_spec("sbx-t1"))
         first = await rt.wait_ready("sbx-t1", timeout=90)
         assert first.pod_uid != old.metadata.uid
-        (pod,) = await pods_of(admin_api, ns, "sbx-t1")
+        pod = await the_pod_of(admin_api, ns, "sbx-t1")
         assert mark_of(pod) == "v2"
 
         await until_warm(rt)
-        (fresh,) = (await core.list_namespaced_pod(ns, label_selector=LABEL_POOL)).items
-        assert fresh.metadata.labels[LABEL_POOL_VERSION] == v2
+        fresh = await the_pool_pod(core, ns, v2)
         assert old.metadata.uid not in {
             p.metadata.uid for p in (await core.list_namespaced_pod(ns)).items
         }
         await rt.create(sandbox_spec("sbx-t2"))
         second = await rt.wait_ready("sbx-t2", timeout=90)
         assert second.warm and second.pod_uid == fresh.metadata.uid
-        (pod,) = await pods_of(admin_api, ns, "sbx-t2")
+        pod = await the_pod_of(admin_api, ns, "sbx-t2")
         assert mark_of(pod) == "v2"
 
         # A paused sandbox resumes on the template as it is then: a pool pod of that version.
@@ -407,17 +431,11 @@ async def test_pool_pods_of_an_older_template_are_never_claimed_and_refill_with_
         await until_warm(rt)
         v3 = set_mark(templates, "v3")
         await until_warm(rt)
-        (newest,) = (await core.list_namespaced_pod(ns, label_selector=LABEL_POOL)).items
-        assert newest.metadata.labels[LABEL_POOL_VERSION] == v3
+        newest = await the_pool_pod(core, ns, v3)
         await rt.scale("sbx-t1", 1)
         again = await rt.wait_ready("sbx-t1", timeout=90)
         assert again.warm and again.pod_uid == newest.metadata.uid
-        for _ in range(300):  # the cold pod the scale started first goes (not ready)
-            pods = await pods_of(admin_api, ns, "sbx-t1")
-            if len(pods) == 1:
-                break
-            await asyncio.sleep(0.2)
-        (pod,) = pods
+        pod = await the_pod_of(admin_api, ns, "sbx-t1")
         assert pod["metadata"]["uid"] == again.pod_uid and mark_of(pod) == "v3"
         assert (await envs(again, "tok-sbx-t1"))[0] == 200
 

@@ -14,10 +14,15 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from shared.ports.workloads import WorkloadSpec
+from shared.runtime.local import procfs, reconciler
 from shared.runtime.local.addresses import address_key
 from shared.runtime.local.network import PodNetwork
-from shared.runtime.local.records import LEFT_OVER_AFTER, Reservation
+from shared.runtime.local.records import LEFT_OVER_AFTER, Reservation, workload_key
 from shared.runtime.local.userns import range_key
 from tests.runtime_local.support import LocalRuntimeFactory
 
@@ -64,3 +69,53 @@ async def test_the_leftover_sweep_waits_for_a_pod_start_under_way(
         await asyncio.sleep(0.5)
         assert not sweep.done()
     await asyncio.wait_for(sweep, 10)
+
+
+async def test_a_pod_whose_record_is_gone_is_stopped_while_the_runtime_runs(
+    local_runtime: LocalRuntimeFactory, data_dir: Path
+) -> None:
+    """A pod can lose its record while the runtime runs (a start whose record write met a NATS
+    restart, a process killed between the two): the periodic sweep stops it, on its second
+    sighting, without a restart; the pod beside it that has its record runs on."""
+    runtime = await local_runtime()
+    await runtime.create(WorkloadSpec(name="sbx-kept", owner="alice"))
+    await runtime.create(WorkloadSpec(name="sbx-lost", owner="alice"))
+    kept = await runtime.wait_ready("sbx-kept", timeout=60)
+    lost = await runtime.wait_ready("sbx-lost", timeout=60)
+    await runtime._store._kv.delete(workload_key("sbx-lost"))
+    for _ in range(300):  # two sweeps 10 s apart
+        if lost.pod_uid not in {p.uid for p in procfs.scan_pods(data_dir)}:
+            break
+        await asyncio.sleep(0.2)
+    running = {p.uid for p in procfs.scan_pods(data_dir)}
+    assert lost.pod_uid not in running
+    assert kept.pod_uid in running
+    assert (await runtime.get("sbx-kept")).pod_uid == kept.pod_uid
+
+
+async def test_a_pod_whose_record_write_fails_is_stopped_at_once(
+    local_runtime: LocalRuntimeFactory, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write that records a started pod fails (NATS restarting): the start stops its pod
+    itself, not the periodic sweep (turned off here), and the next pass starts one that is
+    recorded."""
+    monkeypatch.setattr(reconciler, "_SWEEP_EVERY", 1e9)
+    runtime = await local_runtime()
+    store = runtime._store
+    real_mutate = store.mutate
+    failed: list[str] = []
+
+    async def mutate(name: str, change: Any) -> Any:
+        current = await store.get(name)
+        if not failed and current is not None and current[0].pod is None:
+            after = change(current[0])
+            if after is not None and after.pod is not None:
+                failed.append(after.pod.uid)
+                raise ConnectionError("nats: connection closed")
+        return await real_mutate(name, change)
+
+    monkeypatch.setattr(store, "mutate", mutate)
+    await runtime.create(WorkloadSpec(name="sbx-unlucky", owner="alice"))
+    ready = await runtime.wait_ready("sbx-unlucky", timeout=60)
+    assert len(failed) == 1 and ready.pod_uid != failed[0]
+    assert {p.uid for p in procfs.scan_pods(data_dir)} == {ready.pod_uid}

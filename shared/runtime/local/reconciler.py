@@ -33,6 +33,7 @@ from shared.runtime.local.userns import IdRangePool
 log = structlog.get_logger()
 
 _BACKOFF_MAX = 30.0
+_SWEEP_EVERY = 10.0  # seconds between periodic stray sweeps: a stray goes within about 20 s
 
 
 class Reconciler:
@@ -60,6 +61,7 @@ class Reconciler:
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: set[str] = set()
         self._starting: dict[str, str] = {}  # pod uids spawned but not yet recorded: workload
+        self._suspects: set[str] = set()  # pod uids the last sweep found no record of
         self.pools = (
             Pools(
                 sizes=pools,
@@ -156,10 +158,11 @@ class Reconciler:
                 applied = current[0].network
                 await self._network.apply_policy(pod_net_id(pod.uid), pod.address, applied)
 
-    async def sweep_leftovers(self) -> None:
+    async def sweep_leftovers(self, *, confirmed: bool = False) -> None:
         """Stop this data dir's pods that no record knows; keep the network of every recorded
         pod still running (adopted after a restart) and remove the rest of this instance's
-        namespaces, links and rules.
+        namespaces, links and rules. ``confirmed`` (the periodic sweep): a pod is stopped only
+        when the previous sweep found it unknown too, so one odd read never stops a pod.
 
         Another process of this instance may be starting or claiming a pod meanwhile: the pods
         are listed first, under the sweep lock (a start records its pod before it lets go of
@@ -169,10 +172,11 @@ class Reconciler:
             running = await self._launcher.scan()
             records = await self._records()
             known = {pod.uid for record in records for pod in record.pods()}
-            for uid in running:
-                if uid not in known and uid not in self._starting:
-                    log.info("runtime_local_stray_stopped", pod_uid=uid)
-                    await self._launcher.stop_stray(uid)
+            unknown = {uid for uid in running if uid not in known and uid not in self._starting}
+            suspects, self._suspects = self._suspects, unknown
+            for uid in sorted(unknown & suspects if confirmed else unknown):
+                log.info("runtime_local_stray_stopped", pod_uid=uid)
+                await self._launcher.stop_stray(uid)
             keep = {}
             for record in records:
                 for pod in record.pods():
@@ -219,10 +223,16 @@ class Reconciler:
 
     async def _monitor(self) -> None:
         # Checks _closing too: nats-py can turn a cancellation into another exception.
+        swept = time.monotonic()
         while not self._closing:
             await asyncio.sleep(self._poll_interval)
             try:
                 await self.reconcile_all(stray_sweep=False)
+                if time.monotonic() - swept >= _SWEEP_EVERY:
+                    # A pod a crash left between its start and its record (this or another
+                    # process of the instance) is stopped without waiting for a restart.
+                    swept = time.monotonic()
+                    await self.sweep_leftovers(confirmed=True)
                 if self.pools is not None:
                     await self.pools.refill(busy=self._starting_sandbox)
             except Exception:
@@ -373,7 +383,14 @@ class Reconciler:
                 def change(r: WorkloadRecord) -> WorkloadRecord | None:
                     return r.model_copy(update={"pod": pod}) if _wants_pod(r) else None
 
-                current, _ = await self._store.mutate(record.name, change)
+                try:
+                    current, _ = await self._store.mutate(record.name, change)
+                except BaseException:
+                    # Deleted meanwhile (NotFound), NATS gone, cancelled: a pod no record
+                    # names would run on as a stray. Should the write have landed after all,
+                    # the record's pod is dead and the next pass starts another.
+                    await asyncio.shield(self._discard(pod))
+                    raise
             finally:
                 self._starting.pop(uid, None)
         if current.pod is None or current.pod.uid != uid:  # scaled to 0 or deleted meanwhile
