@@ -34,10 +34,17 @@ KEEPALIVE_SECONDS = 5.0
 KERNEL_READY_TIMEOUT = 60.0
 INTERRUPT_GRACE = 10.0
 WATCH_INTERVAL = 0.5
+# A request the kernel has not started after this long gets a kernel_info request behind it: after
+# a memory restore a kernel's channel can miss the wakeup of a message that already arrived (seen
+# 2 in 3 restores here: the python kernel idle in epoll with the execute request unread), and a
+# new message on the same channels wakes it; a harmless request for a kernel that was just busy.
+NUDGE_AFTER = 1.0
+NUDGES = 30
 IPYTHON_DIR = "/opt/torpor/interpreter/ipython"
 
 GlobalEnv = Callable[[str | None], Awaitable[dict[str, str]]]
 _ABANDONED: set[asyncio.Task[None]] = set()  # held until done (the loop keeps weak references)
+_NUDGING: set[asyncio.Task[None]] = set()
 
 
 class ContextError(Exception):
@@ -199,7 +206,22 @@ class Context:
             stop_on_error=not silent,
         )
         self._executions[msg_id] = execution
+        task = asyncio.create_task(self._nudge(execution), name=f"nudge-{msg_id}")
+        _NUDGING.add(task)
+        task.add_done_callback(_NUDGING.discard)
         return msg_id, execution
+
+    async def _nudge(self, execution: Execution) -> None:
+        """A kernel_info request now and then until the kernel starts ``execution`` (see
+        ``NUDGE_AFTER``); ends by itself."""
+        for _ in range(NUDGES):
+            await asyncio.sleep(NUDGE_AFTER)
+            if execution.started or execution.finished.is_set() or self._closing:
+                return
+            if self._settled.is_set():
+                log.info("context %s: kernel has not started a request; nudging it", self.id)
+                with contextlib.suppress(Exception):
+                    self._kc.kernel_info()
 
     async def _silent(self, code: str) -> str | None:
         """Run a snippet of the server's own; its error text, or None."""

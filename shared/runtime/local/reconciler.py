@@ -162,7 +162,8 @@ class Reconciler:
         """Stop this data dir's pods that no record knows; keep the network of every recorded
         pod still running (adopted after a restart) and remove the rest of this instance's
         namespaces, links and rules. ``confirmed`` (the periodic sweep): a pod is stopped only
-        when the previous sweep found it unknown too, so one odd read never stops a pod.
+        when the previous sweep found it unknown too, so one odd read never stops a pod, and the
+        network is swept only when a pod was stopped (not every few seconds, beside live pods).
 
         Another process of this instance may be starting or claiming a pod meanwhile: the pods
         are listed first, under the sweep lock (a start records its pod before it lets go of
@@ -174,9 +175,12 @@ class Reconciler:
             known = {pod.uid for record in records for pod in record.pods()}
             unknown = {uid for uid in running if uid not in known and uid not in self._starting}
             suspects, self._suspects = self._suspects, unknown
-            for uid in sorted(unknown & suspects if confirmed else unknown):
+            strays = sorted(unknown & suspects if confirmed else unknown)
+            for uid in strays:
                 log.info("runtime_local_stray_stopped", pod_uid=uid)
                 await self._launcher.stop_stray(uid)
+            if confirmed and not strays:
+                return  # the periodic pass: the network is swept only after it stopped a pod
             keep = {}
             for record in records:
                 for pod in record.pods():
