@@ -43,8 +43,7 @@ NUDGES = 30
 IPYTHON_DIR = "/opt/torpor/interpreter/ipython"
 
 GlobalEnv = Callable[[str | None], Awaitable[dict[str, str]]]
-_ABANDONED: set[asyncio.Task[None]] = set()  # held until done (the loop keeps weak references)
-_NUDGING: set[asyncio.Task[None]] = set()
+_BACKGROUND: set[asyncio.Task[None]] = set()  # held until done (the loop keeps weak references)
 
 
 class ContextError(Exception):
@@ -207,19 +206,20 @@ class Context:
         )
         self._executions[msg_id] = execution
         task = asyncio.create_task(self._nudge(execution), name=f"nudge-{msg_id}")
-        _NUDGING.add(task)
-        task.add_done_callback(_NUDGING.discard)
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
         return msg_id, execution
 
     async def _nudge(self, execution: Execution) -> None:
         """A kernel_info request now and then until the kernel starts ``execution`` (see
         ``NUDGE_AFTER``); ends by itself."""
-        for _ in range(NUDGES):
+        for attempt in range(NUDGES):
             await asyncio.sleep(NUDGE_AFTER)
             if execution.started or execution.finished.is_set() or self._closing:
                 return
             if self._settled.is_set():
-                log.info("context %s: kernel has not started a request; nudging it", self.id)
+                if attempt == 0:
+                    log.info("context %s: kernel has not started a request; nudging it", self.id)
                 with contextlib.suppress(Exception):
                     self._kc.kernel_info()
 
@@ -272,8 +272,8 @@ class Context:
             if msg_id is not None:  # the client left (or the stream broke) mid-execution
                 handed_off = True
                 task = asyncio.create_task(self._abandon(msg_id, env), name=f"abandon-{msg_id}")
-                _ABANDONED.add(task)
-                task.add_done_callback(_ABANDONED.discard)
+                _BACKGROUND.add(task)
+                task.add_done_callback(_BACKGROUND.discard)
             if not handed_off:
                 self._lock.release()
 
