@@ -164,7 +164,14 @@ def test_pause_shows_the_decoded_snapshot_and_writes_need_the_dashboard_header(u
             assert resumed.json()["state"] == "running"
             assert resumed.json()["deadline"] is not None
 
-            facts = [e["fact"] for e in alice.get(f"/dashboard/api/sandboxes/{name}/events").json()]
+            # The history is read from the event stream, which may trail the answer a moment.
+            deadline = time.monotonic() + 30
+            while True:
+                events = alice.get(f"/dashboard/api/sandboxes/{name}/events").json()
+                facts = [e["fact"] for e in events]
+                if "resumed" in facts or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
             assert facts[0] == "created"
             assert facts.index("paused") < facts.index("resumed")
     finally:
