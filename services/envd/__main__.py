@@ -19,6 +19,8 @@ import os
 import socket
 import sys
 
+from services.envd.reach import enter_domain
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -104,54 +106,9 @@ def precompile() -> int:
     return 0
 
 
-def _out_of_reach() -> None:
-    """Put the daemon and the pod's PID 1 out of reach of the sandbox code it serves (which runs
-    as the same uid, or as a root without CAP_SYS_PTRACE): no ptrace, pidfd_getfd, process_vm_*,
-    /proc/<pid>/fd, mem or environ of either. Before this, no sandbox code runs.
-
-    - The daemon turns non-dumpable: tracing it would then need CAP_SYS_PTRACE. The processes it
-      starts exec, and are dumpable again (gdb, strace work among them).
-    - It enters a Landlock domain, which every process it starts inherits: a process in a domain
-      may trace only processes in the same or a nested one, and PID 1 (bwrap's init, which bwrap
-      makes dumpable again itself) is in none. The domain restricts nothing else: it handles only
-      making block devices, which sandbox root (no CAP_MKNOD) cannot do anyway, and scopes
-      nothing, so CRIU's parasite still reaches its abstract socket (a scoped domain broke dumps,
-      docs/memory-pause.md). Landlock denies moving a file to another directory in any domain
-      unless a rule grants "refer" there, so one rule grants it beneath / (without it every
-      cross-directory rename failed with EXDEV: pip, git, editors). Without Landlock (Linux <
-      5.13) this says so."""
-    import ctypes
-    import struct
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_dumpable, pr_set_no_new_privs = 4, 38
-    create_ruleset, add_rule, restrict_self = 444, 445, 446  # the same on x86_64 and arm64
-    access_fs_make_block, access_fs_refer = 1 << 11, 1 << 13
-    rule_path_beneath = 1
-    if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
-        print("envd: cannot make itself non-dumpable", file=sys.stderr)
-    # handled_access_fs, handled_access_net, scoped (a kernel that knows fewer fields takes the
-    # zeros of the rest)
-    packed = struct.pack("QQQ", access_fs_make_block | access_fs_refer, 0, 0)
-    attr = ctypes.create_string_buffer(packed, len(packed))
-    ruleset = libc.syscall(create_ruleset, attr, len(packed), 0)
-    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    beneath = ctypes.create_string_buffer(struct.pack("=Qi", access_fs_refer, root), 12)
-    if (
-        ruleset < 0
-        or libc.syscall(add_rule, ruleset, rule_path_beneath, beneath, 0) != 0
-        or libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0
-        or libc.syscall(restrict_self, ruleset, 0) != 0
-    ):
-        err = os.strerror(ctypes.get_errno())
-        print(f"envd: no Landlock domain ({err}): PID 1 is traceable", file=sys.stderr)
-    os.close(root)
-    if ruleset >= 0:
-        os.close(ruleset)
-
-
 def main(argv: list[str] | None = None) -> int:
-    _out_of_reach()
+    # Before any sandbox code runs (services/envd/reach.py: the one place of the domain rule).
+    enter_domain("envd", undumpable=True)
     gc.disable()  # until start-up is done (services.envd.server.serve): a few % of it
     args = parse_args(argv)
     # Read once (parse_args' default); processes the daemon starts must not inherit the token.

@@ -175,6 +175,41 @@ def test_the_out_of_reach_domain_leaves_moves_and_links_across_folders_working(
         sbx.kill()
 
 
+OWN_COMMAND = "reach-own-command"
+
+
+def test_a_templates_own_command_cannot_reach_pid_1(stack: Stack) -> None:
+    """A template with its own ``command`` runs no daemon to enter the out-of-reach domain for
+    it: before the entry step (``services/envd/reach.py``), that command (sandbox code, as the
+    sandbox's root) attached to PID 1 with ``PTRACE_SEIZE`` and took its descriptors with
+    ``pidfd_getfd``. Here the command walks first, as tenant code would, then execs the daemon
+    only so the test can read what it found."""
+    script = (
+        'python3 -c "$WALK_PY" > /tmp/walk.out 2>&1; '
+        'exec "$0" -m services.envd --listen {host}:{port} --root {root}'
+    )
+    (stack.templates_dir / f"{OWN_COMMAND}.yaml").write_text(
+        f"name: {OWN_COMMAND}\nworkdir: /workspace\n"
+        f"env: {json.dumps({'WALK_PY': WALK})}\n"
+        f"command: {json.dumps(['/bin/sh', '-c', script, '{python}'])}\n"
+    )
+    sbx = Sandbox.create(template=OWN_COMMAND, timeout=300, **stack.sdk_opts("alice"))
+    try:
+        out = sbx.files.read("/tmp/walk.out", user="root")
+        [line] = [ln for ln in out.splitlines() if ln.startswith("WALK ")]
+        procs = {int(k): v for k, v in json.loads(line[5:]).items()}
+        assert 1 in procs, out
+        r = procs[1]
+        assert r["seize"] == "EPERM", (r["cmd"], r["seize"])
+        assert r["getfd"] in (["0 EPERM"], ["pidfd_open EPERM"]), r["getfd"]
+        assert not [f for f in r["fds"] if not f.endswith("EACCES")], r["fds"]
+        assert r["environ"] == "EACCES", r["environ"]
+        # The command ran with its own argv (the walk ran, then the daemon it execs answers).
+        assert sbx.commands.run("echo alive").stdout.strip() == "alive"
+    finally:
+        sbx.kill()
+
+
 FLOOD = "podlog-flood"
 FLOOD_BYTES = 2**30
 

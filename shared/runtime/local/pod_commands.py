@@ -56,13 +56,15 @@ def pod_command(
             "port": str(ENVD_PORT),
             "root": "/workspace",
         }
-        return [part.format(**values) for part in template.command]
+        # Through the entry step: the template's command (sandbox code, no daemon to do it)
+        # starts in the out-of-reach domain, then runs with its own argv, env and cwd.
+        return [
+            *_python_module(python, pycache, "services.envd.reach"),
+            "--",
+            *(part.format(**values) for part in template.command),
+        ]
     return [
-        python,
-        "-X",
-        f"pycache_prefix={pycache}",
-        "-m",
-        "services.envd",
+        *_python_module(python, pycache, "services.envd"),
         "--listen",
         f"{record.address}:{ENVD_PORT}",
         "--root",
@@ -70,3 +72,7 @@ def pod_command(
         "--sudo-socket",
         SUDO_SOCKET,
     ]
+
+
+def _python_module(python: str, pycache: Path, module: str) -> list[str]:
+    return [python, "-X", f"pycache_prefix={pycache}", "-m", module]
