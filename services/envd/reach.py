@@ -75,7 +75,6 @@ def main(argv: list[str]) -> int:
         # bwrap's own words for a command it cannot run, and its exit code (execvp failed).
         print(f"bwrap: execvp {command[0]}: {exc.strerror}", file=sys.stderr)
         return 1
-    return 1  # not reached
 
 
 if __name__ == "__main__":
