@@ -38,9 +38,33 @@ UNIT_FOLDERS = frozenset({"unit", "domain"})
 E2E_FOLDERS = frozenset({"e2e", "e2b_sdk", "chaos", "faults", "dashboard", "cli_sandbox"})
 TIERS = ("unit", "integration", "e2e")
 
+# Under pytest-xdist (`make pytest` runs two workers, `--dist loadgroup`) every test that uses a
+# Kubernetes rig runs on one worker: the rigs are session fixtures, the test kubelet's pods take
+# fixed loopback addresses (127.0.3.x) and the real node holds host-wide kube-proxy tables.
+K8S_FIXTURES = frozenset(
+    {"k8s_cluster", "k8s_kubelet", "k8s_runtime", "k8s_namespace"}
+    | {"real_node", "real_runtime", "real_namespace"}
+)
+K8S_FOLDERS = frozenset({"k8s", "images"})
+K8S_MARKERS = ("k8s", "realnode")
 
+
+def _on_the_node(item: pytest.Item) -> bool:
+    if any(item.get_closest_marker(m) for m in K8S_MARKERS):
+        return True
+    if K8S_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    # parametrized over runtimes: the Kubernetes side takes its rig by getfixturevalue
+    parametrized = "[kubernetes" in item.nodeid or "[real-node" in item.nodeid
+    return parametrized or item.path.parent.name in K8S_FOLDERS
+
+
+# tryfirst: xdist's worker reads `xdist_group` in this same hook and must see the mark.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if _on_the_node(item):
+            item.add_marker(pytest.mark.xdist_group("node"))
         if any(item.get_closest_marker(t) for t in TIERS):
             continue
         folder = item.path.parent.name
