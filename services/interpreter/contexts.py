@@ -50,7 +50,7 @@ class ContextError(Exception):
     """A context that cannot do what was asked (the route answers 500 with the message)."""
 
 
-class _Manager(AsyncKernelManager):  # type: ignore[misc]
+class _Manager(AsyncKernelManager):
     """A kernel that dies with this server: killed -9, the server leaves no kernels behind
     (its supervisor starts a fresh server, which starts fresh kernels)."""
 
