@@ -59,12 +59,15 @@ def _on_the_node(item: pytest.Item) -> bool:
     return parametrized or item.path.parent.name in K8S_FOLDERS
 
 
-# tryfirst: xdist's worker reads `xdist_group` in this same hook and must see the mark.
-@pytest.hookimpl(tryfirst=True)
+# Marked as each test is collected, before any pytest_collection_modifyitems (where xdist's worker
+# turns the group into its node id's "@node" suffix).
+def pytest_itemcollected(item: pytest.Item) -> None:
+    if _on_the_node(item):
+        item.add_marker(pytest.mark.xdist_group("node"))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if _on_the_node(item):
-            item.add_marker(pytest.mark.xdist_group("node"))
         if any(item.get_closest_marker(t) for t in TIERS):
             continue
         folder = item.path.parent.name

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,8 +15,9 @@ from tests.security.rawhttp import serve_guarded  # the production server: proto
 from tests.support.serving import serve
 
 # A loopback address of its own, so the stand-in can listen on the daemon's real port (outside
-# 127.0.3.0/24, which the test kubelet gives its pods).
-POD_HOST = "127.0.4.213"
+# 127.0.3.0/24, which the test kubelet gives its pods); one per xdist worker ("gw0", "gw1", ...),
+# which run these tests side by side.
+POD_HOST = f"127.0.4.{220 + int(os.environ.get('PYTEST_XDIST_WORKER', 'gw0')[2:] or 0)}"
 
 
 @dataclass
@@ -26,6 +28,7 @@ class Rig:
     upstream: UpstreamState
     user_port: int
     app: ProxyApp
+    pod_host: str = POD_HOST
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ from tests.support.serving import serve
 
 from .test_proxy import make, to
 
-HOSTILE_HOST = "127.0.4.214"  # this file's raw upstream (other proxy tests use .213)
+HOSTILE_HOST = "127.0.4.214"  # this file's raw upstream (the proxy rig uses .220 and up)
 
 
 def fast_count(app: ProxyApp) -> float:
@@ -269,7 +269,7 @@ class _Hostile(socketserver.BaseRequestHandler):
 
 @pytest.fixture
 def hostile(rig: Rig) -> Iterator[tuple[Rig, SandboxRecord, int]]:
-    server = socketserver.ThreadingTCPServer(("127.0.4.213", 0), _Hostile)
+    server = socketserver.ThreadingTCPServer((rig.pod_host, 0), _Hostile)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

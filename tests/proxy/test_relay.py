@@ -36,7 +36,9 @@ from tests.support.serving import serve
 
 from .test_proxy import make, to
 
-RELAY_HOST = "127.0.4.215"  # this file's own upstream address (other proxy tests use .213/.214)
+RELAY_HOST = (
+    "127.0.4.215"  # this file's own upstream address (.214: test_fastpath, .220 up: the rig)
+)
 
 
 def relayed(app: ProxyApp) -> float:
@@ -206,7 +208,7 @@ def test_a_client_gone_mid_answer_frees_its_slot_and_count(rig: Rig) -> None:
     while rig.app.in_flight._counts and time.monotonic() < deadline:
         time.sleep(0.02)
     assert rig.app.in_flight._counts == {}
-    slots = rig.app.slot("127.0.4.213", rig.user_port)
+    slots = rig.app.slot(rig.pod_host, rig.user_port)
     assert slots.try_take()  # all free again
     slots.give()
 
