@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 from faststream.nats import NatsRouter
 
 from services.scaler.handlers import build_router
@@ -11,14 +9,12 @@ from services.scaler.metrics import ScalerMetrics
 from services.scaler.scaling import Scaler
 from services.scaler.settings import ScalerSettings
 from shared.bus.topology import SCALER_LIFECYCLE
-from shared.lifecycle.hosting import Context, Parts, WorkerHost
-from shared.runtime.template_facts import read_facts
-from shared.settings import RuntimeSettings, load
+from shared.lifecycle.hosting import Context, Parts, WorkerHost, template_facts, tuned_retry
 
 
 def scaler_host(ctx: Context, settings: ScalerSettings) -> WorkerHost:
     runtime, envd = ctx.pods()
-    where = load(RuntimeSettings)  # already read (and checked) for the runtime itself
+    templates = template_facts()
     metrics = ScalerMetrics(ctx.registry)  # once per host: its builds share it
 
     def build(parts: Parts) -> NatsRouter:
@@ -32,12 +28,10 @@ def scaler_host(ctx: Context, settings: ScalerSettings) -> WorkerHost:
             start_timeout=settings.start_timeout,
             retention=ctx.retention.retention,
             tombstone_for=ctx.retention.tombstone_for,
-            templates=partial(read_facts, where.runtime, where.templates_dir),
+            templates=templates,
             metrics=metrics,
         )
-        retry = SCALER_LIFECYCLE.retry.tuned(
-            give_up_after=settings.give_up_after, heartbeat=settings.heartbeat_seconds
-        )
+        retry = tuned_retry(SCALER_LIFECYCLE, settings)
         return build_router(scaler, retry=retry, max_workers=settings.max_workers)
 
     return WorkerHost(service="scaler", bus=ctx.bus, build=build)

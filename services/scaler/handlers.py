@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import structlog
 from faststream.nats import NatsMessage, NatsRouter
-from pydantic import BaseModel
 
 from services.scaler.scaling import Scaler
 from shared.bus import subjects
-from shared.bus.broker import subscriber_args
+from shared.bus.broker import EventDoc, document_events, subscriber_args
 from shared.bus.retry import PoisonMessage, RetryPolicy
 from shared.bus.topology import SCALER_LIFECYCLE, SCALER_ON_SNAPSHOTTED
 from shared.lifecycle.worker import (
@@ -45,7 +45,7 @@ from shared.models.messages import (
 
 log = structlog.get_logger()
 
-_EVENTS: tuple[tuple[str, type[BaseModel], str], ...] = (
+_EVENTS: tuple[EventDoc, ...] = (
     (subjects.EVT_CREATED, SandboxCreated, "The sandbox's first pod is ready; it is running."),
     (subjects.EVT_PAUSED, SandboxPaused, "The workload is at 0 replicas with its snapshot stored."),
     (subjects.EVT_RESUMED, SandboxResumed, "Running again; per-process replay outcomes."),
@@ -83,10 +83,7 @@ def build_router(
     ) -> None:
         await run_guarded(work, msg=msg, retry=retry, fail=fail, lock=locks.hold(sid))
 
-    for subject, schema, description in _EVENTS:  # documentation of what the scaler emits
-        router.publisher(
-            subjects.all_of(subject), title=subject, description=description, schema=schema
-        )
+    document_events(router, _EVENTS)
 
     @router.subscriber(  # type: ignore[untyped-decorator]
         **subscriber_args(SCALER_LIFECYCLE, max_workers=max_workers),
@@ -100,36 +97,27 @@ def build_router(
     )
     async def on_command(body: dict[str, Any], msg: NatsMessage) -> None:
         subject = msg.raw_message.subject
-        verb = subject.split(".")[2] if subject.count(".") >= 3 else ""
+        verb = subjects.verb_of(subject)
         if verb == "create":
             create = CreateSandbox.model_validate(body)
             sid = checked_sandbox_id(msg, create.sandbox_id)
             structlog.contextvars.bind_contextvars(queued_ms=_queued_ms(msg))
             cmd_id = header_msg_id(msg, msg_id("create", sid, 0))
-
-            async def fail_create(reason: str) -> None:
-                await scaler.give_up("create", sid, reason, cmd_msg_id=cmd_id)
-
-            await run(msg, sid, lambda: scaler.create(create, cmd_id), fail_create)
+            fail = partial(scaler.give_up, "create", sid, cmd_msg_id=cmd_id)
+            await run(msg, sid, lambda: scaler.create(create, cmd_id), fail)
         elif verb == "resume":
             resume = ResumeSandbox.model_validate(body)
             sid = checked_sandbox_id(msg, resume.sandbox_id)
             structlog.contextvars.bind_contextvars(queued_ms=_queued_ms(msg))
             cmd_id = header_msg_id(msg, msg_id("resume", sid, resume.generation))
-
-            async def fail_resume(reason: str) -> None:
-                await scaler.give_up("resume", sid, reason, cmd_msg_id=cmd_id)
-
-            await run(msg, sid, lambda: scaler.resume(resume, cmd_id, msg.in_progress), fail_resume)
+            fail = partial(scaler.give_up, "resume", sid, cmd_msg_id=cmd_id)
+            await run(msg, sid, lambda: scaler.resume(resume, cmd_id, msg.in_progress), fail)
         elif verb == "kill":
             kill = KillSandbox.model_validate(body)
             sid = checked_sandbox_id(msg, kill.sandbox_id)
             cmd_id = header_msg_id(msg, msg_id("kill", sid, kill.generation))
-
-            async def fail_kill(reason: str) -> None:
-                await scaler.give_up("kill", sid, reason, cmd_msg_id=cmd_id)
-
-            await run(msg, sid, lambda: scaler.kill(kill, cmd_id), fail_kill)
+            fail = partial(scaler.give_up, "kill", sid, cmd_msg_id=cmd_id)
+            await run(msg, sid, lambda: scaler.kill(kill, cmd_id), fail)
         elif verb == "network":
             network = SetSandboxNetwork.model_validate(body)
             sid = checked_sandbox_id(msg, network.sandbox_id)
@@ -149,10 +137,7 @@ def build_router(
     )
     async def on_snapshotted(body: SandboxSnapshotted, msg: NatsMessage) -> None:
         sid = checked_sandbox_id(msg, body.sandbox_id)
-
-        async def fail_pause(reason: str) -> None:
-            await scaler.give_up("pause", sid, reason, generation=body.generation)
-
-        await run(msg, sid, lambda: scaler.finish_pause(body, msg.in_progress), fail_pause)
+        fail = partial(scaler.give_up, "pause", sid, generation=body.generation)
+        await run(msg, sid, lambda: scaler.finish_pause(body, msg.in_progress), fail)
 
     return router

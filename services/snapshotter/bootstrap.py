@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 from faststream.nats import NatsRouter
 
 from services.snapshotter.handlers import build_router
@@ -15,14 +13,12 @@ from shared.bus.broker import key_value
 from shared.bus.snapshot_store import KvSnapshotStore
 from shared.bus.snapshot_timers import NatsSnapshotTimers
 from shared.bus.topology import KV_SNAPSHOTS, SNAPSHOTTER_PAUSE, SNAPSHOTTER_SNAPSHOTS
-from shared.lifecycle.hosting import Context, Parts, WorkerHost
-from shared.runtime.template_facts import read_facts
-from shared.settings import RuntimeSettings, load
+from shared.lifecycle.hosting import Context, Parts, WorkerHost, template_facts, tuned_retry
 
 
 def snapshotter_host(ctx: Context, settings: SnapshotterSettings) -> WorkerHost:
     runtime, envd = ctx.pods()
-    where = load(RuntimeSettings)  # already read (and checked) for the runtime itself
+    templates = template_facts()
     metrics = SnapshotterMetrics(ctx.registry)  # once per host: its builds share it
 
     def build(parts: Parts) -> NatsRouter:
@@ -32,7 +28,7 @@ def snapshotter_host(ctx: Context, settings: SnapshotterSettings) -> WorkerHost:
             envd=envd,
             publisher=parts.publisher,
             envd_timeout=settings.envd_timeout,
-            templates=partial(read_facts, where.runtime, where.templates_dir),
+            templates=templates,
             hold=settings.pause_hold_seconds,
             metrics=metrics,
         )
@@ -45,17 +41,11 @@ def snapshotter_host(ctx: Context, settings: SnapshotterSettings) -> WorkerHost:
             timers=NatsSnapshotTimers(lambda: parts.broker.config.connection_state.stream),
             envd_timeout=settings.envd_timeout,
         )
-        retry = SNAPSHOTTER_PAUSE.retry.tuned(
-            give_up_after=settings.give_up_after, heartbeat=settings.heartbeat_seconds
-        )
-        snapshot_retry = SNAPSHOTTER_SNAPSHOTS.retry.tuned(
-            give_up_after=settings.give_up_after, heartbeat=settings.heartbeat_seconds
-        )
         return build_router(
             snapshotter,
             keeper,
-            retry=retry,
-            snapshot_retry=snapshot_retry,
+            retry=tuned_retry(SNAPSHOTTER_PAUSE, settings),
+            snapshot_retry=tuned_retry(SNAPSHOTTER_SNAPSHOTS, settings),
             max_workers=settings.max_workers,
         )
 

@@ -11,7 +11,7 @@ from faststream.nats import NatsMessage, NatsRouter
 from services.snapshotter.keeping import SnapshotKeeper
 from services.snapshotter.pausing import Snapshotter
 from shared.bus import subjects
-from shared.bus.broker import subscriber_args
+from shared.bus.broker import EventDoc, document_events, subscriber_args
 from shared.bus.retry import PoisonMessage, RetryPolicy
 from shared.bus.topology import SNAPSHOTTER_EXPIRY, SNAPSHOTTER_PAUSE, SNAPSHOTTER_SNAPSHOTS
 from shared.lifecycle.worker import checked_sandbox_id, header_msg_id, run_guarded
@@ -27,6 +27,36 @@ from shared.models.messages import (
     msg_id,
 )
 
+_PAUSE_EVENTS: tuple[EventDoc, ...] = (
+    (
+        subjects.EVT_SNAPSHOTTED,
+        SandboxSnapshotted,
+        "The process snapshot is stored on the workload and in the record.",
+    ),
+    (
+        subjects.EVT_HOOK,
+        SandboxHookRan,
+        "A prePause hook ran (outcome.aborted: it refused the pause).",
+    ),
+    (
+        subjects.EVT_FAILED,
+        SandboxFailed,
+        "A transition gave up; the record is in state failed with the reason.",
+    ),
+)
+_SNAPSHOT_EVENTS: tuple[EventDoc, ...] = (
+    (
+        subjects.EVT_SNAPSHOT_TAKEN,
+        SnapshotTaken,
+        "A stored snapshot (process list and files) of the sandbox is ready.",
+    ),
+    (
+        subjects.EVT_SNAPSHOT_DELETED,
+        SnapshotDeleted,
+        "A stored snapshot taken of the sandbox is deleted (files and record).",
+    ),
+)
+
 
 def build_router(
     snapshotter: Snapshotter,
@@ -37,25 +67,7 @@ def build_router(
     max_workers: int = 8,
 ) -> NatsRouter:
     router = NatsRouter()
-    # Documentation only (the handler publishes through the Publisher port for deterministic ids).
-    router.publisher(
-        subjects.all_of(subjects.EVT_SNAPSHOTTED),
-        title="sandbox.evt.snapshotted",
-        description="The process snapshot is stored on the workload and in the record.",
-        schema=SandboxSnapshotted,
-    )
-    router.publisher(
-        subjects.all_of(subjects.EVT_HOOK),
-        title="sandbox.evt.hook",
-        description="A prePause hook ran (outcome.aborted: it refused the pause).",
-        schema=SandboxHookRan,
-    )
-    router.publisher(
-        subjects.all_of(subjects.EVT_FAILED),
-        title="sandbox.evt.failed",
-        description="A transition gave up; the record is in state failed with the reason.",
-        schema=SandboxFailed,
-    )
+    document_events(router, _PAUSE_EVENTS)
 
     @router.subscriber(  # type: ignore[untyped-decorator]
         **subscriber_args(SNAPSHOTTER_PAUSE, max_workers=max_workers),
@@ -73,18 +85,7 @@ def build_router(
 
     if keeper is None:
         return router
-    router.publisher(
-        subjects.all_of(subjects.EVT_SNAPSHOT_TAKEN),
-        title="sandbox.evt.snapshot_taken",
-        description="A stored snapshot (process list and files) of the sandbox is ready.",
-        schema=SnapshotTaken,
-    )
-    router.publisher(
-        subjects.all_of(subjects.EVT_SNAPSHOT_DELETED),
-        title="sandbox.evt.snapshot_deleted",
-        description="A stored snapshot taken of the sandbox is deleted (files and record).",
-        schema=SnapshotDeleted,
-    )
+    document_events(router, _SNAPSHOT_EVENTS)
 
     @router.subscriber(  # type: ignore[untyped-decorator]
         **subscriber_args(SNAPSHOTTER_SNAPSHOTS, max_workers=max_workers),
@@ -98,7 +99,7 @@ def build_router(
     )
     async def on_snapshot_command(body: dict[str, Any], msg: NatsMessage) -> None:
         subject = msg.raw_message.subject
-        verb = subject.split(".")[2] if subject.count(".") >= 3 else ""
+        verb = subjects.verb_of(subject)
         if verb == "snapshot":
             take = TakeSnapshot.model_validate(body)
             checked_sandbox_id(msg, take.sandbox_id)

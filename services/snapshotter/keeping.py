@@ -103,23 +103,15 @@ class SnapshotKeeper:
             await self.give_up_take(cmd, f"sandbox {cmd.sandbox_id} not found", status=404)
             return "done"
         count = len(Snapshot.decode(annotation).processes)
-
-        def ready(current: SnapshotRecord) -> SnapshotRecord:
-            if current.state != SnapshotState.TAKING:
-                return current
-            return current.model_copy(
-                update={
-                    "state": SnapshotState.READY,
-                    "annotation": annotation,
-                    "process_count": count,
-                    "files_bytes": files_bytes,
-                }
-            )
-
-        try:
-            snap = await self._snapshots.update(cmd.snapshot_id, ready)
-        except NotFound:
-            snap = None
+        snap = await self._end_taking(
+            cmd.snapshot_id,
+            {
+                "state": SnapshotState.READY,
+                "annotation": annotation,
+                "process_count": count,
+                "files_bytes": files_bytes,
+            },
+        )
         if snap is None or snap.state != SnapshotState.READY:
             # Deleted while being taken: the delete may have run before the copy existed.
             await self._runtime.delete_snapshot_files(cmd.snapshot_id)
@@ -128,6 +120,22 @@ class SnapshotKeeper:
         await self._publish_taken(snap)
         log.info("snapshot_taken", snapshot_id=snap.snapshot_id, processes=count)
         return "done"
+
+    async def _end_taking(
+        self, snapshot_id: str, update: dict[str, object]
+    ) -> SnapshotRecord | None:
+        """Write ``update`` on a snapshot being taken (one no longer taking is left as it is);
+        None when its record is gone."""
+
+        def end(current: SnapshotRecord) -> SnapshotRecord:
+            if current.state != SnapshotState.TAKING:
+                return current
+            return current.model_copy(update=update)
+
+        try:
+            return await self._snapshots.update(snapshot_id, end)
+        except NotFound:
+            return None
 
     async def _process_list(self, sandbox: SandboxRecord) -> str:
         if states.is_running(sandbox.state):
@@ -166,21 +174,12 @@ class SnapshotKeeper:
     async def give_up_take(self, cmd: TakeSnapshot, reason: str, *, status: int = 500) -> None:
         """The take failed for good: the record says why (and which HTTP status the caller
         gets); the api removes failed snapshots."""
-
-        def failed(current: SnapshotRecord) -> SnapshotRecord:
-            if current.state != SnapshotState.TAKING:
-                return current
-            return current.model_copy(
-                update={
-                    "state": SnapshotState.FAILED,
-                    "failure": redact_text(reason)[:1000],
-                    "failure_status": status,
-                }
-            )
-
-        try:
-            await self._snapshots.update(cmd.snapshot_id, failed)
-        except NotFound:
+        failed = {
+            "state": SnapshotState.FAILED,
+            "failure": redact_text(reason)[:1000],
+            "failure_status": status,
+        }
+        if await self._end_taking(cmd.snapshot_id, failed) is None:
             return
         # The files may be half-copied: they go now (a failed snapshot is never used).
         await self._runtime.delete_snapshot_files(cmd.snapshot_id)

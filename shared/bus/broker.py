@@ -6,18 +6,20 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import nats.errors
 import structlog
 from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats import JStream, NatsBroker, NatsRouter, PullSub
 from faststream.nats.security import NatsUserPassword
 from nats.aio.client import Client
 from nats.js.errors import ServiceUnavailableError
 from nats.js.kv import KeyValue
+from pydantic import BaseModel
 
+from shared.bus import subjects
 from shared.bus.middleware import LogContextMiddleware, RetryDlqMiddleware
 from shared.bus.topology import Durable, ensure_topology
 from shared.errors import ConfigError
@@ -100,6 +102,19 @@ ANSWER_WITHIN = 60.0
 # no answer (the bus away, or a permission the user lacks: NATS answers neither), or JetStream
 # still recovering (503)
 _NO_ANSWER = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError)
+
+
+# An event a service publishes: its subject prefix, its body's schema and what it says.
+EventDoc = tuple[str, type[BaseModel], str]
+
+
+def document_events(router: NatsRouter, events: Iterable[EventDoc]) -> None:
+    """Put the events in the router's AsyncAPI schema; documentation only (the handlers publish
+    through the Publisher port, for deterministic ids)."""
+    for subject, schema, description in events:
+        router.publisher(
+            subjects.all_of(subject), title=subject, description=description, schema=schema
+        )
 
 
 def denied_by_bus(nc: Client, before: Exception | None) -> str | None:

@@ -3,12 +3,38 @@
 from __future__ import annotations
 
 import contextlib
+from typing import TypeVar
 
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
+from pydantic import BaseModel
 
 from shared.errors import Conflict
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_entry(kv: KeyValue, key: str) -> tuple[bytes, int] | None:
+    """The key's value and revision; None when it has none (never written, deleted, purged)."""
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:  # also KeyDeletedError
+        return None
+    if entry.value is None or entry.operation in ("DEL", "PURGE"):
+        return None
+    return entry.value, int(entry.revision or 0)
+
+
+async def read_value(kv: KeyValue, key: str) -> bytes | None:
+    found = await read_entry(kv, key)
+    return found[0] if found else None
+
+
+async def read_record(kv: KeyValue, key: str, model: type[M]) -> tuple[M, int] | None:
+    """The key's record (JSON of ``model``) and its revision."""
+    found = await read_entry(kv, key)
+    return (model.model_validate_json(found[0]), found[1]) if found else None
 
 
 class NatsBucket:
@@ -16,13 +42,7 @@ class NatsBucket:
         self._kv = kv
 
     async def get(self, key: str) -> bytes | None:
-        try:
-            entry = await self._kv.get(key)
-        except KeyNotFoundError:  # also KeyDeletedError
-            return None
-        if entry.operation in ("DEL", "PURGE"):
-            return None
-        return entry.value
+        return await read_value(self._kv, key)
 
     async def put(self, key: str, value: bytes) -> None:
         await self._kv.put(key, value)
@@ -49,13 +69,7 @@ class NatsCasBucket:
         self._kv = kv
 
     async def entry(self, key: str) -> tuple[bytes, int] | None:
-        try:
-            found = await self._kv.get(key)
-        except KeyNotFoundError:
-            return None
-        if found.operation in ("DEL", "PURGE") or found.value is None:
-            return None
-        return found.value, int(found.revision or 0)
+        return await read_entry(self._kv, key)
 
     async def create(self, key: str, value: bytes) -> None:
         try:

@@ -12,6 +12,7 @@ import time
 import structlog
 from nats.js.kv import KeyValue
 
+from shared.bus.kv import read_record
 from shared.domain.record import SandboxRecord
 
 log = structlog.get_logger()
@@ -65,15 +66,8 @@ class KvRecordCache:
             self._missing.pop(record.sandbox_id, None)
 
     async def _read(self, sandbox_id: str) -> SandboxRecord | None:
-        from nats.js.errors import KeyNotFoundError
-
-        try:
-            entry = await self._kv.get(sandbox_id)
-        except KeyNotFoundError:
-            return None
-        if entry.value is None or entry.operation in ("DEL", "PURGE"):
-            return None
-        return SandboxRecord.model_validate_json(entry.value)
+        found = await read_record(self._kv, sandbox_id, SandboxRecord)
+        return found[0] if found else None
 
     async def _run(self) -> None:
         while True:

@@ -11,7 +11,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from shared.bus.kv import key_names
+from shared.bus.kv import key_names, read_record
 from shared.domain.record import SandboxRecord
 from shared.errors import Conflict, NotFound
 from shared.ports.bus import Mutation
@@ -24,13 +24,7 @@ class KvSandboxStore:
         self._kv = kv
 
     async def get_with_revision(self, sandbox_id: str) -> tuple[SandboxRecord, int] | None:
-        try:
-            entry = await self._kv.get(sandbox_id)
-        except KeyNotFoundError:
-            return None
-        if entry.value is None or entry.operation in ("DEL", "PURGE"):
-            return None
-        return SandboxRecord.model_validate_json(entry.value), int(entry.revision or 0)
+        return await read_record(self._kv, sandbox_id, SandboxRecord)
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
         found = await self.get_with_revision(sandbox_id)

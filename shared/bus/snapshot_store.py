@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from shared.bus.kv import key_names
+from shared.bus.kv import key_names, read_record
 from shared.errors import Conflict, NotFound
 from shared.models.snapshot_records import SnapshotRecord, is_snapshot_id
 from shared.ports.bus import SnapshotMutation
@@ -39,13 +39,7 @@ class KvSnapshotStore:
         if not is_snapshot_id(snapshot_id):  # never a hostile string as a KV key
             return None
         await self._ready()
-        try:
-            entry = await self._kv.get(snapshot_id)
-        except KeyNotFoundError:
-            return None
-        if entry.value is None or entry.operation in ("DEL", "PURGE"):
-            return None
-        return SnapshotRecord.model_validate_json(entry.value), int(entry.revision or 0)
+        return await read_record(self._kv, snapshot_id, SnapshotRecord)
 
     async def get(self, snapshot_id: str) -> SnapshotRecord | None:
         found = await self._entry(snapshot_id)

@@ -59,3 +59,9 @@ def all_of(prefix: str) -> str:
 
 def sandbox_id_of(subject: str) -> str:
     return subject.rsplit(".", 1)[-1]
+
+
+def verb_of(subject: str) -> str:
+    """A command's verb, its subject's third token: ``verb_of("sandbox.cmd.pause.sbx1") ==
+    "pause"`` ("" for a subject too short to have one)."""
+    return subject.split(".")[2] if subject.count(".") >= 3 else ""

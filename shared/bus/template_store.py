@@ -13,7 +13,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
-from shared.bus.kv import key_names
+from shared.bus.kv import key_names, read_record
 from shared.errors import Conflict, NotFound
 from shared.models.template_records import (
     BuildRecord,
@@ -42,14 +42,7 @@ class KvTemplateStore:
         return self._kv_
 
     async def _entry(self, key: str, model: type[R]) -> tuple[R, int] | None:
-        kv = await self._bucket()
-        try:
-            entry = await kv.get(key)
-        except KeyNotFoundError:
-            return None
-        if entry.value is None or entry.operation in ("DEL", "PURGE"):
-            return None
-        return model.model_validate_json(entry.value), int(entry.revision or 0)
+        return await read_record(await self._bucket(), key, model)
 
     async def _create(self, key: str, record: BaseModel) -> None:
         kv = await self._bucket()

@@ -8,7 +8,9 @@ updated in place with ``add_consumer`` (create-or-update), since binding ignores
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 from nats.js.api import (
     AckPolicy,
@@ -329,12 +331,22 @@ def workloads_bucket(replicas: int = 1) -> KeyValueConfig:
 _STREAM_EXISTS_DIFFERENT = 10058
 
 
-async def ensure_workloads_bucket(js: JetStreamContext) -> None:
+async def _create_or_converge(
+    create: Awaitable[object], converge: Callable[[], Awaitable[object]] | None = None
+) -> None:
+    """Create a stream (or a bucket, a store); when it exists with a different config, keep it
+    and run ``converge`` (if any) to bring it in line."""
     try:
-        await js.create_key_value(workloads_bucket())
+        await create
     except BadRequestError as e:
         if e.err_code != _STREAM_EXISTS_DIFFERENT:
             raise
+        if converge is not None:
+            await converge()
+
+
+async def ensure_workloads_bucket(js: JetStreamContext) -> None:
+    await _create_or_converge(js.create_key_value(workloads_bucket()))
 
 
 async def ensure_topology(
@@ -346,26 +358,20 @@ async def ensure_topology(
     """Create or converge every stream, KV bucket, object store and durable. Safe to call from
     every replica."""
     for cfg in streams(replicas):
-        try:
-            await js.add_stream(cfg)
-        except BadRequestError as e:
-            if e.err_code != _STREAM_EXISTS_DIFFERENT:
-                raise
-            await js.update_stream(cfg)
+        await _create_or_converge(js.add_stream(cfg), partial(js.update_stream, cfg))
     for kv in kv_buckets(replicas):
-        try:
-            await js.create_key_value(kv)
-        except BadRequestError as e:
-            if e.err_code != _STREAM_EXISTS_DIFFERENT:
-                raise
-            # KV streams are named KV_<bucket>; keep our limits and description on drift.
-            info = await js.stream_info(f"KV_{kv.bucket}")
-            await js.update_stream(
-                replace(info.config, description=kv.description, max_msgs_per_subject=kv.history)
-            )
+        await _create_or_converge(js.create_key_value(kv), partial(_converge_bucket, js, kv))
     await ensure_kept_files(js, replicas=replicas, max_bytes=kept_files_max_bytes)
     for durable in DURABLES:
         await js.add_consumer(durable.stream, durable.config())
+
+
+async def _converge_bucket(js: JetStreamContext, kv: KeyValueConfig) -> None:
+    # KV streams are named KV_<bucket>; keep our limits and description on drift.
+    info = await js.stream_info(f"KV_{kv.bucket}")
+    await js.update_stream(
+        replace(info.config, description=kv.description, max_msgs_per_subject=kv.history)
+    )
 
 
 async def ensure_kept_files(js: JetStreamContext, *, replicas: int, max_bytes: int) -> None:
@@ -378,10 +384,9 @@ async def ensure_kept_files(js: JetStreamContext, *, replicas: int, max_bytes: i
         replicas=replicas,
         storage=StorageType.FILE,
     )
-    try:
-        await js.create_object_store(OBJ_KEPT_FILES, config)
-    except BadRequestError as e:
-        if e.err_code != _STREAM_EXISTS_DIFFERENT:
-            raise
+
+    async def converge() -> None:
         info = await js.stream_info(f"OBJ_{OBJ_KEPT_FILES}")
         await js.update_stream(replace(info.config, max_bytes=max_bytes))
+
+    await _create_or_converge(js.create_object_store(OBJ_KEPT_FILES, config), converge)

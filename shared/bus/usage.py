@@ -10,7 +10,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from shared.bus.kv import LazyBucket, key_names, opened
+from shared.bus.kv import LazyBucket, key_names, opened, read_record
 from shared.errors import Conflict
 from shared.models.usage import SandboxUsage
 from shared.models.webhooks import owner_token
@@ -28,13 +28,7 @@ class KvUsageStore:
         self, owner: str, sandbox_id: str
     ) -> tuple[SandboxUsage, int] | None:
         kv = await opened(self._bucket)
-        try:
-            entry = await kv.get(usage_key(owner, sandbox_id))
-        except KeyNotFoundError:
-            return None
-        if entry.value is None or entry.operation in ("DEL", "PURGE"):
-            return None
-        return SandboxUsage.model_validate_json(entry.value), int(entry.revision or 0)
+        return await read_record(kv, usage_key(owner, sandbox_id), SandboxUsage)
 
     async def write(self, usage: SandboxUsage, *, revision: int | None) -> None:
         kv = await opened(self._bucket)

@@ -10,7 +10,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from shared.bus.kv import LazyBucket, key_names, opened
+from shared.bus.kv import LazyBucket, key_names, opened, read_value
 from shared.errors import Conflict
 from shared.models.webhooks import (
     DeliveryRecord,
@@ -19,16 +19,6 @@ from shared.models.webhooks import (
     owner_token,
     webhook_key,
 )
-
-
-async def _value(kv: KeyValue, key: str) -> bytes | None:
-    try:
-        entry = await kv.get(key)
-    except KeyNotFoundError:
-        return None
-    if entry.operation in ("DEL", "PURGE"):
-        return None
-    return entry.value
 
 
 class KvWebhookStore:
@@ -45,7 +35,7 @@ class KvWebhookStore:
 
     async def get(self, owner: str, webhook_id: str) -> Webhook | None:
         kv = await opened(self._bucket)
-        raw = await _value(kv, webhook_key(owner, webhook_id))
+        raw = await read_value(kv, webhook_key(owner, webhook_id))
         if raw is None:
             return None
         hook = Webhook.model_validate_json(raw)
@@ -54,7 +44,7 @@ class KvWebhookStore:
     async def list(self, owner: str) -> list[Webhook]:
         kv = await opened(self._bucket)
         keys = await key_names(kv, under=f"{owner_token(owner)}.")
-        raws = await asyncio.gather(*(_value(kv, k) for k in keys))
+        raws = await asyncio.gather(*(read_value(kv, k) for k in keys))
         hooks = []
         for raw in raws:
             if raw is None:
@@ -84,7 +74,7 @@ class KvDeliveryLog:
 
     async def get(self, webhook_id: str, event_id: str) -> DeliveryRecord | None:
         kv = await opened(self._bucket)
-        raw = await _value(kv, delivery_key(webhook_id, event_id))
+        raw = await read_value(kv, delivery_key(webhook_id, event_id))
         return None if raw is None else DeliveryRecord.model_validate_json(raw)
 
     async def put(self, record: DeliveryRecord) -> None:
@@ -95,7 +85,7 @@ class KvDeliveryLog:
     async def list(self, webhook_id: str, *, limit: int) -> list[DeliveryRecord]:
         kv = await opened(self._bucket)
         keys = await key_names(kv, under=f"{webhook_id}.")
-        raws = await asyncio.gather(*(_value(kv, k) for k in keys))
+        raws = await asyncio.gather(*(read_value(kv, k) for k in keys))
         records = []
         for raw in raws:
             if raw is not None:

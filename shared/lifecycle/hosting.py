@@ -15,6 +15,7 @@ import contextlib
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import structlog
@@ -24,11 +25,14 @@ from prometheus_client import CollectorRegistry
 from shared.bus.broker import key_value, make_broker, prepare
 from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import KvSandboxStore
-from shared.bus.topology import KV_SANDBOXES
+from shared.bus.retry import RetryPolicy
+from shared.bus.topology import KV_SANDBOXES, Durable
+from shared.models.lifecycle import TemplateFacts
 from shared.ports.bus import Publisher, SandboxStore
 from shared.ports.envd import Envd
 from shared.ports.runtime import Runtime
-from shared.settings import BusSettings, FeatureFlags, RetentionSettings
+from shared.runtime.template_facts import read_facts
+from shared.settings import BusSettings, FeatureFlags, RetentionSettings, RuntimeSettings, load
 
 log = structlog.get_logger()
 
@@ -81,6 +85,30 @@ class Context:
             msg = "this worker was declared without a runtime (WorkerSpec.runtime)"
             raise RuntimeError(msg)
         return self.runtime, self.envd
+
+
+def template_facts() -> Callable[[str], TemplateFacts]:
+    """What a template says about a sandbox's lifecycle, read from the configured runtime (its
+    settings already read, and checked, for the runtime itself)."""
+    where = load(RuntimeSettings)
+    return partial(read_facts, where.runtime, where.templates_dir)
+
+
+class RetrySettings(Protocol):
+    """A service's settings for its long handlers (``TORPOR_<SERVICE>_*``)."""
+
+    @property
+    def give_up_after(self) -> int: ...
+
+    @property
+    def heartbeat_seconds(self) -> float: ...
+
+
+def tuned_retry(durable: Durable, settings: RetrySettings) -> RetryPolicy:
+    """The durable's retry policy with the service's give-up count and heartbeat interval."""
+    return durable.retry.tuned(
+        give_up_after=settings.give_up_after, heartbeat=settings.heartbeat_seconds
+    )
 
 
 class WorkerHost:
