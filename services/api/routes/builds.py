@@ -196,6 +196,17 @@ async def upload(w: WiringDep, request: Request, token: str) -> Response:
 # ---- start a build, its status ---------------------------------------------------------------
 
 
+async def _own_build(
+    w: Wiring, caller: Caller, template_id: str, build_id: str
+) -> tuple[TemplateRecord, BuildRecord]:
+    """The caller's template and its build ``build_id``; 404 for a build of another template."""
+    template = await own(w, caller, template_id)
+    build = await builds_of(w).store.get_build(build_id) if is_build_id(build_id) else None
+    if build is None or build.template_id != template.template_id:
+        raise ApiError(404, f"build {shown(build_id)} not found")
+    return template, build
+
+
 @router.post(
     "/v2/templates/{template_id}/builds/{build_id}",
     status_code=202,
@@ -206,10 +217,7 @@ async def start_build(
     w: WiringDep, caller: CallerDep, template_id: str, build_id: str, body: TemplateBuildStart
 ) -> Response:
     b = builds_of(w)
-    template = await own(w, caller, template_id)
-    build = await b.store.get_build(build_id) if is_build_id(build_id) else None
-    if build is None or build.template_id != template.template_id:
-        raise ApiError(404, f"build {shown(build_id)} not found")
+    template, build = await _own_build(w, caller, template_id, build_id)
     if build.status is not BuildStatus.WAITING:
         raise ApiError(409, f"build {build_id} was started already")
     spec = await build_spec(w, caller, template, body)
@@ -260,11 +268,7 @@ async def build_status(  # noqa: PLR0917 - one parameter per query field of the 
     limit: Annotated[int, Query(ge=0, le=100)] = 100,
     level: Annotated[str | None, Query(pattern="^(debug|info|warn|error)$")] = None,
 ) -> BuildStatusOut:
-    b = builds_of(w)
-    template = await own(w, caller, template_id)
-    build = await b.store.get_build(build_id) if is_build_id(build_id) else None
-    if build is None or build.template_id != template.template_id:
-        raise ApiError(404, f"build {shown(build_id)} not found")
+    template, build = await _own_build(w, caller, template_id, build_id)
     start = max(0, logs_offset - build.logs_dropped)
     lines = build.logs[start : start + limit]
     if level is not None:
