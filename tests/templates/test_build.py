@@ -19,6 +19,7 @@ import yaml
 from e2b import Sandbox, SandboxQuery, SandboxState, Template
 from e2b.exceptions import BuildException, SandboxException
 
+from shared.runtime.local import layer_ids
 from tests.support.stack import Stack
 
 
@@ -452,3 +453,69 @@ def test_the_step_cache_is_the_owners_alone(tstack: Stack) -> None:
     assert cached("alice") == []
     assert cached("bob") == []
     assert [m.split("]")[0] for m in cached("alice")] == ["CACHED [1/1"]
+
+
+def _layer_trees(stack: Stack) -> list[Path]:
+    return sorted((stack.data_dir / "template-layers").glob("*/tree"))
+
+
+def _owners(tree: Path) -> set[tuple[int, int]]:
+    return {(e.lstat().st_uid, e.lstat().st_gid) for e in [tree, *tree.rglob("*")]}
+
+
+_IN_SANDBOX_OWNERS = (
+    "stat -c '%u:%g' /usr/share/torpor-hello/hello.txt /home/user/app/config.txt "
+    "/home/user/marker.txt /opt/pkgs/torpor-hello.deb"
+)
+
+
+def test_layers_are_owned_by_no_host_user_and_pods_see_the_sandboxs_ids(
+    tstack: Stack, built: dict[str, Any]
+) -> None:
+    """Issue 32: a built layer's files are stored in the layer range (no host user, not host root
+    or uid 1000, owns one); a sandbox of the template sees them as its root's and `user`'s."""
+    trees = _layer_trees(tstack)
+    assert trees
+    low, high = layer_ids.LAYER_BASE, layer_ids.LAYER_BASE + layer_ids.IDS
+    for tree in trees:
+        assert layer_ids.is_stored(tree), tree
+        assert all(low <= u < high and low <= g < high for u, g in _owners(tree)), tree
+    sbx = Sandbox.create(built["name"], **tstack.sdk_opts("alice"))
+    try:
+        owners = sbx.commands.run(_IN_SANDBOX_OWNERS).stdout.split()
+        assert owners == ["0:0", "1000:1000", "1000:1000", "1000:1000"]
+    finally:
+        sbx.kill()
+
+
+def test_a_layer_of_an_older_torpor_is_shifted_when_a_pod_next_mounts_it(
+    tstack: Stack, built: dict[str, Any]
+) -> None:
+    """Layers stored with the sandbox's own ids (and no mark) by an older torpor: the next pod
+    that mounts one while no other pod does stores it shifted, and sees the same owners."""
+    trees = _layer_trees(tstack)
+    for tree in trees:  # what an older torpor left: the sandbox's ids, no mark
+        for entry in [tree, *tree.rglob("*")]:
+            st = entry.lstat()
+            os.chown(
+                entry,
+                st.st_uid - layer_ids.LAYER_BASE,
+                st.st_gid - layer_ids.LAYER_BASE,
+                follow_symlinks=False,
+            )
+        (tree.parent / layer_ids.MARK).unlink()
+    assert {0, 1000} >= {u for t in trees for u, _ in _owners(t)}
+    sbx = Sandbox.create(built["name"], **tstack.sdk_opts("alice"))
+    try:
+        assert sbx.commands.run(_IN_SANDBOX_OWNERS).stdout.split() == [
+            "0:0",
+            "1000:1000",
+            "1000:1000",
+            "1000:1000",
+        ]
+    finally:
+        sbx.kill()
+    used = [t for t in trees if layer_ids.is_stored(t)]
+    assert used  # the template's own layers, mounted by that pod
+    for tree in used:
+        assert min(u for u, _ in _owners(tree)) >= layer_ids.LAYER_BASE

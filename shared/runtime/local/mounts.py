@@ -63,10 +63,11 @@ def _fail(what: str) -> RuntimeFailure:
     return RuntimeFailure(f"{what}: {os.strerror(err)}")
 
 
-def mapping_userns(base: int, count: int) -> int:
-    """A descriptor of a new user namespace mapping ids ``0..count-1`` to ``base..`` on the host
-    (its only use: the id mapping of an idmapped mount). The process that made it is gone when
-    this returns; the descriptor keeps the namespace."""
+def mapping_userns(base: int, count: int, *, inner: int = 0) -> int:
+    """A descriptor of a new user namespace mapping ids ``inner..inner+count-1`` to ``base..``
+    on the host (its only use: the id mapping of an idmapped mount, which shows a file stored
+    with id ``inner + k`` as ``base + k``). The process that made it is gone when this returns;
+    the descriptor keeps the namespace."""
     own = os.readlink("/proc/self/ns/user")
     child = subprocess.Popen(
         ["unshare", "--user", "--", "cat"],
@@ -89,7 +90,7 @@ def mapping_userns(base: int, count: int) -> int:
             time.sleep(0.001)
         for name in ("uid_map", "gid_map"):
             with open(f"/proc/{child.pid}/{name}", "w") as f:
-                f.write(f"0 {base} {count}\n")
+                f.write(f"{inner} {base} {count}\n")
         return os.open(f"/proc/{child.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         with contextlib.suppress(OSError):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import structlog
 
-from shared.runtime.local import mounts, userns
+from shared.runtime.local import layer_ids, mounts, userns
 
 log = structlog.get_logger()
 
@@ -58,22 +58,30 @@ def mount_root(
     rootfs: Path, layer: Path, pod_dir: Path, base: int, template_layers: Sequence[Path] = ()
 ) -> None:
     """``<pod dir>/root``: the rootfs, id-mapped into the pod's range (read-only), under the
-    read-only layers of a template users built (``lower-<i>``, each id-mapped the same way),
-    under the layer's ``upper`` (see .layers and .mounts)."""
+    read-only layers of a template users built (``lower-<i>``, each id-mapped from the layer
+    range, .layer_ids), under the layer's ``upper`` (see .layers and .mounts)."""
     lower, root = pod_dir / "lower", pod_dir / "root"
     lower.mkdir(mode=0o700, exist_ok=True)
     root.mkdir(mode=0o755, exist_ok=True)
     stack = []
-    userns_fd = mounts.mapping_userns(base, userns.IDS_PER_POD)
+    mappings: dict[int, int] = {}  # first on-disk id -> a mapping namespace's descriptor
+
+    def mapping(inner: int) -> int:
+        if inner not in mappings:
+            mappings[inner] = mounts.mapping_userns(base, userns.IDS_PER_POD, inner=inner)
+        return mappings[inner]
+
     try:
-        mounts.idmapped_clone(rootfs, lower, userns_fd=userns_fd)
+        mounts.idmapped_clone(rootfs, lower, userns_fd=mapping(0))
         for i, tree in enumerate(template_layers):
             target = pod_dir / f"lower-{i}"
             target.mkdir(mode=0o700, exist_ok=True)
-            mounts.idmapped_clone(tree, target, userns_fd=userns_fd)
+            with layer_ids.mapping_start(tree) as inner:
+                mounts.idmapped_clone(tree, target, userns_fd=mapping(inner))
             stack.append(target)
     finally:
-        os.close(userns_fd)
+        for fd in mappings.values():
+            os.close(fd)
     # overlayfs: the leftmost lower layer is the top one.
     mounts.mount_overlay([*reversed(stack), lower], layer / "upper", layer / "work", root)
 

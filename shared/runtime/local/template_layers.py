@@ -1,8 +1,13 @@
 """The read-only layers of templates users build (local runtime), one folder per content key::
 
-    <data dir>/template-layers/<key>/tree/    the files the step added or changed, with the
-                                              sandbox's own ids (0 = its root, 1000 = `user`)
-                                              and overlayfs whiteouts for what it deleted
+    <data dir>/template-layers/<key>/tree/    the files the step added or changed, owned by
+                                              the layer range (sandbox id X is stored as
+                                              ``layer_ids.LAYER_BASE + X``), and overlayfs
+                                              whiteouts for what it deleted
+    <data dir>/template-layers/<key>/ids      the mark of a layer stored so (.layer_ids)
+
+A layer is built (in ``staging``) with the sandbox's own ids (0 = its root, 1000 = `user`) and
+shifted into the layer range when it is committed.
 
 A key is the sha256 of the step's whole history (base, every step before it, its own args and
 copied files' hash), so a rebuild that changes one step finds every earlier layer under its key.
@@ -35,7 +40,7 @@ from pathlib import Path, PurePosixPath
 
 from shared.errors import RuntimeFailure
 from shared.models.template_records import TEMPLATE_LAYERS_DIR
-from shared.runtime.local import beneath, cached_layers
+from shared.runtime.local import beneath, cached_layers, layer_ids
 
 _KEY_RE = re.compile(r"^[a-f0-9]{64}$")
 USER_IDS = {"root": 0, "user": 1000}
@@ -73,6 +78,7 @@ def commit(data_dir: Path, folder: Path, key: str) -> None:
     """Publish a built layer under ``key`` (a concurrent build of the same key wins: its layer
     is identical by construction, this one is dropped)."""
     final = tree(data_dir, key).parent
+    layer_ids.store(folder)  # owners into the layer range: no host user owns a layer's file
     try:
         os.rename(folder, final)
     except OSError:
@@ -252,9 +258,10 @@ def _unpack_member(
         os.fchmod(out.fileno(), mode)
 
 
-def _lookup(path: PurePosixPath, lowers: Sequence[Path]) -> os.stat_result | None:
+def _lookup(path: PurePosixPath, lowers: Sequence[Path]) -> tuple[os.stat_result, int] | None:
     """``path`` (absolute, inside the sandbox) in the stack of lower trees, top first (resolved
-    beneath each tree: a symlink on the way is no folder, never followed)."""
+    beneath each tree: a symlink on the way is no folder, never followed), and what to subtract
+    from its owner to get the sandbox's id (.layer_ids.offset)."""
     rel = PurePosixPath(str(path).lstrip("/") or ".")
     for lower in lowers:
         try:
@@ -265,7 +272,7 @@ def _lookup(path: PurePosixPath, lowers: Sequence[Path]) -> os.stat_result | Non
                 msg = f"{path} passes through a symlink in the template"
                 raise RuntimeFailure(msg) from e
             continue
-        return st
+        return st, layer_ids.offset(lower)
     return None
 
 
@@ -293,14 +300,15 @@ def _make_parents(
         if here is not None:
             msg = f"{current} is not a folder in the template"
             raise RuntimeFailure(msg)
-        below = _lookup(current, lowers)
-        if below is not None and not stat.S_ISDIR(below.st_mode):
+        found = _lookup(current, lowers)
+        if found is not None and not stat.S_ISDIR(found[0].st_mode):
             msg = f"{current} is not a folder in the template"
             raise RuntimeFailure(msg)
         tree_dir.mkdir(rel, 0o755)
-        if below is not None:
+        if found is not None:
+            below, shift = found
             tree_dir.chmod(rel, stat.S_IMODE(below.st_mode))
-            tree_dir.chown(rel, below.st_uid, below.st_gid)
+            tree_dir.chown(rel, below.st_uid - shift, below.st_gid - shift)
         else:
             tree_dir.chown(rel, owner, owner)
 
