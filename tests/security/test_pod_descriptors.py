@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -96,15 +97,79 @@ WALK = textwrap.dedent(
             libc.ptrace(PTRACE_DETACH, pid, None, None)
         else:
             r["seize"] = errno.errorcode[ctypes.get_errno()]
-        for name in ("cmdline", "environ"):
+        for name in ("cmdline", "environ", "maps", "mountinfo", "mounts"):
             try:
                 r[name] = open("/proc/%d/%s" % (pid, name), "rb").read().decode(errors="replace")
+            except OSError as e:
+                r[name] = errno.errorcode[e.errno]
+        for name in ("cwd", "exe", "root"):
+            try:
+                r[name] = os.readlink("/proc/%d/%s" % (pid, name))
             except OSError as e:
                 r[name] = errno.errorcode[e.errno]
         out[pid] = r
     print("WALK " + json.dumps(out))
     """
 )
+
+
+VOLUME = "/workspace"  # the seed template's volume (tests/support/stack.py)
+# What of each visible process the walk reads that could name a host path.
+READABLE = ("cmdline", "environ", "maps", "mountinfo", "mounts", "cwd", "exe", "root")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def spellings(path: str) -> list[str]:
+    """``path`` and, when it lies on a filesystem mounted elsewhere than ``/``, its path inside
+    that filesystem (what a bind's mountinfo root field shows)."""
+    real = os.path.realpath(path)
+    found = {path, real}
+    best = ("", "/")
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        point, root = fields[4], fields[3]
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best[0]):
+            best = (point, root)
+    point, root = best
+    if point not in ("", "/") or root != "/":
+        rest = real[len(point.rstrip("/")) :]
+        found.add(os.path.normpath(root.rstrip("/") + "/" + rest.lstrip("/")))
+    return sorted(p for p in found if len(p) > 1)
+
+
+def data_paths(stack: Stack, pod_uid: str) -> list[str]:
+    """The host paths of the runtime's data (the data dir, the pods' stage, this pod's folder)."""
+    return [*spellings(str(stack.data_dir)), str(STAGE_DIR), f"pods/{pod_uid}"]
+
+
+def package_paths() -> list[str]:
+    """The host paths of the daemon's own package (``services/envd`` of the checkout)."""
+    return spellings(str(REPO / "services" / "envd"))
+
+
+def code_paths() -> list[str]:
+    """The host paths of torpor's code: the checkout, the venv, the real interpreter's."""
+    paths = [str(REPO), sys.prefix, sys.base_prefix, os.path.realpath(sys.executable)]
+    return sorted({s for p in paths for s in spellings(p)})
+
+
+def leaks(
+    procs: dict[int, dict[str, object]], paths: list[str], *, but_volumes: bool = False
+) -> list[str]:
+    """Every line of every readable /proc entry of every process that names one of ``paths``;
+    ``but_volumes``: not the mount table entries of the seed template's volume (/workspace),
+    see test_a_volume_names_no_host_path."""
+    found = []
+    for pid, r in procs.items():
+        for name in READABLE:
+            for line in str(r[name]).replace("\0", "\n").splitlines():
+                named = [p for p in paths if p in line]
+                fields = line.split(" ")
+                volume = name == "mountinfo" and len(fields) > 4 and fields[4] == VOLUME
+                if named and not (but_volumes and volume):
+                    found.append(f"{pid} {name}: {named[0]} in {line[:300]!r}")
+    return found
 
 
 def walk(sbx: Sandbox) -> dict[int, dict[str, object]]:
@@ -133,7 +198,6 @@ def test_no_host_descriptor_trace_or_path_from_inside(stack: Stack, after: str) 
             assert report["memoryKept"] is True, report
         procs = walk(sbx)
         pod = pod_of(stack, sbx.sandbox_id)
-        host_paths = [str(stack.data_dir), str(STAGE_DIR), f"pods/{pod.uid}"]
         daemons = [p for p, r in procs.items() if "services.envd" in str(r["cmd"])]
         assert 1 in procs and daemons, json.dumps(procs, indent=1)
         sleeper = [p for p, r in procs.items() if str(r["cmd"]).startswith("sleep")]
@@ -141,9 +205,11 @@ def test_no_host_descriptor_trace_or_path_from_inside(stack: Stack, after: str) 
         for pid, r in procs.items():
             got = [*r["fds"], *r["getfd"]]  # type: ignore[misc]
             assert not [f for f in got if "HOST" in f], (pid, r["cmd"], got)
-            for name in ("cmdline", "environ"):
-                leaked = [p for p in host_paths if p in str(r[name])]
-                assert not leaked, (pid, name, leaked, r[name])
+        # No host path of the runtime's data in anything of any process: command lines,
+        # environments, maps, mount tables (mount roots, sources, overlay options), links.
+        paths = [*data_paths(stack, pod.uid), *package_paths()]
+        leaked = leaks(procs, paths, but_volumes=True)
+        assert not leaked, "\n".join(leaked)
         for pid in (1, *daemons):  # the pod's own processes: out of the sandbox's reach
             r = procs[pid]
             assert r["seize"] == "EPERM", (pid, r["cmd"], r["seize"])
@@ -268,3 +334,40 @@ def test_tail_reads_at_most_its_cap(tmp_path: Path) -> None:
     (tmp_path / "pod.log").unlink()
     os.symlink("/etc/shadow", tmp_path / "pod.log")
     assert "root" not in podlog.tail(tmp_path, 1000)  # a planted link is never followed
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a volume is a read-write bind: its mountinfo root is its path inside its "
+    "filesystem, which names the data dir unless that is a filesystem of its own "
+    "(docs/security.md)",
+)
+def test_a_volume_names_no_host_path(stack: Stack) -> None:
+    """The seed template's /workspace volume (``volumes/<owner>/<id>/workspace``), as sandbox
+    root sees it in the mount table."""
+    sbx = create(stack)
+    try:
+        pod = pod_of(stack, sbx.sandbox_id)
+        leaked = leaks(walk(sbx), data_paths(stack, pod.uid))
+        assert not leaked, "\n".join(leaked)
+    finally:
+        sbx.kill()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the daemon's interpreter and venv are bound at their host paths: a venv finds its "
+    "interpreter by absolute paths (pyvenv.cfg, bin/python), an installed checkout's .pth "
+    "names the checkout, and a shared-library build finds libpython by its RUNPATH "
+    "(docs/security.md)",
+)
+def test_no_host_path_of_the_code_from_inside(stack: Stack) -> None:
+    """The daemon's interpreter, venv and code, as sandbox root sees them: no host path of the
+    checkout, the venv or the interpreter in any process's command line, environment, maps,
+    mount table or links."""
+    sbx = create(stack)
+    try:
+        leaked = leaks(walk(sbx), code_paths())
+        assert not leaked, "\n".join(leaked)
+    finally:
+        sbx.kill()

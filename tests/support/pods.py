@@ -49,11 +49,17 @@ def bwrap_pod_uids(data_dir: Path) -> dict[str, int]:
     return {pod.uid: pod.pid for pod in procfs.scan_pods(data_dir)}
 
 
+def _is_daemon(argv: list[bytes]) -> bool:
+    """``python -m services.envd …`` (the Kubernetes rig), or the local runtime's
+    ``python -c "…run_module('services.envd', …)" …`` (pod_commands.bootstrap)."""
+    return any(a == b"services.envd" or b"run_module('services.envd'" in a for a in argv)
+
+
 def daemon_pid(host: str) -> int | None:
     """The in-sandbox daemon listening on ``host`` (inside bwrap, so not bwrap itself)."""
     listen = f"{host}:49983".encode()
     for pid, argv in cmdlines():
-        if not _is_bwrap(argv) and b"services.envd" in argv and listen in argv:
+        if not _is_bwrap(argv) and _is_daemon(argv) and listen in argv:
             return pid
     return None
 
@@ -63,9 +69,7 @@ def daemon_pids(data_dir: Path) -> list[int]:
     its bwrap, PID 1 of its namespace)."""
     under = {p for pid in bwrap_pod_uids(data_dir).values() for p in procfs.descendants(pid)}
     return [
-        pid
-        for pid, argv in cmdlines()
-        if pid in under and not _is_bwrap(argv) and b"services.envd" in argv
+        pid for pid, argv in cmdlines() if pid in under and not _is_bwrap(argv) and _is_daemon(argv)
     ]
 
 

@@ -100,6 +100,9 @@ class PodLaunch:
     root: Path | None = None
     # Capabilities sandbox root keeps inside its own user namespace (see CAPABILITIES).
     capabilities: Sequence[str] = ()
+    # Read-only binds of (host source, path inside) after the code dirs: the daemon's package
+    # and bytecode under names of no host path (see .pod_commands.DAEMON_DIR).
+    daemon_binds: Sequence[tuple[Path, str]] = ()
 
 
 # What sandbox root keeps, in its own user namespace only (Docker's default set, less what a pod
@@ -267,6 +270,8 @@ def _options(
             break
     if launch.pycache is not None:  # after the data dir's mask: the cache may live in it
         argv += bind(launch.pycache, str(launch.pycache), read_only=True)
+    for source, inside in launch.daemon_binds:
+        argv += bind(source, inside, read_only=True)
     if launch.root is None:
         argv += bind(launch.workspace, "/workspace", read_only=False)
     for mount in launch.mounts:
@@ -290,6 +295,7 @@ def identity(st: os.stat_result) -> str:
 def bind_sources(launch: PodLaunch) -> list[Path]:
     """The host paths :func:`bwrap_argv` binds by descriptor when it is given them."""
     paths = [*launch.code_dirs, *(m.source for m in launch.mounts)]
+    paths += [source for source, _ in launch.daemon_binds]
     paths.append(launch.workspace if launch.root is None else launch.root)
     if launch.pycache is not None:
         paths.append(launch.pycache)
@@ -379,20 +385,24 @@ def is_within(path: Path, folder: Path) -> bool:
     return True
 
 
-def code_dirs() -> list[Path]:
-    """What ``python -m services.envd`` needs, read-only: the interpreter, the venv and the
-    daemon's own package (not the rest of torpor's source tree)."""
+def daemon_package() -> tuple[Path, Path]:
+    """The daemon's own package on the host: ``services/envd`` and ``services/__init__.py``
+    (not the rest of torpor's source tree)."""
     spec = importlib.util.find_spec("services.envd")
     if spec is None or spec.origin is None:
         msg = "the in-sandbox daemon (services.envd) is not installed"
         raise ConfigError(msg)
     envd = Path(spec.origin).resolve().parent
-    paths = {
-        Path(sys.base_prefix).resolve(),
-        Path(sys.prefix).resolve(),
-        envd,
-        envd.parent / "__init__.py",
-    }
+    return envd, envd.parent / "__init__.py"
+
+
+def code_dirs(*, package: bool = True) -> list[Path]:
+    """What ``python -m services.envd`` needs, read-only, each bound at its own path: the
+    interpreter, the venv and (with ``package``) the daemon's own package (see
+    :func:`daemon_package`)."""
+    paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
+    if package:
+        paths.update(daemon_package())
     system = [Path(d).resolve() for d in SYSTEM_DIRS if os.path.isdir(d)]
     # Drop paths already visible through a system bind or another code path.
     kept = [

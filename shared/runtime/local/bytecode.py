@@ -18,6 +18,9 @@ from pathlib import Path
 
 import structlog
 
+from shared.runtime.local import bwrap
+from shared.runtime.local.pod_commands import DAEMON_CODE, DAEMON_DIR, bootstrap
+
 log = structlog.get_logger()
 
 _SENTINELS = ("uvicorn", "connectrpc", "protobuf")  # big third-party imports
@@ -35,7 +38,7 @@ def cache_dir(data_dir: Path) -> Path:
 
 def _pyc(prefix: Path, source: Path) -> Path:
     # importlib's rule for a pycache_prefix: the source's absolute directory under the prefix.
-    folder = source.resolve().parent
+    folder = source.parent
     tag = sys.implementation.cache_tag
     return prefix / str(folder).lstrip(os.sep) / f"{source.stem}.{tag}.pyc"
 
@@ -43,19 +46,21 @@ def _pyc(prefix: Path, source: Path) -> Path:
 def stale(prefix: Path) -> bool:
     """True when the daemon's bytecode under ``prefix`` is missing or older than its sources.
 
-    Cheap: the daemon's own files (what developers edit) and the package roots of its big
-    dependencies."""
+    Cheap: the daemon's own files (what developers edit, cached by their path inside the pod,
+    see :data:`.pod_commands.DAEMON_CODE`) and the package roots of its big dependencies."""
     spec = importlib.util.find_spec("services.envd")
     if spec is None or spec.origin is None:
         return False
-    sources = list(Path(spec.origin).parent.rglob("*.py"))
+    envd = Path(spec.origin).resolve().parent
+    inside = Path(DAEMON_CODE) / "services" / "envd"
+    sources = [(s, inside / s.relative_to(envd)) for s in envd.rglob("*.py")]
     for name in _SENTINELS:
         dep = importlib.util.find_spec(name)
         if dep is not None and dep.origin is not None:
-            sources.append(Path(dep.origin))
-    for source in sources:
+            sources.append((Path(dep.origin), Path(dep.origin).resolve()))
+    for source, cached_as in sources:
         try:
-            if _pyc(prefix, source).stat().st_mtime < source.stat().st_mtime:
+            if _pyc(prefix, cached_as).stat().st_mtime < source.stat().st_mtime:
                 return True
         except FileNotFoundError:
             return True
@@ -64,21 +69,49 @@ def stale(prefix: Path) -> bool:
     return False
 
 
+# Run as root in a private mount namespace: the daemon's package where pods have it (a tmpfs on
+# DAEMON_DIR, the package bound into it), then the rest of argv (the daemon's --precompile):
+# its bytecode is cached by the paths the pod's daemon imports it from.
+_PRECOMPILE_SCRIPT = """set -e
+dir=$1; envd=$2; init=$3; shift 3
+mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev torpor-precompile "$dir"
+mkdir -p "$dir/code/services/envd"
+: > "$dir/code/services/__init__.py"
+mount --bind -o ro "$envd" "$dir/code/services/envd"
+mount --bind -o ro "$init" "$dir/code/services/__init__.py"
+exec "$@"
+"""
+
+
 async def precompile(python: str, prefix: Path) -> None:
-    """``python -X pycache_prefix=<prefix> -m services.envd --precompile``; a failure only
-    costs start-up time, so it is logged, not raised."""
+    """``python -X pycache_prefix=<prefix> -m services.envd --precompile`` with the daemon's
+    package at its path inside pods; a failure only costs start-up time, so it is logged, not
+    raised."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in {"PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"}
     }
+    envd, package_init = bwrap.daemon_package()
     try:
+        await asyncio.to_thread(os.makedirs, DAEMON_DIR, 0o755, exist_ok=True)
         proc = await asyncio.create_subprocess_exec(
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/sh",
+            "-c",
+            _PRECOMPILE_SCRIPT,
+            "torpor-precompile",
+            DAEMON_DIR,
+            str(envd),
+            str(package_init),
             python,
             "-X",
             f"pycache_prefix={prefix}",
-            "-m",
-            "services.envd",
+            *bootstrap("services.envd"),
             "--precompile",
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

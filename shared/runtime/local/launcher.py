@@ -225,16 +225,24 @@ class PodLauncher:
                 if record.pool is not None
                 else await asyncio.to_thread(self._volumes, template, record, base)
             )
+            files = await asyncio.to_thread(pod_dirs.mount_files, pod_dir)
             await asyncio.to_thread(
                 etc.write_etc,
-                pod_dir / "etc",
+                files / "etc",
                 hostname=record.name,
                 address=record.address,
                 accounts=False,
             )
-            boot_id_file = pod_dir / "boot_id"
-            await asyncio.to_thread(boot_id_file.write_text, boot_id or f"{uuid.uuid4()}\n")
+            # The runtime's record of it (a memory pause reads it back), and the pod's copy.
+            boot_id = boot_id or f"{uuid.uuid4()}\n"
+            await asyncio.to_thread((pod_dir / "boot_id").write_text, boot_id)
+            boot_id_file = files / "boot_id"
+            await asyncio.to_thread(boot_id_file.write_text, boot_id)
             await asyncio.to_thread(boot_id_file.chmod, 0o444)
+            envd, package_init = await asyncio.to_thread(bwrap.daemon_package)
+            daemon = await asyncio.to_thread(
+                pod_dirs.mount_daemon, pod_dir, envd, package_init, self._pycache, self._python
+            )
             launch = bwrap.PodLaunch(
                 bwrap=self._bwrap,
                 uid=uid,
@@ -244,15 +252,15 @@ class PodLauncher:
                 workdir=template.workdir,
                 mounts=[*volumes, bwrap.Mount(boot_id_file, BOOT_ID, read_only=True)],
                 env=env,
-                command=pod_command(template, record, python=self._python, pycache=self._pycache),
-                code_dirs=await asyncio.to_thread(bwrap.code_dirs),
+                command=pod_command(template, record, python=self._python),
+                code_dirs=await asyncio.to_thread(bwrap.code_dirs, package=False),
                 hostname=record.name,
-                pycache=self._pycache,
                 id_base=base,
-                etc_dir=pod_dir / "etc",
+                etc_dir=files / "etc",
                 tmp_size=pod_limits.disk_bytes,
                 root=root,
                 capabilities=bwrap.CAPABILITIES,
+                daemon_binds=daemon,
             )
             if self._cgroups is not None:
                 await asyncio.to_thread(self._cgroups.create, uid, pod_limits)
@@ -294,10 +302,10 @@ class PodLauncher:
             name, base=old_base, disk_bytes=disk_bytes, persist=Persist.LAYER, holder=uid
         )
         self.layers.reown(name, old_base=old_base, new_base=new_base)
-        if not pod_dirs.root_upper_is(inner, mnt / "upper"):
+        if not pod_dirs.root_upper_is(inner, pod_dir, mnt / "upper"):
             root = pod_dir / "root"
             mounts.unmount(root)
-            mounts.mount_overlay(pod_dir / "lower", mnt / "upper", mnt / "work", root)
+            pod_dirs.mount_pod_root([pod_dir / "lower"], mnt / "upper", mnt / "work", pod_dir)
             inject.switch_root(inner, root, owner=new_base)
         self.note_layer(uid, name, Persist.LAYER)
         self.layers.delete(pool)
@@ -405,6 +413,8 @@ class PodLauncher:
         mounts.unmount(pod_dir / "lower")
         for extra in pod_dirs.template_lowers(pod_dir):
             mounts.unmount(extra)
+        for mounted in [pod_dirs.files_dir(pod_dir), *pod_dirs.read_only_mounts(pod_dir)]:
+            mounts.unmount(mounted)
         try:
             note = json.loads((pod_dir / _LAYER_NOTE).read_text())
             name, persist = str(note["name"]), Persist(note["persist"])

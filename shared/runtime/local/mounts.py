@@ -21,7 +21,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from shared.errors import RuntimeFailure
@@ -42,6 +42,7 @@ MOUNT_ATTR_RDONLY = _MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_NOSUID = _MOUNT_ATTR_NOSUID = 0x2
 MOUNT_ATTR_NODEV = _MOUNT_ATTR_NODEV = 0x4
 _MOUNT_ATTR_IDMAP = 0x100000
+_MS_RDONLY = 0x1
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
 _MNT_DETACH = 0x2
@@ -174,25 +175,56 @@ def check_option_path(path: Path) -> None:
 
 def mount_overlay(lower: Path | Sequence[Path], upper: Path, work: Path, target: Path) -> None:
     """overlayfs on ``target``: ``lower`` read-only under ``upper`` (``work`` on upper's fs);
-    several lower layers: the first is the top one."""
+    several lower layers: the first is the top one. Its options name no host path (see
+    :func:`_layer_names`)."""
     lowers = [lower] if isinstance(lower, Path) else list(lower)
     for path in (*lowers, upper, work, target):
         check_option_path(path)
-    # index/metacopy/redirect_dir off: a kept upper layer stays a plain tree of files, usable
-    # with any later lower layer and readable by the snapshot code without overlayfs.
-    lowerdir = ":".join(str(x) for x in lowers)
-    options = f"lowerdir={lowerdir},upperdir={upper},workdir={work},index=off,metacopy=off"
-    flags = _MS_NOSUID | _MS_NODEV
-    if _libc.mount(b"torpor-root", str(target).encode(), b"overlay", flags, options.encode()) != 0:
-        raise _fail("cannot mount the sandbox's root (overlayfs)")
+    with _layer_names([*lowers, upper, work]) as names:
+        # index/metacopy/redirect_dir off: a kept upper layer stays a plain tree of files,
+        # usable with any later lower layer and readable by the snapshot code without overlayfs.
+        lowerdir = ":".join(names[: len(lowers)])
+        options = f"lowerdir={lowerdir},upperdir={names[-2]},workdir={names[-1]}"
+        options += ",index=off,metacopy=off"
+        _mount_overlay(target, options, _MS_NOSUID | _MS_NODEV, "torpor-root")
 
 
-def mount_tmpfs(target: Path, *, size: int, owner: int) -> None:
+def mount_read_only(source: Path, empty: Path, target: Path) -> None:
+    """A read-only overlayfs of ``source`` alone on ``target`` (``empty``: an empty folder, the
+    second lower layer overlayfs needs without an upper one). Unlike a bind of ``source``,
+    whose mount table entry shows ``source``'s path inside its filesystem, this is the root
+    of a filesystem of its own: bound into a pod, its mount table entry names no host path."""
+    for path in (source, empty, target):
+        check_option_path(path)
+    with _layer_names([source, empty]) as names:
+        flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+        _mount_overlay(target, f"lowerdir={names[0]}:{names[1]}", flags, "torpor-ro")
+
+
+@contextlib.contextmanager
+def _layer_names(paths: Sequence[Path]) -> Iterator[list[str]]:
+    """Names of ``paths`` for overlayfs' options: ``/proc/self/fd/<n>`` of a descriptor of each.
+    overlayfs shows its options as they were given (``/proc/*/mountinfo``, in every pod that
+    binds the mount), so a layer given by path showed the data dir's path inside the sandbox."""
+    fds: list[int] = []
+    try:
+        for path in paths:
+            fds.append(os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        yield [f"/proc/self/fd/{fd}" for fd in fds]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _mount_overlay(target: Path, options: str, flags: int, name: str) -> None:
+    if _libc.mount(name.encode(), str(target).encode(), b"overlay", flags, options.encode()) != 0:
+        raise _fail(f"cannot mount {target} (overlayfs)")
+
+
+def mount_tmpfs(target: Path, *, size: int, owner: int, name: str = "torpor-layer") -> None:
     options = f"size={size},uid={owner},gid={owner},mode=0755".encode()
-    if _libc.mount(
-        b"torpor-layer", str(target).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options
-    ):
-        raise _fail("cannot mount the sandbox's layer (tmpfs)")
+    if _libc.mount(name.encode(), str(target).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options):
+        raise _fail(f"cannot mount {target} (tmpfs)")
 
 
 def is_mounted(target: Path) -> bool:

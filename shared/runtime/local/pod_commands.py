@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from shared.ports.workloads import ENVD_PORT
 from shared.runtime.local.records import WorkloadRecord
 from shared.runtime.templates import Template
@@ -16,6 +14,15 @@ ENV_START_USER = "TORPOR_START_USER"
 ENV_START_CWD = "TORPOR_START_CWD"
 # Inside the pod: where the daemon serves `sudo` (deploy/sandbox-base/sudo, services/envd/sudo.py).
 SUDO_SOCKET = "/run/torpor/sudo.sock"
+# Inside the pod, under names of no host path: the daemon's own package (``services/__init__.py``
+# and ``services/envd``) and its bytecode cache (see .bytecode). The daemon imports its package
+# from there: :func:`bootstrap` puts DAEMON_CODE first on its module path.
+DAEMON_DIR = "/run/torpor-daemon"
+DAEMON_CODE = f"{DAEMON_DIR}/code"
+DAEMON_PYCACHE = f"{DAEMON_DIR}/pycache"
+# A template's own command gets this as ``{python}``: the daemon's interpreter, by which
+# ``{python} -m services.envd`` finds the daemon's package (see :func:`python_shim`).
+PYTHON_SHIM = f"{DAEMON_DIR}/python"
 
 
 def pod_env(template: Template, record: WorkloadRecord) -> dict[str, str]:
@@ -46,12 +53,12 @@ def pod_env(template: Template, record: WorkloadRecord) -> dict[str, str]:
 
 
 def pod_command(
-    template: Template, record: WorkloadRecord, *, python: str, pycache: Path
+    template: Template, record: WorkloadRecord, *, python: str, pycache: str = DAEMON_PYCACHE
 ) -> list[str]:
     """The pod's command: the template's, or the in-sandbox daemon on the pod's address."""
     if template.command is not None:
         values = {
-            "python": python,
+            "python": PYTHON_SHIM,
             "host": record.address,
             "port": str(ENVD_PORT),
             "root": "/workspace",
@@ -74,5 +81,38 @@ def pod_command(
     ]
 
 
-def _python_module(python: str, pycache: Path, module: str) -> list[str]:
-    return [python, "-X", f"pycache_prefix={pycache}", "-m", module]
+def _python_module(python: str, pycache: str, module: str) -> list[str]:
+    return [python, "-X", f"pycache_prefix={pycache}", *bootstrap(module)]
+
+
+def bootstrap(module: str, code: str = DAEMON_CODE) -> list[str]:
+    """``python -m module`` with ``code`` first on the module path: what ``-m`` does (the same
+    ``sys.argv`` and ``__main__``), without an environment variable the daemon would hand on
+    to the sandbox's processes, and without the host path an installed checkout's ``.pth``
+    names."""
+    script = (
+        f"import runpy, sys; sys.path.insert(0, {code!r}); "
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    )
+    return ["-c", script]
+
+
+def python_shim(python: str, pycache: str = DAEMON_PYCACHE) -> str:
+    """The script at :data:`PYTHON_SHIM`: ``-m MODULE ARGS`` runs as the pod's daemon is run
+    (:func:`bootstrap`, its bytecode cache), anything else is the interpreter's own."""
+    script = (
+        f"import runpy, sys; sys.path.insert(0, {DAEMON_CODE!r}); m = sys.argv.pop(1); "
+        "runpy.run_module(m, run_name='__main__', alter_sys=True)"
+    )
+    return (
+        "#!/bin/sh\n"
+        'if [ "$1" = -m ] && [ $# -ge 2 ]; then\n'
+        f"  m=$2; shift 2; exec {_quote(python)} -X pycache_prefix={_quote(pycache)} -c "
+        f'{_quote(script)} "$m" "$@"\n'
+        "fi\n"
+        f'exec {_quote(python)} "$@"\n'
+    )
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"

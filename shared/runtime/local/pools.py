@@ -45,7 +45,7 @@ import structlog
 from shared.errors import ConfigError, Conflict, NotFound, RuntimeFailure
 from shared.models.network import OPEN
 from shared.ports.workloads import ENVD_PORT, LABEL_MANAGED_BY, MANAGED_BY
-from shared.runtime.local import etc, inject, procfs
+from shared.runtime.local import etc, inject, pod_dirs, procfs
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import PodLauncher
 from shared.runtime.local.layers import Persist
@@ -457,7 +457,7 @@ class Pools:
         pod_dir = self._launcher.pod_dir(pod.uid)
         assert pod_dir is not None
         etc.write_etc(
-            pod_dir / "etc",
+            pod_dirs.files_dir(pod_dir) / "etc",
             hostname=record.name,
             address=record.address,
             accounts=False,
