@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
-import subprocess
 import tempfile
 import time
 import uuid
-import zipfile
 from pathlib import Path
 from typing import Any
 
 from common import STATS_HEADERS, loadavg, stats_row, summary, table, torpor_stack, write_result
 
+from tests.support.packages import build_deb, write_wheel
 from tests.support.stack import SERVICES
 
 
@@ -42,23 +40,13 @@ def _context(folder: Path) -> None:
         f"{dist}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
         f"{dist}/RECORD": "",
     }
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        for name, text in files.items():
-            z.writestr(name, text)
-    (pkgs / "bench_demo-1.0-py3-none-any.whl").write_bytes(buf.getvalue())
-    deb = folder / "debroot"
-    (deb / "DEBIAN").mkdir(parents=True)
-    (deb / "DEBIAN" / "control").write_text(
+    write_wheel(pkgs / "bench_demo-1.0-py3-none-any.whl", files)
+    build_deb(
+        pkgs / "bench-hello.deb",
+        folder / "debroot",
         "Package: bench-hello\nVersion: 1.0\nArchitecture: all\n"
-        "Maintainer: bench <b@example.invalid>\nDescription: bench\n"
-    )
-    (deb / "usr/share/bench-hello").mkdir(parents=True)
-    (deb / "usr/share/bench-hello/hello").write_text("hello\n")
-    subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "--build", str(deb), str(pkgs / "bench-hello.deb")],
-        check=True,
-        capture_output=True,
+        "Maintainer: bench <b@example.invalid>\nDescription: bench\n",
+        {"usr/share/bench-hello/hello": "hello\n"},
     )
     (folder / "app.txt").write_text("app\n")
 

@@ -78,20 +78,30 @@ class LifecycleIn(_In):
     auto_resume: bool | None = Field(default=None, alias="autoResume")
 
 
+# The egress fields create's ``network`` and ``PUT /network`` share, one definition each.
+AllowOut = Annotated[tuple[Cidr, ...] | None, Field(alias="allowOut", max_length=MAX_RULES)]
+DenyOut = Annotated[tuple[Cidr, ...] | None, Field(alias="denyOut", max_length=MAX_RULES)]
+NoRules = Annotated[Unsupported, AfterValidator(_refused("per-host egress rules"))]
+NoEgressProxy = Annotated[
+    Unsupported, AfterValidator(_refused("egress proxies")), Field(alias="egressProxy")
+]
+NoDnsServers = Annotated[
+    Unsupported,
+    AfterValidator(_refused("DNS servers (domains in allowOut are refused)")),
+    Field(alias="dnsServers"),
+]
+
+
 class NetworkIn(_In):
     """``network`` on create: egress CIDRs and public traffic. Domain names, per-host rules,
     egress proxies and the other E2B network features are refused: nothing would enforce them."""
 
-    allow_out: tuple[Cidr, ...] | None = Field(default=None, alias="allowOut", max_length=MAX_RULES)
-    deny_out: tuple[Cidr, ...] | None = Field(default=None, alias="denyOut", max_length=MAX_RULES)
+    allow_out: AllowOut = None
+    deny_out: DenyOut = None
     allow_public_traffic: bool | None = Field(default=None, alias="allowPublicTraffic")
-    rules: Annotated[Unsupported, AfterValidator(_refused("per-host egress rules"))] = None
-    egress_proxy: Annotated[Unsupported, AfterValidator(_refused("egress proxies"))] = Field(
-        default=None, alias="egressProxy"
-    )
-    dns_servers: Annotated[
-        Unsupported, AfterValidator(_refused("DNS servers (domains in allowOut are refused)"))
-    ] = Field(default=None, alias="dnsServers")
+    rules: NoRules = None
+    egress_proxy: NoEgressProxy = None
+    dns_servers: NoDnsServers = None
     mask_request_host: Annotated[Unsupported, AfterValidator(_refused("request host masking"))] = (
         Field(default=None, alias="maskRequestHost")
     )
@@ -104,16 +114,12 @@ class NetworkUpdate(_In):
     """``PUT /sandboxes/{id}/network`` (SDK ``update_network``): replaces the egress rules; an
     omitted field is cleared (E2B). ``allowPublicTraffic`` is not part of it and is kept."""
 
-    allow_out: tuple[Cidr, ...] | None = Field(default=None, alias="allowOut", max_length=MAX_RULES)
-    deny_out: tuple[Cidr, ...] | None = Field(default=None, alias="denyOut", max_length=MAX_RULES)
+    allow_out: AllowOut = None
+    deny_out: DenyOut = None
     allow_internet_access: bool | None = None
-    rules: Annotated[Unsupported, AfterValidator(_refused("per-host egress rules"))] = None
-    egress_proxy: Annotated[Unsupported, AfterValidator(_refused("egress proxies"))] = Field(
-        default=None, alias="egressProxy"
-    )
-    dns_servers: Annotated[
-        Unsupported, AfterValidator(_refused("DNS servers (domains in allowOut are refused)"))
-    ] = Field(default=None, alias="dnsServers")
+    rules: NoRules = None
+    egress_proxy: NoEgressProxy = None
+    dns_servers: NoDnsServers = None
 
     def policy(self, *, allow_public_traffic: bool) -> NetworkPolicy:
         return NetworkPolicy(

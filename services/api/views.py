@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from services.api.schemas import (
     HookOutcomeOut,
@@ -126,23 +127,33 @@ def detail_out(
     )
 
 
+def record_fields(record: SandboxRecord) -> dict[str, Any]:
+    """The name (else the id), the real state and the record's own fields, as both the native
+    API (``native_out``) and the dashboard (``dashboard.views.sandbox_view``) show them: keyword
+    arguments of both models (which validate them)."""
+    return {
+        "name": record.name or record.sandbox_id,
+        "sandbox_id": record.sandbox_id,
+        "owner": record.owner,
+        "template": record.template,
+        "state": record.state.value,
+        "timeout": record.timeout,
+        "auto_pause": record.auto_pause,
+        "auto_resume": record.auto_resume,
+        "metadata": dict(record.metadata),
+        "created_at": record.created_at,
+        "started_at": record.started_at,
+        "deadline": record.deadline,
+        "paused_at": record.paused_at,
+        "retain_until": record.retain_until,
+        "failure": record.failure,
+    }
+
+
 def native_out(record: SandboxRecord) -> NativeSandbox:
     snap = record.snapshot
     return NativeSandbox(
-        name=record.name or record.sandbox_id,
-        sandbox_id=record.sandbox_id,
-        owner=record.owner,
-        template=record.template,
-        state=record.state.value,
-        timeout=record.timeout,
-        auto_pause=record.auto_pause,
-        auto_resume=record.auto_resume,
-        metadata=dict(record.metadata),
-        created_at=record.created_at,
-        started_at=record.started_at,
-        deadline=record.deadline,
-        paused_at=record.paused_at,
-        retain_until=record.retain_until,
+        **record_fields(record),
         snapshot=(
             SnapshotOut(
                 annotation=snap.annotation,
@@ -152,7 +163,6 @@ def native_out(record: SandboxRecord) -> NativeSandbox:
             if snap is not None
             else None
         ),
-        failure=record.failure,
         envd_access_token=record.envd_access_token,
         last_resume=report_out(record.last_resume),
         hooks=record.hooks or None,

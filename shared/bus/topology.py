@@ -251,73 +251,67 @@ def retry_policy_of(durable_name: str | None) -> RetryPolicy:
 
 
 def kv_buckets(replicas: int) -> list[KeyValueConfig]:
+    # Every bucket of the control plane: file storage, the bus's replicas.
+    file_backed = KeyValueConfig(bucket="", replicas=replicas, storage=StorageType.FILE)
     return [
-        KeyValueConfig(
+        replace(
+            file_backed,
             bucket=KV_SANDBOXES,
             description="one record per sandbox; compare-and-set writes only",
             history=10,
-            replicas=replicas,
             max_value_size=256 * 1024,
-            storage=StorageType.FILE,
         ),
-        KeyValueConfig(
+        replace(
+            file_backed,
             bucket=KV_SNAPSHOTS,
             description="one record per stored snapshot; compare-and-set writes only",
             history=5,
-            replicas=replicas,
             max_value_size=256 * 1024,
-            storage=StorageType.FILE,
         ),
-        KeyValueConfig(
+        replace(
+            file_backed,
             bucket=KV_TEMPLATES,
             description="templates users build, their builds (with logs) and names; CAS writes",
             history=5,
-            replicas=replicas,
             max_value_size=1024 * 1024,
-            storage=StorageType.FILE,
         ),
-        KeyValueConfig(bucket=KV_USERS, history=5, replicas=replicas, storage=StorageType.FILE),
-        KeyValueConfig(bucket=KV_API_KEYS, history=5, replicas=replicas, storage=StorageType.FILE),
-        KeyValueConfig(
+        replace(file_backed, bucket=KV_USERS, history=5),
+        replace(file_backed, bucket=KV_API_KEYS, history=5),
+        replace(
+            file_backed,
             bucket=KV_WEBHOOKS,
             description="webhook registrations (with their signing secrets)",
             history=1,
-            replicas=replicas,
             max_value_size=16 * 1024,
-            storage=StorageType.FILE,
         ),
-        KeyValueConfig(
+        replace(
+            file_backed,
             bucket=KV_DELIVERIES,
             description="webhook delivery history, one entry per (webhook, event)",
             history=1,
-            replicas=replicas,
             ttl=7 * DAY,
             max_value_size=16 * 1024,
-            storage=StorageType.FILE,
         ),
-        KeyValueConfig(
+        replace(
+            file_backed,
             bucket=KV_USAGE,
             description="usage ledger: one record per sandbox; compare-and-set writes only",
             history=1,
-            replicas=replicas,
             max_value_size=64 * 1024,
-            storage=StorageType.FILE,
         ),
-        KeyValueConfig(
+        replace(
+            file_backed,
             bucket=KV_SESSIONS,
             description="dashboard sessions by sha256(session id); the TTL ends them",
             history=1,
-            replicas=replicas,
             ttl=12 * 3600,  # services/api/dashboard/sessions.py: SESSION_SECONDS
-            storage=StorageType.FILE,
         ),
-        KeyValueConfig(
+        replace(
+            file_backed,
             bucket=KV_RATES,
             description="rate-limit token buckets (compare-and-set); a full bucket expires",
             history=1,
-            replicas=replicas,
             ttl=3600,
-            storage=StorageType.FILE,
         ),
     ]
 

@@ -45,6 +45,7 @@ from tests.k8s.test_runtime_kubernetes import pods_of
 from tests.support.k8s.kubelet import TestKubelet
 from tests.support.k8s.realnode import RealNodeAccess
 from tests.support.k8s.rig import ClusterAccess
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
@@ -106,11 +107,10 @@ async def make_runtimes(
 
 
 async def until_warm(rt: KubernetesRuntime, timeout: float = 120) -> None:
-    for _ in range(int(timeout * 5)):
-        if await rt.warm_pods(TEMPLATE) >= 1:
-            return
-        await asyncio.sleep(0.2)
-    pytest.fail(f"no warm pod within {timeout} s")
+    async def warm() -> bool:
+        return await rt.warm_pods(TEMPLATE) >= 1
+
+    await eventually(warm, timeout, f"no warm pod within {timeout} s")
 
 
 async def put(ep: Endpoint, path: str, data: bytes, token: str = TOKEN) -> None:

@@ -45,6 +45,7 @@ from tests.k8s.test_runtime_kubernetes import pods_of
 from tests.support.k8s.kubelet import TestKubelet
 from tests.support.k8s.realnode import RealNodeAccess
 from tests.support.k8s.rig import ClusterAccess
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(240)]
 
@@ -84,11 +85,10 @@ async def pooled(
 
 
 async def until_warm(rt: KubernetesRuntime, size: int = 1) -> None:
-    for _ in range(600):
-        if await rt.warm_pods(TEMPLATE) >= size:
-            return
-        await asyncio.sleep(0.2)
-    pytest.fail(f"not {size} warm pods within 120 s")
+    async def warm() -> bool:
+        return await rt.warm_pods(TEMPLATE) >= size
+
+    await eventually(warm, 120, f"not {size} warm pods within 120 s")
 
 
 async def the_pool_pod(core: k8s.CoreV1Api, ns: str, version: str) -> Any:

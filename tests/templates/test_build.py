@@ -3,13 +3,10 @@ Template(...).build(), then Sandbox.create(name) and name:tag."""
 
 from __future__ import annotations
 
-import io
 import os
 import re
-import subprocess
 import time
 import uuid
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +17,7 @@ from e2b import Sandbox, SandboxQuery, SandboxState, Template
 from e2b.exceptions import BuildException, SandboxException
 
 from shared.runtime.local import layer_ids
+from tests.support.packages import build_deb, write_wheel
 from tests.support.stack import Stack
 
 
@@ -32,27 +30,17 @@ def _wheel(folder: Path) -> None:
         f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = "".join(f"{name},,\n" for name in files) + f"{dist}/RECORD,,\n"
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        for name, text in {**files, f"{dist}/RECORD": record}.items():
-            z.writestr(name, text)
-    (folder / "torpor_demo-1.0-py3-none-any.whl").write_bytes(buf.getvalue())
+    write_wheel(folder / "torpor_demo-1.0-py3-none-any.whl", {**files, f"{dist}/RECORD": record})
 
 
 def _deb(folder: Path, work: Path) -> None:
     """A tiny .deb, made here with dpkg-deb (installed with dpkg -i: no download)."""
-    root = work / "deb"
-    (root / "DEBIAN").mkdir(parents=True)
-    (root / "DEBIAN" / "control").write_text(
+    build_deb(
+        folder / "torpor-hello.deb",
+        work / "deb",
         "Package: torpor-hello\nVersion: 1.0\nArchitecture: all\n"
-        "Maintainer: torpor <t@example.invalid>\nDescription: test package\n"
-    )
-    (root / "usr/share/torpor-hello").mkdir(parents=True)
-    (root / "usr/share/torpor-hello/hello.txt").write_text("hello from a deb\n")
-    subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "--build", str(root), str(folder / "torpor-hello.deb")],
-        check=True,
-        capture_output=True,
+        "Maintainer: torpor <t@example.invalid>\nDescription: test package\n",
+        {"usr/share/torpor-hello/hello.txt": "hello from a deb\n"},
     )
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from services.api.dashboard.events_feed import SandboxEvent
+from services.api.views import record_fields
 from shared.domain.record import SandboxRecord
 from shared.models.snapshots import Snapshot
 
@@ -100,23 +101,9 @@ def snapshot_view(record: SandboxRecord) -> SnapshotView | None:
 
 def sandbox_view(record: SandboxRecord, *, last_activity: datetime | None) -> SandboxView:
     return SandboxView(
-        name=record.name or record.sandbox_id,
-        sandbox_id=record.sandbox_id,
-        owner=record.owner,
-        template=record.template,
-        state=record.state.value,
+        **record_fields(record),
         generation=record.generation,
-        timeout=record.timeout,
-        auto_pause=record.auto_pause,
-        auto_resume=record.auto_resume,
-        metadata=dict(record.metadata),
-        created_at=record.created_at,
-        started_at=record.started_at,
-        deadline=record.deadline,
-        paused_at=record.paused_at,
-        retain_until=record.retain_until,
         last_activity=last_activity,
-        failure=record.failure,
         snapshot=snapshot_view(record),
     )
 

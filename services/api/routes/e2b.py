@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 from datetime import datetime
 from typing import Annotated, Literal
@@ -16,6 +14,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 from services.api.deps import CallerDep, WiringDep, require_template
 from services.api.errors import ApiError, error_responses, refuse_resume_if_up
 from services.api.insecure import wants_token
+from services.api.paging import cut_page, token_cursor
 from services.api.quotas import admit_create, admit_resume
 from services.api.routes.snapshots import snapshot_request
 from services.api.routes.templates import build_for_create
@@ -170,22 +169,6 @@ def _parse_metadata(raw: str | None) -> dict[str, str]:
     return {unquote(k): unquote(v) for k, v in parse_qsl(raw, keep_blank_values=True)}
 
 
-def _encode_token(record: SandboxRecord) -> str:
-    return base64.urlsafe_b64encode(
-        f"{record.started_at.isoformat()}|{record.sandbox_id}".encode()
-    ).decode()
-
-
-def _decode_token(token: str) -> tuple[str, str]:
-    try:
-        started, _, sandbox_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
-    except (binascii.Error, UnicodeDecodeError, ValueError) as e:
-        raise ApiError(400, "invalid nextToken") from e
-    if not sandbox_id:
-        raise ApiError(400, "invalid nextToken")
-    return started, sandbox_id
-
-
 async def _listed(w: WiringDep, caller: CallerDep) -> list[SandboxRecord]:
     return [r for r in await w.lifecycle.list(owner=caller.scope) if visible(r)]
 
@@ -228,12 +211,11 @@ async def list_sandboxes_v2(  # noqa: PLR0917 - one parameter per query field of
 
     records.sort(key=key, reverse=order == "desc")
     if next_token:
-        cursor = _decode_token(next_token)
+        cursor = token_cursor(next_token, valid=bool, error="invalid nextToken")
         records = [r for r in records if (key(r) < cursor if order == "desc" else key(r) > cursor)]
-    page_size = min(limit or w.settings.list_max_limit, w.settings.list_max_limit)
-    page, rest = records[:page_size], records[page_size:]
-    if rest and page:
-        response.headers["x-next-token"] = _encode_token(page[-1])
+    page = cut_page(
+        records, key, limit=limit, max_limit=w.settings.list_max_limit, response=response
+    )
     return [listed_out(r, w.settings, shown) for r in page]
 
 

@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
 from services.api.deps import CallerDep, Snapshots, Wiring, WiringDep
 from services.api.errors import ApiError, available, error_responses, status_for
+from services.api.paging import cut_page, token_cursor
 from services.api.quotas import admit_create
 from services.api.schemas import (
     ForkErrorOut,
@@ -71,22 +70,6 @@ async def create_snapshot(
     return _info(snap)
 
 
-def _encode_token(snap: SnapshotRecord) -> str:
-    return base64.urlsafe_b64encode(
-        f"{snap.created_at.isoformat()}|{snap.snapshot_id}".encode()
-    ).decode()
-
-
-def _decode_token(token: str) -> tuple[str, str]:
-    try:
-        created, _, snapshot_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
-    except (binascii.Error, UnicodeDecodeError, ValueError) as e:
-        raise ApiError(400, "nextToken: invalid") from e
-    if not is_snapshot_id(snapshot_id):
-        raise ApiError(400, "nextToken: invalid")
-    return created, snapshot_id
-
-
 @router.get(
     "/snapshots",
     response_model=list[SnapshotInfoOut],
@@ -109,12 +92,9 @@ async def list_snapshots(  # noqa: PLR0917 - one parameter per query field of th
         return (s.created_at.isoformat(), s.snapshot_id)
 
     if next_token:
-        cursor = _decode_token(next_token)
+        cursor = token_cursor(next_token, valid=is_snapshot_id, error="nextToken: invalid")
         found = [s for s in found if key(s) < cursor]  # newest first: the rest is older
-    page_size = min(limit or w.settings.list_max_limit, w.settings.list_max_limit)
-    page, rest = found[:page_size], found[page_size:]
-    if rest and page:
-        response.headers["x-next-token"] = _encode_token(page[-1])
+    page = cut_page(found, key, limit=limit, max_limit=w.settings.list_max_limit, response=response)
     return [_info(s) for s in page]
 
 
