@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import shutil
 import stat
@@ -566,3 +567,15 @@ def tree_bytes(root: Dir) -> int:
                     elif stat.S_ISREG(st.st_mode):
                         total += st.st_blocks * 512
     return total
+
+
+@contextlib.contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the lock file ``path`` (made 0600 if absent, never
+    through a symlink) for the block."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

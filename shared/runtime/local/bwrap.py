@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.errors import ConfigError, RuntimeFailure
-from shared.runtime.local import etc
+from shared.runtime.local import etc, mounts
 
 ENV_POD_UID = "TORPOR_POD_UID"
 ENV_WORKLOAD = "TORPOR_WORKLOAD"
@@ -342,15 +342,7 @@ def stage_prefix(
     unique = list(dict.fromkeys(sources))
     staged = {source: str(stage / str(i)) for i, source in enumerate(unique)}
     prefix = [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        "/bin/sh",
-        "-c",
-        _STAGE_SCRIPT,
-        "torpor-stage",
+        *mounts.private_shell(_STAGE_SCRIPT, "torpor-stage"),
         str(stage),
         *(part for source in unique for part in (str(source), known.get(source, "-"))),
         "--",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import structlog
 
-from shared.runtime.local import bwrap
+from shared.runtime.local import bwrap, mounts
 from shared.runtime.local.pod_commands import DAEMON_CODE, DAEMON_DIR, bootstrap
 
 log = structlog.get_logger()
@@ -96,15 +96,7 @@ async def precompile(python: str, prefix: Path) -> None:
     try:
         await asyncio.to_thread(os.makedirs, DAEMON_DIR, 0o755, exist_ok=True)
         proc = await asyncio.create_subprocess_exec(
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-            "/bin/sh",
-            "-c",
-            _PRECOMPILE_SCRIPT,
-            "torpor-precompile",
+            *mounts.private_shell(_PRECOMPILE_SCRIPT, "torpor-precompile"),
             DAEMON_DIR,
             str(envd),
             str(package_init),

@@ -48,6 +48,7 @@ from typing import Any, Protocol
 import structlog
 
 from shared.errors import RuntimeFailure
+from shared.runtime.local.mounts import private_shell
 
 log = structlog.get_logger()
 
@@ -305,8 +306,8 @@ class Criu:
             pidfile = images / "restored.pid"
             with contextlib.suppress(FileNotFoundError):
                 pidfile.unlink()  # criu refuses an existing one
-            argv = [*target.enter, "unshare", "--mount", "--propagation", "private", "--"]
-            argv += ["/bin/sh", "-c", _STAGE_SCRIPT, "torpor-criu-stage", str(stage)]
+            argv = [*target.enter, *private_shell(_STAGE_SCRIPT, "torpor-criu-stage")]
+            argv += [str(stage)]
             for mount, check in zip(mounts, checks, strict=True):
                 argv += [mount.source, check]
             argv += ["--", self._criu, "restore", "-D", str(images), "-o", "restore.log", "-d"]

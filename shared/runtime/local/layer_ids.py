@@ -17,7 +17,6 @@ pod still mounts unshifted as before, so a running sandbox never sees its files 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import stat
@@ -79,7 +78,7 @@ def mapping_start(tree: Path) -> Iterator[int]:
     if is_stored(tree):
         yield LAYER_BASE
         return
-    with _locked(tree.parent):
+    with beneath.flocked(tree.parent / _LOCK):
         if not is_stored(tree):
             if _mounted_by_a_pod(tree):
                 log.info("runtime_local_layer_left_unshifted", layer=tree.parent.name)
@@ -88,16 +87,6 @@ def mapping_start(tree: Path) -> Iterator[int]:
             changed = store(tree.parent)
             log.info("runtime_local_layer_ids_shifted", layer=tree.parent.name, entries=changed)
         yield LAYER_BASE
-
-
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    fd = os.open(folder / _LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _mounted_by_a_pod(tree: Path) -> bool:

@@ -28,7 +28,6 @@ else's disk fills up, and unlike the tmpfs it replaces, it costs no memory and s
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -222,14 +221,8 @@ class Layers:
         except FileNotFoundError:
             return set()
 
-    @contextlib.contextmanager
-    def _locked(self, folder: Path) -> Iterator[None]:
-        fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+    def _locked(self, folder: Path) -> contextlib.AbstractContextManager[None]:
+        return beneath.flocked(folder / "lock")
 
 
 def _remove_tree(path: Path) -> None:

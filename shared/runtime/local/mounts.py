@@ -278,3 +278,10 @@ def unmount_under(folder: Path) -> int:
     for point in points:
         unmount(point)
     return len(points)
+
+
+def private_shell(script: str, name: str) -> list[str]:
+    """Argv that runs the shell ``script`` (``$0`` = ``name``, then the arguments appended) as
+    root in a mount namespace of its own with private propagation: its mounts (a stage of
+    binds) appear nowhere else and go with the command it execs."""
+    return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, name]
