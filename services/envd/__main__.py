@@ -75,11 +75,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def precompile() -> int:
-    """Byte-compile the daemon's import closure next to the sources (or under
-    ``PYTHONPYCACHEPREFIX``), whatever ``PYTHONDONTWRITEBYTECODE`` says; fresh files are kept."""
-    import py_compile
-
+def load_closure() -> None:
+    """Import everything the daemon loads to serve (what ``--precompile`` compiles, and what the
+    local runtime's copy of its interpreter holds: shared/runtime/local/daemon_python.py)."""
     from services.envd.app import EnvdApp
     from services.envd.server import _server
 
@@ -89,6 +87,14 @@ def precompile() -> int:
         _server(app, "warning").config.load()  # the protocol classes uvicorn imports at start
     finally:
         app.close()
+
+
+def precompile() -> int:
+    """Byte-compile the daemon's import closure next to the sources (or under
+    ``PYTHONPYCACHEPREFIX``), whatever ``PYTHONDONTWRITEBYTECODE`` says; fresh files are kept."""
+    import py_compile
+
+    load_closure()
     written = 0
     for module in list(sys.modules.values()):
         spec = getattr(module, "__spec__", None)

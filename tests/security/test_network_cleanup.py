@@ -20,7 +20,7 @@ import pytest
 from e2b import Sandbox
 
 from shared.models.network import NetworkPolicy
-from shared.runtime.local import LocalRuntime, procfs
+from shared.runtime.local import LocalRuntime, procfs, volume_fs
 from shared.runtime.local.network import PodNetwork, release_instance
 from shared.runtime.local.pod_dirs import unmount_stopped
 from tests.runtime_local.support import start_owner
@@ -38,6 +38,13 @@ def kill9_pods(data_dir: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def taken_over(leftover: str) -> bool:
+    """What a crash leaves that the restarted instance takes over instead of removing: a
+    sandbox's kept layer (its next pod mounts it again) and the volumes' filesystem
+    (.volume_fs: one per data dir, found mounted)."""
+    return "/layers/" in leftover or leftover.endswith(f"/{volume_fs.FOLDER}")
 
 
 def wait_no_pods(data_dir: Path) -> None:
@@ -65,11 +72,11 @@ async def test_restart_after_kill9_removes_only_its_own_leftovers(
         wait_no_pods(data_dir)
         before = leftovers(data_dir)
         # Two pods' links, namespaces and the namespaces' mounts, plus the table; and the pods'
-        # roots and layers (a layer is the sandbox's: its next pod mounts it again).
+        # roots, layers and the volumes' filesystem (taken over by the next instance).
         pods_mounts = f"mount {data_dir.resolve()}/"
         assert len([n for n in before if not n.startswith(("table", pods_mounts))]) == 6, before
         assert any(n.startswith(f"{pods_mounts}pods/") for n in before), before
-        before = [n for n in before if "/layers/" not in n]
+        before = [n for n in before if not taken_over(n)]
         rt = LocalRuntime(nats_url=nats_url, data_dir=data_dir, bucket=bucket, stop_grace=1.0)
         await rt.start()
         try:
@@ -132,10 +139,10 @@ def _crash_then_restart(first_stack: Stack, second_root: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
         first.procs["up"].wait(10)
         wait_no_pods(data_dir)
-        # A crash leaves the pod's namespace, link and mounts behind (not the sandbox's kept
-        # layer: its next pod mounts it again) ...
+        # A crash leaves the pod's namespace, link and mounts behind (and what the next
+        # instance takes over) ...
         crashed = [
-            n for n in leftovers(data_dir) if not n.startswith("table") and "/layers/" not in n
+            n for n in leftovers(data_dir) if not n.startswith("table") and not taken_over(n)
         ]
         assert any(n.startswith("mount ") for n in crashed) and len(crashed) > 1
         with Stack.up(second_root, data_dir=data_dir).running() as second:

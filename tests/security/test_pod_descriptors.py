@@ -154,20 +154,14 @@ def code_paths() -> list[str]:
     return sorted({s for p in paths for s in spellings(p)})
 
 
-def leaks(
-    procs: dict[int, dict[str, object]], paths: list[str], *, but_volumes: bool = False
-) -> list[str]:
-    """Every line of every readable /proc entry of every process that names one of ``paths``;
-    ``but_volumes``: not the mount table entries of the seed template's volume (/workspace),
-    see test_a_volume_names_no_host_path."""
+def leaks(procs: dict[int, dict[str, object]], paths: list[str]) -> list[str]:
+    """Every line of every readable /proc entry of every process that names one of ``paths``."""
     found = []
     for pid, r in procs.items():
         for name in READABLE:
             for line in str(r[name]).replace("\0", "\n").splitlines():
                 named = [p for p in paths if p in line]
-                fields = line.split(" ")
-                volume = name == "mountinfo" and len(fields) > 4 and fields[4] == VOLUME
-                if named and not (but_volumes and volume):
+                if named:
                     found.append(f"{pid} {name}: {named[0]} in {line[:300]!r}")
     return found
 
@@ -208,7 +202,7 @@ def test_no_host_descriptor_trace_or_path_from_inside(stack: Stack, after: str) 
         # No host path of the runtime's data in anything of any process: command lines,
         # environments, maps, mount tables (mount roots, sources, overlay options), links.
         paths = [*data_paths(stack, pod.uid), *package_paths()]
-        leaked = leaks(procs, paths, but_volumes=True)
+        leaked = leaks(procs, paths)
         assert not leaked, "\n".join(leaked)
         for pid in (1, *daemons):  # the pod's own processes: out of the sandbox's reach
             r = procs[pid]
@@ -336,31 +330,30 @@ def test_tail_reads_at_most_its_cap(tmp_path: Path) -> None:
     assert "root" not in podlog.tail(tmp_path, 1000)  # a planted link is never followed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a volume is a read-write bind: its mountinfo root is its path inside its "
-    "filesystem, which names the data dir unless that is a filesystem of its own "
-    "(docs/security.md)",
-)
 def test_a_volume_names_no_host_path(stack: Stack) -> None:
     """The seed template's /workspace volume (``volumes/<owner>/<id>/workspace``), as sandbox
-    root sees it in the mount table."""
+    root sees it in the mount table: the root of the volumes' own filesystem (.volume_fs), its
+    files where they always were on the host."""
     sbx = create(stack)
     try:
         pod = pod_of(stack, sbx.sandbox_id)
-        leaked = leaks(walk(sbx), data_paths(stack, pod.uid))
+        procs = walk(sbx)
+        leaked = leaks(procs, data_paths(stack, pod.uid))
         assert not leaked, "\n".join(leaked)
+        entries = {
+            line.split(" ")[3]
+            for r in procs.values()
+            for line in str(r["mountinfo"]).splitlines()
+            if line.split(" ")[4:5] == [VOLUME]
+        }
+        assert entries == {f"/alice/{sbx.sandbox_id}/workspace"}, entries
+        sbx.files.write(f"{VOLUME}/written-inside.txt", "kept")
+        on_host = stack.data_dir / "volumes" / "alice" / sbx.sandbox_id / "workspace"
+        assert (on_host / "written-inside.txt").read_text() == "kept"
     finally:
         sbx.kill()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the daemon's interpreter and venv are bound at their host paths: a venv finds its "
-    "interpreter by absolute paths (pyvenv.cfg, bin/python), an installed checkout's .pth "
-    "names the checkout, and a shared-library build finds libpython by its RUNPATH "
-    "(docs/security.md)",
-)
 def test_no_host_path_of_the_code_from_inside(stack: Stack) -> None:
     """The daemon's interpreter, venv and code, as sandbox root sees them: no host path of the
     checkout, the venv or the interpreter in any process's command line, environment, maps,

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import structlog
 
-from shared.runtime.local import bwrap, mounts
-from shared.runtime.local.pod_commands import DAEMON_CODE, DAEMON_DIR, bootstrap
+from shared.runtime.local import bwrap, daemon_python, mounts
+from shared.runtime.local.daemon_python import DaemonPython
+from shared.runtime.local.pod_commands import DAEMON_CODE, DAEMON_DIR, bootstrap, daemon_flags
 
 log = structlog.get_logger()
 
@@ -29,11 +30,7 @@ _precompiled: set[tuple[str, str]] = set()  # (interpreter, cache dir) this proc
 
 def cache_dir(data_dir: Path) -> Path:
     """Where the daemon's bytecode lives (created if missing)."""
-    venv = Path(sys.prefix).resolve()
-    writable = os.access(venv, os.W_OK)
-    path = venv / "var" / "torpor-pycache" if writable else data_dir / "pycache"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return daemon_python.cache_dir(data_dir, "pycache")
 
 
 def _pyc(prefix: Path, source: Path) -> Path:
@@ -43,7 +40,7 @@ def _pyc(prefix: Path, source: Path) -> Path:
     return prefix / str(folder).lstrip(os.sep) / f"{source.stem}.{tag}.pyc"
 
 
-def stale(prefix: Path) -> bool:
+def stale(daemon: DaemonPython, prefix: Path) -> bool:
     """True when the daemon's bytecode under ``prefix`` is missing or older than its sources.
 
     Cheap: the daemon's own files (what developers edit, cached by their path inside the pod,
@@ -57,7 +54,7 @@ def stale(prefix: Path) -> bool:
     for name in _SENTINELS:
         dep = importlib.util.find_spec(name)
         if dep is not None and dep.origin is not None:
-            sources.append((Path(dep.origin), Path(dep.origin).resolve()))
+            sources.append((Path(dep.origin), daemon.inside(Path(dep.origin).resolve())))
     for source, cached_as in sources:
         try:
             if _pyc(prefix, cached_as).stat().st_mtime < source.stat().st_mtime:
@@ -69,21 +66,22 @@ def stale(prefix: Path) -> bool:
     return False
 
 
-# Run as root in a private mount namespace: the daemon's package where pods have it (a tmpfs on
-# DAEMON_DIR, the package bound into it), then the rest of argv (the daemon's --precompile):
-# its bytecode is cached by the paths the pod's daemon imports it from.
+# Run as root in a private mount namespace: the daemon's interpreter and package where pods have
+# them (a tmpfs on DAEMON_DIR, each bound into it), then the rest of argv (the daemon's
+# --precompile): its bytecode is cached by the paths the pod's daemon imports it from.
 _PRECOMPILE_SCRIPT = """set -e
-dir=$1; envd=$2; init=$3; shift 3
+dir=$1; envd=$2; init=$3; py=$4; shift 4
 mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev torpor-precompile "$dir"
-mkdir -p "$dir/code/services/envd"
+mkdir -p "$dir/code/services/envd" "$dir/py"
 : > "$dir/code/services/__init__.py"
 mount --bind -o ro "$envd" "$dir/code/services/envd"
 mount --bind -o ro "$init" "$dir/code/services/__init__.py"
+mount --bind -o ro "$py" "$dir/py"
 exec "$@"
 """
 
 
-async def precompile(python: str, prefix: Path) -> None:
+async def precompile(daemon: DaemonPython, prefix: Path) -> None:
     """``python -X pycache_prefix=<prefix> -m services.envd --precompile`` with the daemon's
     package at its path inside pods; a failure only costs start-up time, so it is logged, not
     raised."""
@@ -100,9 +98,9 @@ async def precompile(python: str, prefix: Path) -> None:
             DAEMON_DIR,
             str(envd),
             str(package_init),
-            python,
-            "-X",
-            f"pycache_prefix={prefix}",
+            str(daemon.tree),
+            daemon.executable,
+            *daemon_flags(str(prefix)),
             *bootstrap("services.envd"),
             "--precompile",
             stdin=asyncio.subprocess.DEVNULL,
@@ -120,11 +118,11 @@ async def precompile(python: str, prefix: Path) -> None:
         log.info("runtime_local_precompiled", output=out.decode(errors="replace").strip())
 
 
-async def ensure(python: str, prefix: Path) -> None:
+async def ensure(daemon: DaemonPython, prefix: Path) -> None:
     """Precompile once per process (and cache dir) when the bytecode is stale."""
-    key = (python, str(prefix))
+    key = (str(daemon.tree), str(prefix))
     if key in _precompiled:
         return
     _precompiled.add(key)
-    if await asyncio.to_thread(stale, prefix):
-        await precompile(python, prefix)
+    if await asyncio.to_thread(stale, daemon, prefix):
+        await precompile(daemon, prefix)

@@ -8,7 +8,6 @@ pod network, the NATS bucket of workload records, the reconciler) and its close.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +24,15 @@ from shared.bus.topology import KV_WORKLOADS, workloads_bucket
 from shared.errors import RuntimeFailure, Unavailable
 from shared.models.template_records import BUILT_TEMPLATES_DIR
 from shared.redaction import redact_text
-from shared.runtime.local import bwrap, bytecode, checkpoint, limits, podlog
+from shared.runtime.local import (
+    bwrap,
+    bytecode,
+    checkpoint,
+    daemon_python,
+    limits,
+    podlog,
+    volume_fs,
+)
 from shared.runtime.local import rootfs as rootfs_location
 from shared.runtime.local.addresses import AddressPool
 from shared.runtime.local.launcher import PodLauncher
@@ -54,7 +61,6 @@ class RuntimeInstance:
         templates_dir: Path | None = None,
         bucket: str = DEFAULT_BUCKET,
         bwrap: str = "bwrap",
-        python: str = sys.executable,
         stop_grace: float = 2.0,
         supervise: bool = True,
         stop_pods_on_close: bool = True,
@@ -74,7 +80,6 @@ class RuntimeInstance:
         )
         self._bucket = bucket
         self._bwrap = bwrap
-        self._python = python
         self._stop_grace = stop_grace
         self._supervise = supervise
         self._stop_pods_on_close = stop_pods_on_close
@@ -102,17 +107,19 @@ class RuntimeInstance:
         await self._network.open()
         (self._data_dir / "pods").mkdir(parents=True, exist_ok=True)
         (self._data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(volume_fs.mount, self._data_dir)
         await asyncio.to_thread(STAGE_DIR.mkdir, mode=0o755, exist_ok=True)
         cgroups = await asyncio.to_thread(
             limits.Cgroups.detect, limits.instance_name(self._data_dir)
         )
+        daemon = await asyncio.to_thread(daemon_python.ensure, self._data_dir)
         pycache = await asyncio.to_thread(bytecode.cache_dir, self._data_dir)
-        await bytecode.ensure(self._python, pycache)
+        await bytecode.ensure(daemon, pycache)
         self._launcher = PodLauncher(
             data_dir=self._data_dir,
             template_dirs=self._template_dirs,
             bwrap_path=self._bwrap,
-            python=self._python,
+            daemon=daemon,
             stop_grace=self._stop_grace,
             pycache=pycache,
             cgroups=cgroups,
@@ -186,6 +193,7 @@ class RuntimeInstance:
         finally:
             if self._stop_pods_on_close:  # even when NATS is gone: never leave orphans
                 await self._reconciler_.stop_every_pod()
+                await asyncio.to_thread(volume_fs.unmount, self._data_dir)
                 await self._network.release()
                 if self._launcher is not None:
                     await self._launcher.close()

@@ -39,7 +39,9 @@ from shared.runtime.local import (
     spawning,
     template_layers,
     userns,
+    volume_fs,
 )
+from shared.runtime.local.daemon_python import DaemonPython
 from shared.runtime.local.layers import Layers, Persist
 from shared.runtime.local.pod_commands import pod_command, pod_env
 from shared.runtime.local.records import PodRecord, WorkloadRecord
@@ -66,7 +68,7 @@ class PodLauncher:
         data_dir: Path,
         template_dirs: list[Path],
         bwrap_path: str,
-        python: str,
+        daemon: DaemonPython,
         stop_grace: float,
         pycache: Path,
         cgroups: limits.Cgroups | None,
@@ -79,7 +81,7 @@ class PodLauncher:
         self.layers = Layers(data_dir)
         self._template_dirs = template_dirs
         self._bwrap = bwrap_path
-        self._python = python
+        self._daemon = daemon
         self._stop_grace = stop_grace
         self._pycache = pycache
         self._cgroups = cgroups
@@ -241,7 +243,7 @@ class PodLauncher:
             await asyncio.to_thread(boot_id_file.chmod, 0o444)
             envd, package_init = await asyncio.to_thread(bwrap.daemon_package)
             daemon = await asyncio.to_thread(
-                pod_dirs.mount_daemon, pod_dir, envd, package_init, self._pycache, self._python
+                pod_dirs.mount_daemon, pod_dir, envd, package_init, self._pycache, self._daemon
             )
             launch = bwrap.PodLaunch(
                 bwrap=self._bwrap,
@@ -252,8 +254,8 @@ class PodLauncher:
                 workdir=template.workdir,
                 mounts=[*volumes, bwrap.Mount(boot_id_file, BOOT_ID, read_only=True)],
                 env=env,
-                command=pod_command(template, record, python=self._python),
-                code_dirs=await asyncio.to_thread(bwrap.code_dirs, package=False),
+                command=pod_command(template, record, python=self._daemon.executable),
+                code_dirs=(),
                 hostname=record.name,
                 id_base=base,
                 etc_dir=files / "etc",
@@ -356,8 +358,12 @@ class PodLauncher:
         sandbox of a template that mounts a parent folder (``volumes/{owner}``) can swap the
         names in it. Its ``dev:ino``, which the folder bound into the pod must have."""
         relative = PurePosixPath(source.relative_to(self._data_dir))
+        top = self._data_dir
+        if relative.parts[:1] == (volume_fs.FOLDER,) and len(relative.parts) > 1:
+            # From the volumes' own filesystem (.volume_fs): the walk below crosses no mount.
+            top, relative = volume_fs.root(self._data_dir), relative.relative_to(volume_fs.FOLDER)
         try:
-            with beneath.Dir.open(self._data_dir) as data:
+            with beneath.Dir.open(top) as data:
                 data.makedirs(relative)
                 with data.dir(relative) as folder:  # ELOOP if a name on the way is a symlink
                     # The sandbox's `user` (1000), who runs commands by default, can write it;

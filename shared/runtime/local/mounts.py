@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import os
 import re
 import subprocess
@@ -201,6 +202,17 @@ def mount_read_only(source: Path, empty: Path, target: Path) -> None:
         _mount_overlay(target, f"lowerdir={names[0]}:{names[1]}", flags, "torpor-ro")
 
 
+def mount_upper_over_itself(lower: Path, upper: Path, work: Path, *, name: str) -> None:
+    """A read-write overlayfs on ``upper`` whose upper layer is ``upper`` itself (``lower``: an
+    empty folder): what is written through it lands where it always did, and a bind of a folder
+    beneath it shows that folder's path inside this filesystem (see .volume_fs)."""
+    for path in (lower, upper, work):
+        check_option_path(path)
+    with _layer_names([lower, upper, work]) as names:
+        options = f"lowerdir={names[0]},upperdir={names[1]},workdir={names[2]}"
+        _mount_overlay(upper, options, _MS_NOSUID | _MS_NODEV, name)
+
+
 @contextlib.contextmanager
 def _layer_names(paths: Sequence[Path]) -> Iterator[list[str]]:
     """Names of ``paths`` for overlayfs' options: ``/proc/self/fd/<n>`` of a descriptor of each.
@@ -253,6 +265,8 @@ def unmount(target: Path) -> None:
         if _libc.umount2(str(target).encode(), 0) != 0 and (
             _libc.umount2(str(target).encode(), _MNT_DETACH) != 0
         ):
+            if ctypes.get_errno() == errno.EINVAL and not is_mounted(target):
+                return  # unmounted meanwhile by another instance on the data dir
             raise _fail(f"cannot unmount {target}")
 
 

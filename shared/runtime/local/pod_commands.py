@@ -20,6 +20,8 @@ SUDO_SOCKET = "/run/torpor/sudo.sock"
 DAEMON_DIR = "/run/torpor-daemon"
 DAEMON_CODE = f"{DAEMON_DIR}/code"
 DAEMON_PYCACHE = f"{DAEMON_DIR}/pycache"
+# The daemon's interpreter, standard library and packages (see .daemon_python).
+DAEMON_PY = f"{DAEMON_DIR}/py"
 # A template's own command gets this as ``{python}``: the daemon's interpreter, by which
 # ``{python} -m services.envd`` finds the daemon's package (see :func:`python_shim`).
 PYTHON_SHIM = f"{DAEMON_DIR}/python"
@@ -82,7 +84,15 @@ def pod_command(
 
 
 def _python_module(python: str, pycache: str, module: str) -> list[str]:
-    return [python, "-X", f"pycache_prefix={pycache}", *bootstrap(module)]
+    return [python, *daemon_flags(pycache), *bootstrap(module)]
+
+
+def daemon_flags(pycache: str) -> list[str]:
+    """``-I``: the daemon imports nothing a sandbox can plant or name: not the working folder
+    (``-c`` puts it first on the module path), no ``PYTHON*`` variable of the template's
+    environment, no user site folder under a HOME the sandbox writes. Its bytecode comes from
+    ``pycache`` (see .bytecode)."""
+    return ["-I", "-X", f"pycache_prefix={pycache}"]
 
 
 def bootstrap(module: str, code: str = DAEMON_CODE) -> list[str]:
@@ -107,7 +117,7 @@ def python_shim(python: str, pycache: str = DAEMON_PYCACHE) -> str:
     return (
         "#!/bin/sh\n"
         'if [ "$1" = -m ] && [ $# -ge 2 ]; then\n'
-        f"  m=$2; shift 2; exec {_quote(python)} -X pycache_prefix={_quote(pycache)} -c "
+        f"  m=$2; shift 2; exec {_quote(python)} {' '.join(map(_quote, daemon_flags(pycache)))} -c "
         f'{_quote(script)} "$m" "$@"\n'
         "fi\n"
         f'exec {_quote(python)} "$@"\n'

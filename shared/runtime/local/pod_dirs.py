@@ -12,7 +12,8 @@ from pathlib import Path
 
 import structlog
 
-from shared.runtime.local import layer_ids, mounts, pod_commands, userns
+from shared.runtime.local import layer_ids, mounts, pod_commands, userns, volume_fs
+from shared.runtime.local.daemon_python import DaemonPython
 
 log = structlog.get_logger()
 
@@ -68,13 +69,14 @@ def mount_files(pod_dir: Path) -> Path:
 
 def read_only_mounts(pod_dir: Path) -> list[Path]:
     """Where :func:`mount_daemon` mounts (``<pod dir>/ro/<name>``)."""
-    return [pod_dir / "ro" / name for name in ("envd", "pycache")]
+    return [pod_dir / "ro" / name for name in ("envd", "pycache", "py")]
 
 
 def mount_daemon(
-    pod_dir: Path, envd: Path, package_init: Path, pycache: Path, python: str
+    pod_dir: Path, envd: Path, package_init: Path, pycache: Path, daemon: DaemonPython
 ) -> list[tuple[Path, str]]:
-    """The daemon's package and bytecode for the pod: (host source, path inside) of each bind.
+    """The daemon's interpreter (see .daemon_python), package and bytecode for the pod: (host
+    source, path inside) of each bind.
     The folders are read-only overlays of their own (see mounts.mount_read_only): a bind of a
     host folder shows, in the pod's mount table, that folder's path inside its filesystem (the
     checkout's, the venv's or the data dir's); ``services/__init__.py`` is copied into the
@@ -82,20 +84,21 @@ def mount_daemon(
     ro = pod_dir / "ro"
     empty = ro / "empty"
     empty.mkdir(mode=0o755, parents=True, exist_ok=True)
-    for source, target in zip((envd, pycache), read_only_mounts(pod_dir), strict=True):
+    for source, target in zip((envd, pycache, daemon.tree), read_only_mounts(pod_dir), strict=True):
         target.mkdir(mode=0o755, exist_ok=True)
         if not mounts.is_mounted(target):
             mounts.mount_read_only(source, empty, target)
     init = files_dir(pod_dir) / "services-init.py"
     shutil.copy2(package_init, init)
     shim = files_dir(pod_dir) / "python"
-    shim.write_text(pod_commands.python_shim(python))
+    shim.write_text(pod_commands.python_shim(daemon.executable))
     shim.chmod(0o755)
     code = pod_commands.DAEMON_CODE
     return [
         (ro / "envd", f"{code}/services/envd"),
         (init, f"{code}/services/__init__.py"),
         (ro / "pycache", pod_commands.DAEMON_PYCACHE),
+        (ro / "py", pod_commands.DAEMON_PY),
         (shim, pod_commands.PYTHON_SHIM),
     ]
 
@@ -165,5 +168,9 @@ def unmount_stopped(data_dir: Path) -> int:
     once every one of them is stopped: a shutdown that only kills them (``torpor up``'s, the
     tests' ``Stack.stop``) left them until the instance's next start, or for ever when the data
     dir was deleted meanwhile. Returns how many mount points there were."""
-    # PodLauncher.pods_dir and Layers.root.
-    return sum(mounts.unmount_under(data_dir / sub) for sub in ("pods", "layers"))
+    # PodLauncher.pods_dir and Layers.root; then the volumes' filesystem (.volume_fs).
+    count = sum(mounts.unmount_under(data_dir / sub) for sub in ("pods", "layers"))
+    if volume_fs.is_mounted(data_dir):
+        volume_fs.unmount(data_dir)
+        count += 1
+    return count
