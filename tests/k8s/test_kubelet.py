@@ -6,6 +6,8 @@ import asyncio
 import datetime as dt
 import ipaddress
 import shutil
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio.client.exceptions import ApiException
 
 from shared.ports.workloads import LABEL_MANAGED_BY, MANAGED_BY
-from tests.support.k8s.kubelet import TestKubelet, real_envd_available
+from tests.support.k8s.kubelet import REPO_ROOT, PodRun, TestKubelet, real_envd_available
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(120)]
 
@@ -118,3 +120,62 @@ async def test_foreign_pods_are_left_alone(
     assert pod.status is not None
     assert pod.spec.node_name is None
     assert pod.status.phase == "Pending"
+
+
+# Addresses: a kubelet that is never started, its pods' addresses from a block no rig uses.
+
+
+def idle_kubelet(folder: Path, locks: Path) -> TestKubelet:
+    return TestKubelet(
+        kubeconfig=folder / "unused", workdir=folder, ip_network="127.0.6.0/29", ip_locks=locks
+    )
+
+
+async def test_a_pod_stopped_twice_frees_only_the_address_it_still_holds(tmp_path: Path) -> None:
+    """A deleted pod is stopped by its deletion, and again by the watch's DELETED event when
+    that comes first: its address may be another pod's by then, whose daemon is still starting
+    (nothing listens there yet), and a third pod must not get it too."""
+    kubelet = idle_kubelet(tmp_path, tmp_path / "ips")
+    gone = PodRun("uid-1", "ns", "gone", kubelet._allocate_ip("uid-1"), Path())
+    await kubelet._kill(gone)
+    starting = PodRun("uid-2", "ns", "starting", kubelet._allocate_ip("uid-2"), Path())
+    assert starting.ip == gone.ip  # free once its daemon is stopped
+    await kubelet._kill(gone)  # the DELETED event
+    assert kubelet._allocate_ip("uid-3") != starting.ip
+
+
+async def test_a_pod_deleted_while_its_process_starts_keeps_its_address(tmp_path: Path) -> None:
+    """Stopped before its process exists, a pod's daemon may still be started (its start then
+    stops it): the address stays held until then."""
+    kubelet = idle_kubelet(tmp_path, tmp_path / "ips")
+    run = PodRun("uid-1", "ns", "early", kubelet._allocate_ip("uid-1"), Path(), starting=True)
+    await kubelet._kill(run)  # its deletion
+    assert kubelet._allocate_ip("uid-2") != run.ip
+    run.starting = False
+    await kubelet._kill(run)  # its start, having seen the deletion
+    assert kubelet._allocate_ip("uid-3") == run.ip
+
+
+def test_two_kubelets_of_one_machine_never_hand_out_one_address(tmp_path: Path) -> None:
+    """Another test run's kubelet (another process, the same lock folder) skips the addresses
+    this one's pods hold, though their daemons do not listen yet."""
+    locks = tmp_path / "ips"
+    kubelet = idle_kubelet(tmp_path, locks)
+    mine = PodRun("uid-1", "ns", "mine", kubelet._allocate_ip("uid-1"), Path())
+    other = f"""
+from pathlib import Path
+from tests.support.k8s.kubelet import TestKubelet
+k = TestKubelet(kubeconfig=Path("unused"), workdir=Path({str(tmp_path)!r}),
+                ip_network="127.0.6.0/29", ip_locks=Path({str(locks)!r}))
+print(k._allocate_ip("theirs"))
+"""
+
+    def theirs() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", other], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+        )
+        return done.stdout.strip()
+
+    assert theirs() != mine.ip
+    kubelet._release_ip(mine)
+    assert theirs() == mine.ip  # held no more (and the other process's lock ended with it)

@@ -122,6 +122,25 @@ async def envs(ep: Endpoint, token: str) -> tuple[int, dict[str, str]]:
     return r.status_code, (r.json() if r.status_code == 200 else {})
 
 
+async def served_by_its_own_daemon(
+    ep: Endpoint, name: str, others: list[str], kubelet: TestKubelet
+) -> dict[str, str]:
+    """``name``'s endpoint answers ``/envs`` to its token (``tok-<name>``), and returns what it
+    lists; else the failure says which sandbox, which pod, warm or cold, what ``/envs`` said,
+    whose token the daemon at that address holds (among ``others``), and the kubelet's pods
+    there."""
+    code, values = await envs(ep, f"tok-{name}")
+    if code == 200:
+        return values
+    holders = [n for n in others if n != name and (await envs(ep, f"tok-{n}"))[0] == 200]
+    pod = f"pod {kubelet.pod_name(ep.pod_uid)} ({ep.pod_uid})"
+    pytest.fail(
+        f"{name} ({'warm' if ep.warm else 'cold'}, {pod} at {ep.host}): /envs with its token "
+        f"answered {code}; of {others}, the daemon there holds the token of {holders or 'none'};"
+        f" the kubelet's pods at {ep.host}: {kubelet.pods_at(ep.host)}"
+    )
+
+
 async def remove_pool_pods(api: k8s.ApiClient, ns: str) -> None:
     """Delete the pool pods in ``ns`` and wait (bounded) until the namespace has no pod left: the
     real node is the session's, and a container left holding its cpu keeps the next test's pod
@@ -135,7 +154,7 @@ async def remove_pool_pods(api: k8s.ApiClient, ns: str) -> None:
 
 
 async def test_create_and_resume_claim_warm_pods_adopted_by_the_replica_set(
-    pooled: KubernetesRuntime, admin_api: k8s.ApiClient
+    pooled: KubernetesRuntime, k8s_kubelet: TestKubelet, admin_api: k8s.ApiClient
 ) -> None:
     rt = pooled
     await until_warm(rt)
@@ -184,7 +203,7 @@ async def test_create_and_resume_claim_warm_pods_adopted_by_the_replica_set(
     assert len({e.pod_uid for e in eps}) == 3
     assert sum(e.warm for e in eps) <= 1 and not all(e.warm for e in eps)
     for n, e in zip(names, eps, strict=True):
-        assert (await envs(e, f"tok-{n}"))[0] == 200
+        await served_by_its_own_daemon(e, n, [name, *names], k8s_kubelet)
         assert len(await pods_of(admin_api, rt.namespace, n)) == 1
     for n in (name, *names):
         await rt.delete(n)
@@ -246,13 +265,14 @@ async def until_settled(
     pytest.fail(f"pods not settled within 120 s: {why}")
 
 
-async def served_by_own_pod(rt: KubernetesRuntime, names: list[str]) -> list[Endpoint]:
+async def served_by_own_pod(
+    rt: KubernetesRuntime, names: list[str], kubelet: TestKubelet
+) -> list[Endpoint]:
     """Each sandbox ready on a pod of its own whose daemon holds its token and env."""
     eps = await asyncio.gather(*(rt.wait_ready(n, timeout=90) for n in names))
     assert len({e.pod_uid for e in eps}) == len(names)
     for i, (name, ep) in enumerate(zip(names, eps, strict=True)):
-        code, values = await envs(ep, f"tok-{name}")
-        assert code == 200, (name, code)
+        values = await served_by_its_own_daemon(ep, name, names, kubelet)
         assert (await envs(ep, f"tok-{names[i - 1]}"))[0] == 401  # nobody else's
         # /envs lists what /init set: a warm pod's binding; a cold pod has its env from the
         # pod spec (and the sandbox id from the API's /init, which this test does not send).
@@ -300,7 +320,7 @@ async def test_two_scaler_replicas_never_hand_one_pod_to_two_sandboxes(
             *(replicas[i % 2].create(sandbox_spec(n)) for i, n in enumerate(created)),
             *(replicas[i % 2].scale(n, 1) for i, n in enumerate(resumed)),
         )
-        eps = await served_by_own_pod(replicas[1], [*created, *resumed])
+        eps = await served_by_own_pod(replicas[1], [*created, *resumed], k8s_kubelet)
         assert any(e.warm for e in eps), "no claim took a warm pod"
         assert not all(e.warm for e in eps), "more warm pods than the pool held"
         await until_settled(admin_api, ns, [*created, *resumed], 2)
@@ -359,7 +379,7 @@ async def test_kill9_of_the_scaler_during_claims_leaves_no_orphan_pods(
         await asyncio.gather(
             *(rt.create(sandbox_spec(n)) for n in created), *(rt.scale(n, 1) for n in resumed)
         )
-        await served_by_own_pod(rt, [*created, *resumed])
+        await served_by_own_pod(rt, [*created, *resumed], k8s_kubelet)
         await until_settled(admin_api, ns, [*created, *resumed], size)
         await until_warm(rt, size)
         left = {

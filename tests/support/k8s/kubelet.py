@@ -5,7 +5,9 @@ Ready and its Lease fresh, binds pending torpor pods to itself (there is no sche
 each bound pod as ``python -m services.envd`` under bubblewrap (own PID namespace, fresh
 ``/workspace``), reports ``Running``/``Ready`` with ``podIP`` = its loopback address, and on
 ``deletionTimestamp`` stops the process and deletes the pod with grace 0 and a uid
-precondition, as a real kubelet does.
+precondition, as a real kubelet does. A pod's address is its own until its daemon is stopped:
+locked in a folder every test kubelet of the machine shares, as another test run's kubelet
+hands out addresses from the same block.
 
 It runs in its own thread with its own event loop and talks to the API server with the official
 client's asyncio flavour (``kubernetes.aio``), so it works under sync and async fixtures alike.
@@ -17,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import fcntl
 import ipaddress
 import os
 import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +48,10 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 ACCESS_TOKEN_ENV = "ENVD_ACCESS_TOKEN"
+# Where every test kubelet on this machine (any test run, any worktree) locks the addresses its
+# pods hold: a daemon binds its address a moment after it is handed out, and until then nothing
+# else shows the address is taken.
+IP_LOCKS = Path(tempfile.gettempdir()) / f"torpor-test-kubelet-ips-{os.getuid()}"
 
 
 def real_envd_available() -> bool:
@@ -72,6 +80,9 @@ class PodRun:
     workspace: Path | None = None
     mounts: list[local_bwrap.Mount] = field(default_factory=list)
     watcher: asyncio.Task[None] | None = None
+    # Until its process exists (or will not be started): a stop meanwhile leaves the address
+    # held, as the daemon may still be started on it; the start then stops it and frees it.
+    starting: bool = False
 
 
 @dataclass
@@ -81,6 +92,7 @@ class TestKubelet:
     node_name: str = "torpor-test-node"
     # Pods get addresses from this loopback block; 127.0.0.x is left to the local runtime.
     ip_network: str = "127.0.3.0/24"
+    ip_locks: Path = IP_LOCKS
     use_bwrap: bool = True
     # Tests set this to keep a deleted pod Terminating for a while (as a slow shutdown would).
     termination_delay: float = 0.0
@@ -95,7 +107,8 @@ class TestKubelet:
     _stop: asyncio.Event | None = None
     _ready: threading.Event = field(default_factory=threading.Event)
     _error: BaseException | None = None
-    _ips_in_use: set[str] = field(default_factory=set)
+    # address -> the uid of the pod holding it, and the descriptor of its lock in ``ip_locks``
+    _ips_in_use: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     __test__ = False  # not a pytest test class
 
@@ -141,6 +154,25 @@ class TestKubelet:
             return None
         return run.proc.pid
 
+    def pod_name(self, uid: str) -> str | None:
+        run = self._pods.get(uid)
+        return run.name if run is not None else None
+
+    def pods_at(self, ip: str) -> list[str]:
+        """The pods this kubelet has on address ``ip`` (for a failing test's message): name,
+        uid, whether their daemon runs or how it ended, and the last line of its log."""
+        found = []
+        for run in list(self._pods.values()):
+            if run.ip != ip:
+                continue
+            proc = run.proc
+            state = "never started" if proc is None else f"exit {proc.returncode}"
+            if proc is not None and proc.returncode is None:
+                state = "running"
+            lines = _tail(self.workdir / "pods" / run.uid / "daemon.log")
+            found.append(f"{run.name} ({run.uid}, {state}: {lines[-1] if lines else 'no log'})")
+        return found
+
     def _run(self) -> None:
         asyncio.run(self._main())
 
@@ -174,6 +206,9 @@ class TestKubelet:
             await asyncio.gather(
                 *(self._kill(run) for run in list(self._pods.values())), return_exceptions=True
             )
+            for _, fd in self._ips_in_use.values():  # pods still starting (die with this thread)
+                os.close(fd)
+            self._ips_in_use.clear()
             await api.close()
 
     # ------------------------------------------------------------ node and lease
@@ -315,9 +350,10 @@ class TestKubelet:
         if run is None and phase not in ("Failed", "Succeeded"):
             # Claim the pod synchronously so a second event cannot start it twice.
             run = PodRun(
-                uid, pod.metadata.namespace, pod.metadata.name, self._allocate_ip(), Path()
+                uid, pod.metadata.namespace, pod.metadata.name, self._allocate_ip(uid), Path()
             )
             run.root = self.workdir / "pods" / uid / "workspace"
+            run.starting = True
             self._pods[uid] = run
             self.begun_pods.append(pod.metadata.name)
             self._spawn(self._start_pod(run, pod))
@@ -351,21 +387,42 @@ class TestKubelet:
             if e.status not in (404, 409):  # gone, or already bound
                 raise
 
-    def _allocate_ip(self) -> str:
+    def _allocate_ip(self, uid: str) -> str:
+        """A free address for pod ``uid``, held (``_release_ip``) until its daemon is stopped:
+        locked in ``ip_locks``, so that no other kubelet of this machine hands it out while the
+        daemon is still starting (a second daemon on it cannot listen, and the pod's readiness
+        probe would be answered by the first: the pod served by another pod's daemon)."""
+        self.ip_locks.mkdir(mode=0o700, parents=True, exist_ok=True)
         for host in ipaddress.ip_network(self.ip_network).hosts():
             ip = str(host)
             if ip in self._ips_in_use or ip.endswith(".1"):
                 continue
+            fd = os.open(self.ip_locks / ip, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # another kubelet's pod (another test run) holds it
             with socket.socket() as s:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     s.bind((ip, ENVD_PORT))
                 except OSError:
-                    continue  # someone else (another test run) holds it
-            self._ips_in_use.add(ip)
+                    os.close(fd)
+                    continue  # someone else listens there
+            self._ips_in_use[ip] = (uid, fd)
             return ip
         msg = f"no free address in {self.ip_network}"
         raise RuntimeError(msg)
+
+    def _release_ip(self, run: PodRun) -> None:
+        """Free ``run``'s address, if it still holds it: a pod is stopped more than once (its
+        deletion and the watch's DELETED event), and its address may have gone to another pod
+        in between."""
+        held = self._ips_in_use.get(run.ip)
+        if held is not None and held[0] == run.uid:
+            del self._ips_in_use[run.ip]
+            os.close(held[1])
 
     def _command(self, run: PodRun, container: Any, env: dict[str, str]) -> list[str]:
         """The daemon under bubblewrap (the local runtime's pod launcher), or plain if disabled.
@@ -409,33 +466,12 @@ class TestKubelet:
         return [argv[0], "--die-with-parent", *argv[1:]]
 
     async def _start_pod(self, run: PodRun, pod: Any) -> None:
-        uid, root = run.uid, run.root
+        uid = run.uid
         seen = asyncio.get_running_loop().time()
-        if run.terminating:
-            return
-        root.mkdir(parents=True, exist_ok=True)
-        container = next(
-            (c for c in pod.spec.containers if c.name == "envd"), pod.spec.containers[0]
-        )
-        if not await self._mount_volumes(run, pod, container):
-            return
-        env = {e.name: e.value for e in (container.env or []) if e.value is not None}
-        argv = self._command(run, container, env)
-        child_env = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)}
-        log_file = (self.workdir / "pods" / uid / "daemon.log").open("ab")
         try:
-            run.proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=log_file,
-                env=child_env,
-                cwd=str(REPO_ROOT),
-                start_new_session=True,
-                preexec_fn=_die_with_kubelet,
-            )
+            await self._launch(run, pod)
         finally:
-            log_file.close()
+            run.starting = False
         if run.terminating:  # deleted while we were starting it
             await self._kill(run)
             return
@@ -451,6 +487,34 @@ class TestKubelet:
         self.daemon_start_seconds.append(asyncio.get_running_loop().time() - seen)
         await self._patch_status(run, phase="Running", ready=True, started=started)
         run.watcher = asyncio.create_task(self._watch_process(run, started))
+
+    async def _launch(self, run: PodRun, pod: Any) -> None:
+        """Start the pod's process (``run.proc``), unless it is deleted first."""
+        if run.terminating:
+            return
+        run.root.mkdir(parents=True, exist_ok=True)
+        container = next(
+            (c for c in pod.spec.containers if c.name == "envd"), pod.spec.containers[0]
+        )
+        if not await self._mount_volumes(run, pod, container):
+            return
+        env = {e.name: e.value for e in (container.env or []) if e.value is not None}
+        argv = self._command(run, container, env)
+        child_env = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)}
+        log_file = (self.workdir / "pods" / run.uid / "daemon.log").open("ab")
+        try:
+            run.proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                env=child_env,
+                cwd=str(REPO_ROOT),
+                start_new_session=True,
+                preexec_fn=_die_with_kubelet,
+            )
+        finally:
+            log_file.close()
 
     async def _mount_volumes(self, run: PodRun, pod: Any, container: Any) -> bool:
         """Resolve the container's volume mounts as a kubelet does: an emptyDir is a folder of
@@ -584,12 +648,19 @@ class TestKubelet:
             await proc.wait()
         if run.watcher is not None:
             run.watcher.cancel()
-        if run.ip:
-            self._ips_in_use.discard(run.ip)
+        if run.ip and not run.starting:  # else its start stops it again, then frees it
+            self._release_ip(run)
         if run.root != Path():
             # A container's disk and its emptyDirs die with it; a claim's folder does not.
             shutil.rmtree(run.root, ignore_errors=True)
             shutil.rmtree(run.root.parent / "volumes", ignore_errors=True)
+
+
+def _tail(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-20:]
+    except OSError:
+        return []
 
 
 def _die_with_kubelet() -> None:
