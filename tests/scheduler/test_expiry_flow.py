@@ -12,6 +12,7 @@ from shared.bus.topology import STREAM_TIMERS
 from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
 from shared.models.messages import SandboxActivity, SandboxFailed, SandboxTimeoutSet
+from tests.fakes.records import paused_without_retention
 from tests.scheduler.conftest import Bus, StartScheduler, now
 
 
@@ -196,17 +197,7 @@ async def test_retention_deletes_an_old_paused_sandbox(
     await bus.put("sbx-old", timeout=600, announce=False)
     # Paused by the scaler without a retain_until: the scheduler computes and records it.
     at = now()
-    await bus.store.update(
-        "sbx-old",
-        lambda r: r.model_copy(
-            update={
-                "state": SandboxState.PAUSED,
-                "generation": 2,
-                "deadline": None,
-                "paused_at": at,
-            }
-        ),
-    )
+    await bus.store.update("sbx-old", paused_without_retention(at, generation=2))
     from shared.models.messages import SandboxPaused
 
     await bus.event(SandboxPaused(sandbox_id="sbx-old", generation=2, at=at), subjects.EVT_PAUSED)
