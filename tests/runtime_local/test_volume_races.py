@@ -25,7 +25,7 @@ from shared.errors import PodNotReady, RuntimeFailure
 from shared.ports.workloads import WorkloadSpec
 from shared.runtime.local import bwrap, inject, spawning
 from tests.contract.harness import read_file, write_file
-from tests.runtime_local.support import LocalRuntimeFactory
+from tests.runtime_local.support import LocalRuntimeFactory, new_name
 
 pytestmark = pytest.mark.timeout(180)
 SECRET = b"host only\n"
@@ -62,7 +62,7 @@ async def test_a_volume_swapped_for_a_symlink_before_its_bind_binds_no_host_fold
     monkeypatch: pytest.MonkeyPatch,
     swap: Callable[[Path, str, Path], Callable[[], None]],
 ) -> None:
-    name = f"sbx-{uuid.uuid4().hex[:10]}"
+    name = new_name()
     host = tmp_path / "host"
     secret_dir = host if swap is _swap_last else host / name
     secret_dir.mkdir(parents=True)
