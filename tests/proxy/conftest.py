@@ -1,18 +1,13 @@
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
 from services.proxy.app import ProxyApp, ProxyWiring
 from services.proxy.settings import ENVD_PORT, ProxySettings
-from shared.domain.record import SandboxRecord
-from shared.ports.lifecycle import CreateRequest
 from shared.web.limits import HttpLimits
 from tests.api.fakes import FakeKeys, FakeLifecycle, FakeRecords
 from tests.proxy.upstream import UpstreamState, build_upstream
@@ -61,26 +56,3 @@ def rig() -> Iterator[Rig]:
             user_port=int(user_url.rsplit(":", 1)[1]),
             app=app,
         )
-
-
-# The proxy's URL, alice's sandbox, the raw upstream's port, what the upstream saw.
-Guarded = tuple[str, SandboxRecord, int, UpstreamState]
-
-
-@contextlib.contextmanager
-def guarded_proxy(host: str, limits: HttpLimits, **server: Any) -> Iterator[Guarded]:
-    """The proxy with ``limits`` under the production server (``server``: uvicorn options), in
-    front of a raw upstream on ``host`` where alice's one sandbox runs."""
-    state = UpstreamState()
-    lifecycle = FakeLifecycle(host=host)
-    app = ProxyApp(
-        ProxySettings(body_timeout=5.0),
-        wiring=ProxyWiring(records=FakeRecords(lifecycle), lifecycle=lifecycle, keys=None),
-        limits=limits,
-    )
-    with (
-        serve(build_upstream(state), host=host) as upstream,
-        serve_guarded(app, limits, **server) as url,
-    ):
-        record = asyncio.run(lifecycle.create(CreateRequest(owner="alice")))
-        yield url, record, int(upstream.rsplit(":", 1)[1]), state

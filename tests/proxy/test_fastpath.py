@@ -19,7 +19,8 @@ import pytest
 from services.proxy.app import ProxyApp
 from shared.domain.record import SandboxRecord
 from shared.web.limits import HttpLimits
-from tests.proxy.conftest import Guarded, Rig, guarded_proxy
+from tests.proxy.conftest import Rig
+from tests.proxy.guarded import Guarded, guarded_proxy
 from tests.security.rawhttp import (
     Answer,
     authority,

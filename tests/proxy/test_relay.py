@@ -21,7 +21,8 @@ from shared.domain.record import SandboxRecord
 from shared.ports.lifecycle import CreateRequest
 from shared.web.limits import HttpLimits
 from tests.api.fakes import FakeLifecycle, FakeRecords
-from tests.proxy.conftest import Guarded, Rig, guarded_proxy
+from tests.proxy.conftest import Rig
+from tests.proxy.guarded import Guarded, guarded_proxy
 from tests.proxy.upstream import UpstreamState, build_upstream
 from tests.security.rawhttp import (
     authority,
