@@ -39,6 +39,19 @@ KEY = "e2b_" + "1" * 40
 HUGE = 100 * 1024 * 1024
 
 
+def _answered(sock: socket.socket) -> Answer | None:
+    """The server's answer once it has begun one (peeked within the socket's timeout), read
+    whole; None while it has not."""
+    try:
+        data = sock.recv(65536, socket.MSG_PEEK)
+    except TimeoutError:
+        return None
+    if not data:
+        return None
+    sock.settimeout(30)
+    return read_answer(sock)
+
+
 def assert_refusal(answer: Answer, status: int) -> None:
     assert answer.status == status, (answer.status, answer.body[:300])
     assert answer.headers["content-type"].startswith("application/json")
@@ -135,13 +148,7 @@ def test_a_trickled_request_head_is_cut_off_while_others_flow(stack: Stack, serv
             if i == 4:
                 other_client_works(url)  # the server is not blocked by the slow client
             slow.settimeout(0.25)
-            try:
-                data = slow.recv(65536, socket.MSG_PEEK)
-            except TimeoutError:
-                continue
-            if data:
-                slow.settimeout(30)
-                answer = read_answer(slow)
+            if (answer := _answered(slow)) is not None:
                 break
         assert answer is not None, "the trickling client was never cut off"
         assert_refusal(answer, 408)
@@ -227,12 +234,9 @@ def test_slow_bodies_are_408(small_api: str) -> None:
         for _ in range(40):
             try:
                 trickle.sendall(b" ")
-                data = trickle.recv(65536, socket.MSG_PEEK)
             except TimeoutError:
                 continue
-            if data:
-                trickle.settimeout(30)
-                answer = read_answer(trickle)
+            if (answer := _answered(trickle)) is not None:
                 break
         assert answer is not None
         assert_refusal(answer, 408)
