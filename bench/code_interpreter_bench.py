@@ -95,22 +95,14 @@ def measure(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from bench.common import USER, torpor_stack
+    from bench.common import sdk_opts, torpor_stack
 
     out: dict[str, Any] = {}
     async with torpor_stack() as stack:
-        opts = {
-            "api_key": stack.keys[USER],
-            "api_url": stack.api_url,
-            "sandbox_url": stack.proxy_url,
-        }
+        opts = sdk_opts(stack)
         out["cold"] = await asyncio.to_thread(measure, opts, args.rounds, args.runs, inside=True)
     async with torpor_stack(env={"TORPOR_POOLS": f"{TEMPLATE}={args.pool}"}) as stack:
-        opts = {
-            "api_key": stack.keys[USER],
-            "api_url": stack.api_url,
-            "sandbox_url": stack.proxy_url,
-        }
+        opts = sdk_opts(stack)
         await asyncio.sleep(args.pool_fill)  # let the pool fill
         out["warm"] = await asyncio.to_thread(
             measure, opts, args.rounds, args.runs, inside=False, between=args.pool_fill / 2

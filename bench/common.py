@@ -210,6 +210,11 @@ async def torpor_stack(
                 shutil.rmtree(root, ignore_errors=True)
 
 
+def sdk_opts(stack: Stack) -> dict[str, str]:
+    """The E2B SDK's connection options (``Sandbox.create(**opts)``) as ``USER`` of ``stack``."""
+    return {"api_key": stack.keys[USER], "api_url": stack.api_url, "sandbox_url": stack.proxy_url}
+
+
 # ---------------------------------------------------------------- E2B REST calls
 
 

@@ -31,10 +31,10 @@ if str(REPO) not in sys.path:
 
 from bench.common import (  # noqa: E402
     STATS_HEADERS,
-    USER,
     loadavg,
     ratio,
     save_result,
+    sdk_opts,
     stats_row,
     summary,
     table,
@@ -78,11 +78,7 @@ async def run(cycles: int) -> dict[str, Any]:
         "cold": {"back": []},
     }
     async with torpor_stack() as stack:
-        opts = {
-            "api_key": stack.keys[USER],
-            "api_url": stack.api_url,
-            "sandbox_url": stack.proxy_url,
-        }
+        opts = sdk_opts(stack)
         await asyncio.to_thread(cycle, opts, timings)  # warm-up, not counted
         timings = {k: {m: [] for m in v} for k, v in timings.items()}
         load = [loadavg()]

@@ -238,6 +238,16 @@ def _median(results: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in results)
 
 
+def _side(side: str, got: dict[str, list[dict[str, float]]]) -> dict[str, float]:
+    """``<side>_p50_ms``, ``<side>_p99_ms``, ``<side>_rps``: the side's medians over the rounds."""
+    return {f"{side}_{key}": _median(got[side], key) for key in ("p50_ms", "p99_ms", "rps")}
+
+
+def _spread(name: str, ratios: list[float]) -> dict[str, float]:
+    """``name`` (the median of the rounds' ratios), ``name_min``, ``name_max``."""
+    return {name: statistics.median(ratios), f"{name}_min": min(ratios), f"{name}_max": max(ratios)}
+
+
 def _print_header() -> None:
     print(
         f"{'case':<14} {'conc':>4} {'direct p50':>10} {'p99':>8} {'rps':>7} | "
@@ -398,12 +408,8 @@ def overhead(
                     "case": name,
                     "concurrency": conc,
                     "rounds": rounds,
-                    "direct_p50_ms": _median(got["direct"], "p50_ms"),
-                    "direct_p99_ms": _median(got["direct"], "p99_ms"),
-                    "direct_rps": _median(got["direct"], "rps"),
-                    "proxy_p50_ms": _median(got["proxy"], "p50_ms"),
-                    "proxy_p99_ms": _median(got["proxy"], "p99_ms"),
-                    "proxy_rps": _median(got["proxy"], "rps"),
+                    **_side("direct", got),
+                    **_side("proxy", got),
                     # per round, each the two sides measured back to back; the median is the
                     # figure, min-max the spread
                     "throughput_ratio": statistics.median(ratios),
@@ -419,12 +425,8 @@ def overhead(
                 if baseline is not None:
                     base_ratios = _ratios(got["baseline"], got["direct"])
                     row.update(
-                        baseline_p50_ms=_median(got["baseline"], "p50_ms"),
-                        baseline_p99_ms=_median(got["baseline"], "p99_ms"),
-                        baseline_rps=_median(got["baseline"], "rps"),
-                        baseline_ratio=statistics.median(base_ratios),
-                        baseline_ratio_min=min(base_ratios),
-                        baseline_ratio_max=max(base_ratios),
+                        **_side("baseline", got),
+                        **_spread("baseline_ratio", base_ratios),
                         baseline_cpu_us_per_req=cpu["baseline"] * per_request / rounds,
                     )
                 if pump_index is not None:
@@ -432,16 +434,10 @@ def overhead(
                     over_pump = _ratios(got["proxy"], got["pump"])
                     row.update(
                         pump=pump,
-                        pump_p50_ms=_median(got["pump"], "p50_ms"),
-                        pump_p99_ms=_median(got["pump"], "p99_ms"),
-                        pump_rps=_median(got["pump"], "rps"),
-                        pump_ratio=statistics.median(pump_ratios),
-                        pump_ratio_min=min(pump_ratios),
-                        pump_ratio_max=max(pump_ratios),
+                        **_side("pump", got),
+                        **_spread("pump_ratio", pump_ratios),
                         pump_ratio_per_round=[round(r, 3) for r in pump_ratios],
-                        proxy_over_pump=statistics.median(over_pump),
-                        proxy_over_pump_min=min(over_pump),
-                        proxy_over_pump_max=max(over_pump),
+                        **_spread("proxy_over_pump", over_pump),
                         pump_cpu_us_per_req=cpu["pump"] * per_request / rounds,
                     )
                 rows.append(row)

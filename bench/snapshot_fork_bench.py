@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
 
 from bench.common import (  # noqa: E402
     STATS_HEADERS,
-    USER,
+    sdk_opts,
     stats_row,
     summary,
     table,
@@ -92,11 +92,7 @@ async def main() -> None:
 
     results: dict[str, Any] = {}
     async with torpor_stack() as stack:
-        opts = {
-            "api_key": stack.keys[USER],
-            "api_url": stack.api_url,
-            "sandbox_url": stack.proxy_url,
-        }
+        opts = sdk_opts(stack)
         for mib in sizes:
             times = await asyncio.to_thread(run_size, opts, mib, args.rounds)
             results[f"{mib}MiB"] = {k: summary(v) for k, v in times.items()}

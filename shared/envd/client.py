@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import structlog
+from pydantic import BaseModel
 
 from shared.errors import EnvdError, EnvdUnavailable
 from shared.models.snapshots import ProcessConfig, SnapshotProcess
@@ -30,6 +32,7 @@ from shared.ports.envd import CommandResult, InnerActivity
 from shared.ports.workloads import Endpoint
 
 log = structlog.get_logger()
+_Model = TypeVar("_Model", bound=BaseModel)
 
 _ENVELOPE = struct.Struct(">BI")
 _END_STREAM = 0x02
@@ -75,6 +78,59 @@ def _envelope(message: dict[str, Any]) -> bytes:
     return _ENVELOPE.pack(0, len(data)) + data
 
 
+def _process_json(config: ProcessConfig) -> dict[str, Any]:
+    process: dict[str, Any] = {"cmd": config.cmd, "args": list(config.args)}
+    if config.envs:
+        process["envs"] = dict(config.envs)
+    if config.cwd:
+        process["cwd"] = config.cwd
+    return process
+
+
+def _deadline_ms(timeout: float) -> str:
+    # Connect-Timeout-Ms: the daemon makes it the call's (for Start, the process's) deadline.
+    return str(max(int(timeout * 1000), 1))
+
+
+def _basic(user: str) -> str:
+    # envd runs a process as the Basic auth user name (no password), like E2B's.
+    return "Basic " + base64.b64encode(f"{user}:".encode()).decode()
+
+
+def _unreachable(endpoint: Endpoint, exc: httpx.TransportError) -> EnvdUnavailable:
+    return EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}")
+
+
+@contextlib.asynccontextmanager
+async def _reading(endpoint: Endpoint, response: httpx.Response) -> AsyncIterator[None]:
+    """While a Start stream is read: a broken transport is ``EnvdUnavailable``; the stream is
+    closed however the reading ends (the process keeps running; only the stream ends)."""
+    try:
+        yield
+    except httpx.TransportError as exc:
+        raise EnvdUnavailable(f"envd stream from {endpoint.base_url} broke: {exc!r}") from exc
+    finally:
+        await response.aclose()
+
+
+def _no_end() -> EnvdError:
+    return EnvdError("envd ended the stream before the end event", code="internal")
+
+
+def _listed(response: httpx.Response, path: str, model: type[_Model], what: str) -> list[_Model]:
+    """A JSON list of ``model`` items (``/metrics``, ``/logs``); ``what`` names bad ones."""
+    try:
+        data = response.json()
+    except ValueError as exc:
+        raise EnvdError(f"envd sent invalid JSON on {path}: {exc}", code="internal") from exc
+    if not isinstance(data, list):
+        raise EnvdError(f"envd sent a non-list on {path}", code="internal")
+    try:
+        return [model.model_validate(item) for item in data]
+    except ValueError as exc:
+        raise EnvdError(f"envd sent {what}: {exc}", code="internal") from exc
+
+
 def _process_from_json(item: dict[str, Any]) -> SnapshotProcess:
     config = item.get("config") or {}
     return SnapshotProcess(
@@ -100,7 +156,7 @@ class ConnectEnvdClient:
         self, endpoint: Endpoint, *, access_token: str | None, timeout: float = 10.0
     ) -> list[SnapshotProcess]:
         headers = _headers(access_token, streaming=False)
-        headers["Connect-Timeout-Ms"] = str(max(int(timeout * 1000), 1))
+        headers["Connect-Timeout-Ms"] = _deadline_ms(timeout)
         try:
             response = await self._http.post(
                 f"{endpoint.base_url}/process.Process/List",
@@ -109,7 +165,7 @@ class ConnectEnvdClient:
                 timeout=timeout,
             )
         except httpx.TransportError as exc:
-            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
+            raise _unreachable(endpoint, exc) from exc
         if response.status_code != 200:
             raise _error_from_body(response.status_code, response.content)
         try:
@@ -127,33 +183,15 @@ class ConnectEnvdClient:
         access_token: str | None,
         timeout: float = 10.0,
     ) -> int:
-        process: dict[str, Any] = {"cmd": config.cmd, "args": list(config.args)}
-        if config.envs:
-            process["envs"] = dict(config.envs)
-        if config.cwd:
-            process["cwd"] = config.cwd
-        request: dict[str, Any] = {"process": process, "stdin": False}
+        request: dict[str, Any] = {"process": _process_json(config), "stdin": False}
         if tag:
             request["tag"] = tag
-        http_request = self._http.build_request(
-            "POST",
-            f"{endpoint.base_url}/process.Process/Start",
-            content=_envelope(request),
-            headers=_headers(access_token, streaming=True),
-            timeout=timeout,
-        )
-        try:
-            response = await self._http.send(http_request, stream=True)
-        except httpx.TransportError as exc:
-            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
-        try:
+        headers = _headers(access_token, streaming=True)
+        response = await self._start(endpoint, request, headers, timeout)
+        async with _reading(endpoint, response):
             if response.status_code != 200:
                 raise _error_from_body(response.status_code, await response.aread())
             message = await _first_message(response)
-        except httpx.TransportError as exc:
-            raise EnvdUnavailable(f"envd stream from {endpoint.base_url} broke: {exc!r}") from exc
-        finally:
-            await response.aclose()  # the process keeps running; only the stream ends
         try:
             pid = int(message["event"]["start"]["pid"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -176,54 +214,42 @@ class ConnectEnvdClient:
             process["envs"] = dict(envs)
         headers = _headers(access_token, streaming=True)
         # The daemon turns Connect-Timeout-Ms into the process's deadline (it kills it there).
-        headers["Connect-Timeout-Ms"] = str(max(int(timeout * 1000), 1))
-        headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:".encode()).decode()
-        http_request = self._http.build_request(
-            "POST",
-            f"{endpoint.base_url}/process.Process/Start",
-            content=_envelope({"process": process, "stdin": False}),
-            headers=headers,
-            timeout=timeout + _COMMAND_GRACE,
-        )
-        try:
-            response = await self._http.send(http_request, stream=True)
-        except httpx.TransportError as exc:
-            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
+        headers["Connect-Timeout-Ms"] = _deadline_ms(timeout)
+        headers["Authorization"] = _basic(user)
+        request = {"process": process, "stdin": False}
+        response = await self._start(endpoint, request, headers, timeout + _COMMAND_GRACE)
         output = bytearray()
         started = time.monotonic()
-        try:
-            if response.status_code != 200:
-                raise _error_from_body(response.status_code, await response.aread())
-            async for data in _messages(response):
-                event = data.get("event") or {}
-                chunk = (event.get("data") or {}) if isinstance(event, dict) else {}
-                for stream in ("stdout", "stderr", "pty"):
-                    if isinstance(chunk.get(stream), str):
-                        output += base64.b64decode(chunk[stream])
-                        del output[:-COMMAND_OUTPUT_TAIL]
-                end = event.get("end") if isinstance(event, dict) else None
-                if isinstance(end, dict):
-                    exited = bool(end.get("exited", False))
+        async with _reading(endpoint, response):
+            try:
+                if response.status_code != 200:
+                    raise _error_from_body(response.status_code, await response.aread())
+                async for data in _messages(response):
+                    event = data.get("event") or {}
+                    chunk = (event.get("data") or {}) if isinstance(event, dict) else {}
+                    for stream in ("stdout", "stderr", "pty"):
+                        if isinstance(chunk.get(stream), str):
+                            output += base64.b64decode(chunk[stream])
+                            del output[:-COMMAND_OUTPUT_TAIL]
+                    end = event.get("end") if isinstance(event, dict) else None
+                    if isinstance(end, dict):
+                        exited = bool(end.get("exited", False))
+                        return CommandResult(
+                            exit_code=int(end.get("exitCode", 0)) if exited else None,
+                            output=output.decode("utf-8", "replace"),
+                            timed_out=not exited and time.monotonic() - started >= timeout,
+                        )
+            except EnvdError as exc:
+                if exc.code == "deadline_exceeded":
                     return CommandResult(
-                        exit_code=int(end.get("exitCode", 0)) if exited else None,
-                        output=output.decode("utf-8", "replace"),
-                        timed_out=not exited and time.monotonic() - started >= timeout,
+                        exit_code=None, output=output.decode("utf-8", "replace"), timed_out=True
                     )
-        except EnvdError as exc:
-            if exc.code == "deadline_exceeded":
+                raise
+            except httpx.TimeoutException:
                 return CommandResult(
                     exit_code=None, output=output.decode("utf-8", "replace"), timed_out=True
                 )
-            raise
-        except httpx.TimeoutException:
-            return CommandResult(
-                exit_code=None, output=output.decode("utf-8", "replace"), timed_out=True
-            )
-        except httpx.TransportError as exc:
-            raise EnvdUnavailable(f"envd stream from {endpoint.base_url} broke: {exc!r}") from exc
-        finally:
-            await response.aclose()
-        raise EnvdError("envd ended the stream before the end event", code="internal")
+        raise _no_end()
 
     async def run(
         self,
@@ -239,27 +265,15 @@ class ConnectEnvdClient:
         stderr, as they come) to ``on_output``; its exit code. ``EnvdError`` with code
         ``deadline_exceeded`` after ``timeout`` seconds, ``unauthenticated`` for an unknown
         user (as E2B's envd)."""
-        process: dict[str, Any] = {"cmd": config.cmd, "args": list(config.args)}
-        if config.envs:
-            process["envs"] = dict(config.envs)
-        if config.cwd:
-            process["cwd"] = config.cwd
         headers = _headers(access_token, streaming=True)
-        headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:".encode()).decode()
-        headers["Connect-Timeout-Ms"] = str(max(int(timeout * 1000), 1))
-        http_request = self._http.build_request(
-            "POST",
-            f"{endpoint.base_url}/process.Process/Start",
-            content=_envelope({"process": process, "stdin": False}),
-            headers=headers,
-            timeout=httpx.Timeout(10.0, read=timeout + 10),
+        headers["Authorization"] = _basic(user)
+        headers["Connect-Timeout-Ms"] = _deadline_ms(timeout)
+        request = {"process": _process_json(config), "stdin": False}
+        response = await self._start(
+            endpoint, request, headers, httpx.Timeout(10.0, read=timeout + 10)
         )
-        try:
-            response = await self._http.send(http_request, stream=True)
-        except httpx.TransportError as exc:
-            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
         partial = {"stdout": b"", "stderr": b""}
-        try:
+        async with _reading(endpoint, response):
             if response.status_code != 200:
                 raise _error_from_body(response.status_code, await response.aread())
             async for message in _messages(response):
@@ -279,24 +293,12 @@ class ConnectEnvdClient:
                     end = event["end"] or {}
                     # proto3 JSON leaves a zero exit code out
                     return int(end.get("exitCode", end.get("exit_code", 0)))
-        except httpx.TransportError as exc:
-            raise EnvdUnavailable(f"envd stream from {endpoint.base_url} broke: {exc!r}") from exc
-        finally:
-            await response.aclose()
-        raise EnvdError("envd ended the stream before the end event", code="internal")
+        raise _no_end()
 
     async def activity(
         self, endpoint: Endpoint, *, access_token: str | None, timeout: float = 2.0
     ) -> InnerActivity:
-        headers = {"X-Access-Token": access_token} if access_token else {}
-        try:
-            response = await self._http.get(
-                f"{endpoint.base_url}/activity", headers=headers, timeout=timeout
-            )
-        except httpx.TransportError as exc:
-            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
-        if response.status_code != 200:
-            raise _error_from_body(response.status_code, response.content[:4096])
+        response = await self._get(endpoint, "/activity", None, access_token, timeout)
         try:
             data = response.json()
             last = data["last"]
@@ -317,11 +319,8 @@ class ConnectEnvdClient:
         timeout: float = 5.0,
     ) -> list[MetricSample]:
         params = {k: str(v) for k, v in (("start", start), ("end", end)) if v is not None}
-        items = await self._get_list(endpoint, "/metrics", params, access_token, timeout)
-        try:
-            return [MetricSample.model_validate(item) for item in items]
-        except ValueError as exc:
-            raise EnvdError(f"envd sent unreadable metrics: {exc}", code="internal") from exc
+        response = await self._get(endpoint, "/metrics", params, access_token, timeout)
+        return _listed(response, "/metrics", MetricSample, "unreadable metrics")
 
     async def logs(
         self,
@@ -342,36 +341,48 @@ class ConnectEnvdClient:
             params["level"] = level
         if search is not None:
             params["search"] = search
-        items = await self._get_list(endpoint, "/logs", params, access_token, timeout)
-        try:
-            return [LogEntry.model_validate(item) for item in items]
-        except ValueError as exc:
-            raise EnvdError(f"envd sent an unreadable log: {exc}", code="internal") from exc
+        response = await self._get(endpoint, "/logs", params, access_token, timeout)
+        return _listed(response, "/logs", LogEntry, "an unreadable log")
 
-    async def _get_list(
+    async def _start(
+        self,
+        endpoint: Endpoint,
+        request: dict[str, Any],
+        headers: dict[str, str],
+        timeout: float | httpx.Timeout,
+    ) -> httpx.Response:
+        """``process.Process/Start``'s response, its stream not yet read (the caller closes it)."""
+        http_request = self._http.build_request(
+            "POST",
+            f"{endpoint.base_url}/process.Process/Start",
+            content=_envelope(request),
+            headers=headers,
+            timeout=timeout,
+        )
+        try:
+            return await self._http.send(http_request, stream=True)
+        except httpx.TransportError as exc:
+            raise _unreachable(endpoint, exc) from exc
+
+    async def _get(
         self,
         endpoint: Endpoint,
         path: str,
-        params: dict[str, str],
+        params: dict[str, str] | None,
         access_token: str | None,
         timeout: float,
-    ) -> list[Any]:
+    ) -> httpx.Response:
+        """A 200 answer to ``GET path`` (an HTTP route of envd, not a Connect call)."""
         headers = {"X-Access-Token": access_token} if access_token else {}
         try:
             response = await self._http.get(
                 f"{endpoint.base_url}{path}", params=params, headers=headers, timeout=timeout
             )
         except httpx.TransportError as exc:
-            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
+            raise _unreachable(endpoint, exc) from exc
         if response.status_code != 200:
             raise _error_from_body(response.status_code, response.content[:4096])
-        try:
-            data = response.json()
-        except ValueError as exc:
-            raise EnvdError(f"envd sent invalid JSON on {path}: {exc}", code="internal") from exc
-        if not isinstance(data, list):
-            raise EnvdError(f"envd sent a non-list on {path}", code="internal")
-        return data
+        return response
 
     async def upload_file(
         self,
@@ -406,7 +417,7 @@ class ConnectEnvdClient:
                 timeout=httpx.Timeout(10.0, read=timeout, write=timeout),
             )
         except httpx.TransportError as exc:
-            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
+            raise _unreachable(endpoint, exc) from exc
         if not response.is_success:
             raise _error_from_body(response.status_code, response.content[:4096])
 
@@ -447,7 +458,7 @@ class ConnectEnvdClient:
                 finally:
                     f.close()
         except httpx.TransportError as exc:
-            raise EnvdUnavailable(f"envd at {endpoint.base_url} unreachable: {exc!r}") from exc
+            raise _unreachable(endpoint, exc) from exc
         return size
 
     async def health(self, endpoint: Endpoint, *, timeout: float = 2.0) -> bool:
@@ -468,8 +479,9 @@ def _unix(value: object) -> datetime:
     return datetime.fromtimestamp(float(value), UTC)
 
 
-async def _messages(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """Every enveloped message of a Connect stream; an end-stream error becomes EnvdError."""
+async def _frames(response: httpx.Response) -> AsyncGenerator[tuple[bool, object], None]:
+    """Each enveloped message of a Connect stream, checked and parsed: whether it ends the
+    stream, and its JSON."""
     buffer = b""
     async for chunk in response.aiter_bytes():
         buffer += chunk
@@ -487,47 +499,41 @@ async def _messages(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
                 data = json.loads(payload or b"{}")
             except ValueError as exc:
                 raise EnvdError(f"envd sent invalid JSON: {exc}", code="internal") from exc
-            if not isinstance(data, dict):
-                raise EnvdError(f"envd sent a non-object message: {data!r}", code="internal")
-            if flags & _END_STREAM:
-                error = data.get("error")
-                if isinstance(error, dict):
-                    code = str(error.get("code", "unknown"))
-                    if code == "unavailable":
-                        raise EnvdUnavailable(f"envd unavailable: {error.get('message', '')}")
-                    raise EnvdError(f"envd error {code}: {error.get('message', '')}", code=code)
-                return
-            yield data
+            yield bool(flags & _END_STREAM), data
+
+
+def _raise_stream_error(end: object) -> None:
+    """The error an end-stream message carries, if any, raised."""
+    error = end.get("error") if isinstance(end, dict) else None
+    if isinstance(error, dict):
+        code = str(error.get("code", "unknown"))
+        if code == "unavailable":
+            raise EnvdUnavailable(f"envd unavailable: {error.get('message', '')}")
+        raise EnvdError(f"envd error {code}: {error.get('message', '')}", code=code)
+
+
+def _object(data: object) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise EnvdError(f"envd sent a non-object message: {data!r}", code="internal")
+    return data
+
+
+async def _messages(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """Every enveloped message of a Connect stream; an end-stream error becomes EnvdError."""
+    async for end, data in _frames(response):
+        message = _object(data)
+        if end:
+            _raise_stream_error(message)
+            return
+        yield message
 
 
 async def _first_message(response: httpx.Response) -> dict[str, Any]:
     """The first enveloped message of a Connect stream; an end-stream error becomes EnvdError."""
-    buffer = b""
-    async for chunk in response.aiter_bytes():
-        buffer += chunk
-        if len(buffer) < _ENVELOPE.size:
-            continue
-        flags, length = _ENVELOPE.unpack_from(buffer)
-        if length > MAX_MESSAGE_BYTES:
-            raise EnvdError(f"envd message of {length} bytes is too large", code="internal")
-        if len(buffer) < _ENVELOPE.size + length:
-            continue
-        payload = buffer[_ENVELOPE.size : _ENVELOPE.size + length]
-        if flags & _COMPRESSED:
-            raise EnvdError("envd sent a compressed message", code="internal")
-        try:
-            data = json.loads(payload or b"{}")
-        except ValueError as exc:
-            raise EnvdError(f"envd sent invalid JSON: {exc}", code="internal") from exc
-        if flags & _END_STREAM:
-            error = data.get("error") if isinstance(data, dict) else None
-            if isinstance(error, dict):
-                code = str(error.get("code", "unknown"))
-                if code == "unavailable":
-                    raise EnvdUnavailable(f"envd unavailable: {error.get('message', '')}")
-                raise EnvdError(f"envd error {code}: {error.get('message', '')}", code=code)
-            raise EnvdError("envd ended the stream before the start event", code="internal")
-        if not isinstance(data, dict):
-            raise EnvdError(f"envd sent a non-object message: {data!r}", code="internal")
-        return data
+    async with contextlib.aclosing(_frames(response)) as frames:
+        async for end, data in frames:
+            if end:
+                _raise_stream_error(data)
+                raise EnvdError("envd ended the stream before the start event", code="internal")
+            return _object(data)
     raise EnvdError("envd closed the stream before the start event", code="internal")

@@ -13,6 +13,8 @@ echo values: an env value may be a secret.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated
 
 from pydantic import AfterValidator
@@ -39,61 +41,77 @@ def _shown(key: str) -> str:
     return repr(key[:40] + ("…" if len(key) > 40 else ""))
 
 
+@dataclass(frozen=True)
+class _Pairs:
+    """The rule env vars and metadata share: at most ``most`` pairs, no empty key, each pair's
+    own checks (``check``'s ``problem``: the message, or None), at most ``total`` characters of
+    keys and values. The words name them in the messages."""
+
+    most: int
+    total: int
+    entries: str  # "at most {most} {entries} are allowed"
+    key: str  # "a {key} must not be empty"
+    take: str  # "{take} more than {total} characters in total"
+
+    def check(self, pairs: dict[str, str], problem: Callable[[str, str], str | None]) -> None:
+        if len(pairs) > self.most:
+            msg = f"at most {self.most} {self.entries} are allowed"
+            raise ValueError(msg)
+        total = 0
+        for key, value in pairs.items():
+            if not key:
+                msg = f"a {self.key} must not be empty"
+                raise ValueError(msg)
+            if (bad := problem(key, value)) is not None:
+                raise ValueError(bad)
+            total += len(key) + len(value)
+        if total > self.total:
+            msg = f"{self.take} more than {self.total} characters in total"
+            raise ValueError(msg)
+
+
+_ENVS = _Pairs(MAX_ENV_VARS, MAX_ENV_TOTAL, "variables", "variable name", "the variables take")
+_METADATA = _Pairs(
+    MAX_METADATA, MAX_METADATA_TOTAL, "entries", "metadata key", "the metadata takes"
+)
+
+
+def _env_problem(key: str, value: str) -> str | None:
+    if len(key) > MAX_ENV_KEY or not _ENV_KEY_RE.match(key):
+        return (
+            f"variable name {_shown(key)} is invalid: use letters, digits and '_', "
+            f"not starting with a digit, at most {MAX_ENV_KEY} characters"
+        )
+    if "\0" in value:
+        return f"the value of {_shown(key)} contains a NUL byte"
+    if len(value) > MAX_ENV_VALUE:
+        return f"the value of {_shown(key)} is longer than {MAX_ENV_VALUE} characters"
+    return None
+
+
 def check_envs(envs: dict[str, str]) -> dict[str, str]:
     """Environment variables for a sandbox's processes; ``ValueError`` names the bad key."""
-    if len(envs) > MAX_ENV_VARS:
-        msg = f"at most {MAX_ENV_VARS} variables are allowed"
-        raise ValueError(msg)
-    total = 0
-    for key, value in envs.items():
-        if not key:
-            msg = "a variable name must not be empty"
-            raise ValueError(msg)
-        if len(key) > MAX_ENV_KEY or not _ENV_KEY_RE.match(key):
-            msg = (
-                f"variable name {_shown(key)} is invalid: use letters, digits and '_', "
-                f"not starting with a digit, at most {MAX_ENV_KEY} characters"
-            )
-            raise ValueError(msg)
-        if "\0" in value:
-            msg = f"the value of {_shown(key)} contains a NUL byte"
-            raise ValueError(msg)
-        if len(value) > MAX_ENV_VALUE:
-            msg = f"the value of {_shown(key)} is longer than {MAX_ENV_VALUE} characters"
-            raise ValueError(msg)
-        total += len(key) + len(value)
-    if total > MAX_ENV_TOTAL:
-        msg = f"the variables take more than {MAX_ENV_TOTAL} characters in total"
-        raise ValueError(msg)
+    _ENVS.check(envs, _env_problem)
     return envs
+
+
+def _metadata_problem(key: str, value: str) -> str | None:
+    if len(key) > MAX_METADATA_KEY or _CONTROL.search(key):
+        return (
+            f"metadata key {_shown(key)} is invalid: at most {MAX_METADATA_KEY} characters, "
+            "no control characters"
+        )
+    if len(value) > MAX_METADATA_VALUE or _CONTROL.search(value):
+        return (
+            f"the value of {_shown(key)} is invalid: at most {MAX_METADATA_VALUE} "
+            "characters, no control characters"
+        )
+    return None
 
 
 def check_metadata(metadata: dict[str, str]) -> dict[str, str]:
     """User metadata (shown back, used as a list filter); ``ValueError`` names the bad key."""
-    if len(metadata) > MAX_METADATA:
-        msg = f"at most {MAX_METADATA} entries are allowed"
-        raise ValueError(msg)
-    total = 0
-    for key, value in metadata.items():
-        if not key:
-            msg = "a metadata key must not be empty"
-            raise ValueError(msg)
-        if len(key) > MAX_METADATA_KEY or _CONTROL.search(key):
-            msg = (
-                f"metadata key {_shown(key)} is invalid: at most {MAX_METADATA_KEY} characters, "
-                "no control characters"
-            )
-            raise ValueError(msg)
-        if len(value) > MAX_METADATA_VALUE or _CONTROL.search(value):
-            msg = (
-                f"the value of {_shown(key)} is invalid: at most {MAX_METADATA_VALUE} "
-                "characters, no control characters"
-            )
-            raise ValueError(msg)
-        total += len(key) + len(value)
-    if total > MAX_METADATA_TOTAL:
-        msg = f"the metadata takes more than {MAX_METADATA_TOTAL} characters in total"
-        raise ValueError(msg)
+    _METADATA.check(metadata, _metadata_problem)
     return metadata
 
 

@@ -25,6 +25,7 @@ import nats
 from nats.aio.client import Client
 
 from shared.bus.server import find_nats_server, free_ports
+from tests.support.processes import terminate
 
 REPO = Path(__file__).resolve().parents[2]
 NATS_DIR = REPO / "deploy" / "nats"
@@ -100,13 +101,8 @@ class AuthNats:
         raise RuntimeError("nats-server with the shipped auth.conf did not become ready")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            terminate(self.proc)
 
 
 def start_auth_nats(folder: Path) -> Iterator[AuthNats]:

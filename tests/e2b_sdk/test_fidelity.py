@@ -15,9 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
-from e2b import FilesystemEventType, FileType, Sandbox, TimeoutException
+from e2b import Sandbox, TimeoutException
 from e2b.exceptions import NotFoundException
 
+from tests.support.e2b_checks import assert_deadline_times_out, uploaded_entry
 from tests.support.pods import daemon_pid
 from tests.support.stack import Stack
 from tests.support.waiting import until
@@ -71,16 +72,7 @@ def test_watch_entry_info_and_upload_sequence(sbx: Sandbox) -> None:
     sbx.files.make_dir("watched")
     handle = sbx.files.watch_dir("watched", include_entry=True, allow_network_mounts=True)
     sbx.files.write("watched/new.txt", "content")
-    events = handle.get_new_events()
-    assert [(e.type, e.name) for e in events] == [
-        (FilesystemEventType.CREATE, "new.txt"),
-        (FilesystemEventType.CHMOD, "new.txt"),
-        (FilesystemEventType.WRITE, "new.txt"),
-    ]
-    entry = events[-1].entry
-    assert entry is not None
-    assert entry.type == FileType.FILE
-    assert entry.name == "new.txt"
+    entry = uploaded_entry(handle.get_new_events(), "new.txt")
     assert entry.path.endswith("/watched/new.txt")
     handle.stop()
 
@@ -91,12 +83,7 @@ def test_remove_of_a_missing_path_succeeds(sbx: Sandbox) -> None:
 
 
 def test_command_deadline_is_a_timeout(sbx: Sandbox) -> None:
-    with pytest.raises(TimeoutException):
-        sbx.commands.run("sleep 30", timeout=2)
-    handle = sbx.commands.run("sleep 30", timeout=2, background=True)
-    with pytest.raises(TimeoutException):
-        for _ in handle:
-            pass
+    assert_deadline_times_out(sbx, "sleep 30", 2)
 
 
 # ---------------------------------------------------------------- metrics and logs

@@ -27,6 +27,12 @@ def _api(stack: Stack, user: str = "alice") -> httpx.Client:
     return httpx.Client(base_url=stack.api_url, headers={"X-API-KEY": stack.keys[user]}, timeout=60)
 
 
+def _refused(r: httpx.Response, field: str) -> None:
+    """A 400 whose message names ``field``."""
+    assert r.status_code == 400, r.text
+    assert field in r.json()["message"]
+
+
 def _bob(stack: Stack) -> dict[str, object]:
     env = stack.sdk_env("bob")
     return {
@@ -262,9 +268,7 @@ def test_hostile_ids_in_delete(stack: Stack, path: str) -> None:
 )
 def test_hostile_list_queries(stack: Stack, params: dict[str, object], field: str) -> None:
     with _api(stack) as api:
-        r = api.get("/snapshots", params=params)
-    assert r.status_code == 400, r.text
-    assert field in r.json()["message"]
+        _refused(api.get("/snapshots", params=params), field)
 
 
 @pytest.mark.parametrize(
@@ -281,9 +285,7 @@ def test_hostile_snapshot_requests(
     stack: Stack, src: Sandbox, body: dict[str, object], field: str
 ) -> None:
     with _api(stack) as api:
-        r = api.post(f"/sandboxes/{src.sandbox_id}/snapshots", json=body)
-    assert r.status_code == 400, r.text
-    assert field in r.json()["message"]
+        _refused(api.post(f"/sandboxes/{src.sandbox_id}/snapshots", json=body), field)
 
 
 @pytest.mark.parametrize(
@@ -300,9 +302,7 @@ def test_hostile_fork_requests(
     stack: Stack, src: Sandbox, body: dict[str, object], field: str
 ) -> None:
     with _api(stack) as api:
-        r = api.post(f"/sandboxes/{src.sandbox_id}/fork", json=body)
-    assert r.status_code == 400, r.text
-    assert field in r.json()["message"]
+        _refused(api.post(f"/sandboxes/{src.sandbox_id}/fork", json=body), field)
 
 
 def test_snapshot_ids_with_nul_or_options_in_paths(stack: Stack) -> None:

@@ -22,6 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.processes import terminate
+
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-envd-token"
 
@@ -84,12 +86,7 @@ def start_daemon(
 
 
 def stop_daemon(daemon: Daemon) -> None:
-    daemon.proc.terminate()
-    try:
-        daemon.proc.wait(10)
-    except subprocess.TimeoutExpired:
-        daemon.proc.kill()
-        daemon.proc.wait(5)
+    terminate(daemon.proc)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from e2b import Sandbox
 from shared.envd.client import ConnectEnvdClient
 from shared.errors import EnvdError, EnvdUnavailable
 from shared.models.snapshots import ProcessConfig
+from shared.ports.envd import CommandResult
 from shared.ports.workloads import Endpoint
 from tests.envd.conftest import TOKEN, Daemon, free_port
 
@@ -152,31 +153,21 @@ async def test_run_command_reports_exit_code_output_and_timeout(
     import getpass
 
     me = getpass.getuser()
-    done = await client.run_command(
-        _endpoint(daemon),
-        "echo out; echo err >&2; exit 3",
-        user=me,
-        timeout=10,
-        access_token=TOKEN,
-    )
+
+    async def run(command: str, timeout: float = 10, token: str = TOKEN) -> CommandResult:
+        return await client.run_command(
+            _endpoint(daemon), command, user=me, timeout=timeout, access_token=token
+        )
+
+    done = await run("echo out; echo err >&2; exit 3")
     assert done.exit_code == 3 and not done.timed_out
     assert sorted(done.output.split()) == ["err", "out"]
-    ok = await client.run_command(
-        _endpoint(daemon),
-        "head -c 20000 /dev/zero | tr '\\0' x",
-        user=me,
-        timeout=10,
-        access_token=TOKEN,
-    )
+    ok = await run("head -c 20000 /dev/zero | tr '\\0' x")
     assert ok.exit_code == 0 and ok.output == "x" * 8192  # the tail only
-    slow = await client.run_command(
-        _endpoint(daemon), "echo begun; sleep 30", user=me, timeout=1, access_token=TOKEN
-    )
+    slow = await run("echo begun; sleep 30", timeout=1)
     assert slow.timed_out and slow.exit_code is None and "begun" in slow.output
     with pytest.raises(EnvdError):
-        await client.run_command(
-            _endpoint(daemon), "true", user=me, timeout=5, access_token="wrong"
-        )
+        await run("true", timeout=5, token="wrong")
 
 
 async def test_activity_needs_the_token_and_reports_output(

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import CommandExitException, FilesystemEventType, FileType, Sandbox, TimeoutException
+from e2b import CommandExitException, FilesystemEventType, Sandbox
 from e2b.exceptions import InvalidArgumentException
 
 from services.envd import filesystem_service
 from tests.envd.conftest import TOKEN, Daemon, start_daemon, stop_daemon
+from tests.support.e2b_checks import assert_deadline_times_out, uploaded_entry
 
 
 def _raw_upload(daemon: Daemon, path: str, headers: list[bytes]) -> tuple[int, bytes]:
@@ -132,16 +133,8 @@ def test_upload_watch_sequence_and_entry(sbx: Sandbox, daemon: Daemon) -> None:
     (daemon.root / "w").mkdir()
     handle = sbx.files.watch_dir("w", include_entry=True, allow_network_mounts=True)
     sbx.files.write("w/new.txt", "content")
-    events = handle.get_new_events()  # no sleep: the daemon drains what the kernel queued
-    assert [(e.type, e.name) for e in events] == [
-        (FilesystemEventType.CREATE, "new.txt"),
-        (FilesystemEventType.CHMOD, "new.txt"),
-        (FilesystemEventType.WRITE, "new.txt"),
-    ]
-    entry = events[-1].entry
-    assert entry is not None
-    assert entry.name == "new.txt"
-    assert entry.type == FileType.FILE
+    # No sleep: the daemon drains what the kernel queued.
+    entry = uploaded_entry(handle.get_new_events(), "new.txt")
     assert entry.path == str(daemon.root / "w/new.txt")
     sbx.files.remove("w/new.txt")
     removed = handle.get_new_events()
@@ -204,12 +197,7 @@ def test_real_mounts_are_not_network(daemon: Daemon) -> None:
 
 
 def test_deadline_is_deadline_exceeded(sbx: Sandbox, daemon: Daemon) -> None:
-    with pytest.raises(TimeoutException):
-        sbx.commands.run("sleep 30; echo never > late2.txt", timeout=1)
-    handle = sbx.commands.run("sleep 30", timeout=1, background=True)
-    with pytest.raises(TimeoutException):
-        for _ in handle:
-            pass
+    assert_deadline_times_out(sbx, "sleep 30; echo never > late2.txt", 1)
     time.sleep(0.5)
     assert not (daemon.root / "late2.txt").exists()
 

@@ -45,20 +45,25 @@ def test_wrong_access_token_rejected_for_sdk(daemon: Daemon, wrong_token_plane: 
         sbx.files.read("anything")
 
 
+def _unary(
+    daemon: Daemon, method: str, body: bytes, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    """A unary Connect call of the process service, as the SDK makes it (plus ``headers``)."""
+    return httpx.post(
+        f"{daemon.url}/process.Process/{method}", content=body, headers={**UNARY, **(headers or {})}
+    )
+
+
 def test_raw_auth(daemon: Daemon) -> None:
     assert httpx.get(f"{daemon.url}/health").status_code == 204  # health needs no token
-    r = httpx.post(
-        f"{daemon.url}/process.Process/List",
-        content=b"{}",
-        headers={**UNARY, "X-Access-Token": "nope"},
-    )
+    r = _unary(daemon, "List", b"{}", {"X-Access-Token": "nope"})
     assert r.status_code == 401
     assert r.json()["code"] == "unauthenticated"
     assert httpx.get(f"{daemon.url}/files", params={"path": "x"}).status_code == 401
 
 
 def test_unknown_method_and_route(daemon: Daemon) -> None:
-    r = httpx.post(f"{daemon.url}/process.Process/Nope", content=b"{}", headers=UNARY)
+    r = _unary(daemon, "Nope", b"{}")
     assert r.status_code == 404
     r = httpx.get(f"{daemon.url}/nothing-here", headers=AUTH)
     assert r.status_code == 404
@@ -66,14 +71,10 @@ def test_unknown_method_and_route(daemon: Daemon) -> None:
 
 
 def test_invalid_json_unary(daemon: Daemon) -> None:
-    r = httpx.post(f"{daemon.url}/process.Process/List", content=b"{not json", headers=UNARY)
+    r = _unary(daemon, "List", b"{not json")
     assert r.status_code == 400
     assert r.json()["code"] == "invalid_argument"
-    r = httpx.post(
-        f"{daemon.url}/process.Process/SendSignal",
-        content=b'{"process":{"pid":"abc"}}',
-        headers=UNARY,
-    )
+    r = _unary(daemon, "SendSignal", b'{"process":{"pid":"abc"}}')
     assert r.json()["code"] == "invalid_argument"
 
 
@@ -125,11 +126,7 @@ def test_start_streams_keepalives_and_end(daemon: Daemon) -> None:
 
 
 def test_unknown_pid_is_not_found(daemon: Daemon) -> None:
-    r = httpx.post(
-        f"{daemon.url}/process.Process/SendSignal",
-        content=b'{"process":{"pid":999999},"signal":"SIGNAL_SIGKILL"}',
-        headers=UNARY,
-    )
+    r = _unary(daemon, "SendSignal", b'{"process":{"pid":999999},"signal":"SIGNAL_SIGKILL"}')
     assert r.json()["code"] == "not_found"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from shared.domain.record import SandboxRecord
@@ -29,3 +30,22 @@ def running_record(
         deadline=at + timedelta(seconds=timeout),
         updated_at=at,
     )
+
+
+def paused_without_retention(
+    at: datetime, *, generation: int
+) -> Callable[[SandboxRecord], SandboxRecord]:
+    """A store mutation: the sandbox paused at ``at`` as ``generation``, no deadline, and no
+    ``retain_until`` (left for the scheduler to compute and record)."""
+
+    def mutate(r: SandboxRecord) -> SandboxRecord:
+        return r.model_copy(
+            update={
+                "state": SandboxState.PAUSED,
+                "generation": generation,
+                "deadline": None,
+                "paused_at": at,
+            }
+        )
+
+    return mutate

@@ -16,6 +16,7 @@ import nats
 from shared.bus.server import EmbeddedNats
 from shared.bus.topology import STREAM_EVT, ensure_topology
 from tests.foundation.durables import TEST_DURABLE
+from tests.support.processes import terminate
 
 WORKER = Path(__file__).with_name("durable_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,11 +79,5 @@ async def test_killed_worker_resumes_durable(fresh_nats: EmbeddedNats, tmp_path:
             or (await js.consumer_info(TEST_DURABLE.stream, TEST_DURABLE.name)).num_ack_pending == 0
         )
     finally:
-        if worker.poll() is None:
-            worker.terminate()
-            try:
-                worker.wait(10)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait(5)
+        terminate(worker)
         await nc.close()

@@ -6,7 +6,6 @@ import asyncio
 import json
 from typing import Any
 
-import httpx
 import pytest
 from kubernetes.aio import client as k8s
 from kubernetes.aio.client.exceptions import ApiException
@@ -16,22 +15,14 @@ from shared.ports.workloads import (
     ANNOTATION_SNAPSHOT,
     LABEL_OWNER,
     LABEL_SANDBOX_ID,
-    Endpoint,
     WorkloadSpec,
 )
 from shared.runtime.kubernetes import KubernetesRuntime
 from shared.runtime.kubernetes.errors import translate
+from tests.contract.harness import healthy
 from tests.support.k8s.kubelet import TestKubelet
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(180)]
-
-
-async def health(ep: Endpoint) -> bool:
-    try:
-        async with httpx.AsyncClient(trust_env=False, timeout=2) as client:
-            return (await client.get(f"{ep.base_url}/health")).is_success
-    except httpx.HTTPError:
-        return False
 
 
 async def pods_of(api: k8s.ApiClient, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -54,7 +45,7 @@ async def test_pause_resume_cycle_keeps_annotations_and_replaces_the_pod(
     first = await rt.wait_ready(name, timeout=60)
     assert first.host.startswith("127.0.3.")
     assert first.port == 49983
-    assert await health(first)
+    assert await healthy(first)
     pod = (await pods_of(admin_api, rt.namespace, name))[0]
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["ENVD_ACCESS_TOKEN"] == "t0ken"
@@ -73,14 +64,14 @@ async def test_pause_resume_cycle_keeps_annotations_and_replaces_the_pod(
     assert paused.replicas == 0
     await rt.wait_stopped(name, timeout=60)
     assert await pods_of(admin_api, rt.namespace, name) == []
-    assert not await health(first)
+    assert not await healthy(first)
     assert first.pod_uid not in k8s_kubelet.running_ips()
 
     # resume: a new pod with a new uid, the annotation intact
     await rt.scale(name, 1)
     second = await rt.wait_ready(name, timeout=60)
     assert second.pod_uid != first.pod_uid
-    assert await health(second)
+    assert await healthy(second)
     resumed = await rt.get(name)
     assert resumed is not None
     assert resumed.annotations[ANNOTATION_SNAPSHOT] == "e30="
@@ -111,12 +102,12 @@ async def test_scale_up_while_old_pod_is_terminating_waits_for_the_new_pod(
         assert pods
         assert pods[0]["metadata"]["uid"] == old.pod_uid
         assert pods[0]["metadata"].get("deletionTimestamp") is not None
-        assert await health(old), "the terminating pod should still be running"
+        assert await healthy(old), "the terminating pod should still be running"
 
         await rt.scale(name, 1)
         new = await rt.wait_ready(name, timeout=60)
         assert new.pod_uid != old.pod_uid
-        assert await health(new)
+        assert await healthy(new)
         both = {p["metadata"]["uid"] for p in await pods_of(admin_api, rt.namespace, name)}
         assert old.pod_uid in both, "the new pod should be Ready while the old one terminates"
     finally:

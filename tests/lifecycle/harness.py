@@ -14,10 +14,13 @@ from shared.bus.broker import key_value, make_broker, prepare
 from shared.bus.publishing import BrokerPublisher
 from shared.bus.records import KvSandboxStore
 from shared.bus.topology import KV_SANDBOXES
+from shared.domain.record import SandboxRecord
+from shared.domain.states import SandboxState
 from shared.lifecycle.hosting import Context, WorkerHost
 from shared.lifecycle.service import SandboxLifecycle
 from shared.ports.envd import Envd
 from shared.ports.runtime import Runtime
+from shared.ports.workloads import Workload
 from shared.settings import BusSettings
 
 
@@ -29,6 +32,20 @@ class System:
     runtime: Runtime
     envd: Envd
     hosts: list[WorkerHost] = field(default_factory=list)
+
+
+async def pause_to_zero(
+    system: System, sandbox_id: str, *, wait: float
+) -> tuple[SandboxRecord, Workload]:
+    """Pause alice's ``sandbox_id``: the paused record, and its workload, scaled to zero with no
+    pod."""
+    paused = await system.lifecycle.pause(sandbox_id, owner="alice", wait=wait)
+    assert paused.state == SandboxState.PAUSED
+    workload = await system.runtime.get(sandbox_id)
+    assert workload is not None
+    assert workload.replicas == 0
+    assert workload.pod_uid is None
+    return paused, workload
 
 
 @contextlib.asynccontextmanager

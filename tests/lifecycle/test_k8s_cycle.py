@@ -17,7 +17,7 @@ from shared.models.snapshots import ProcessConfig
 from shared.ports.lifecycle import CreateRequest
 from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
 from shared.runtime.kubernetes import KubernetesRuntime
-from tests.lifecycle.harness import System, running_system
+from tests.lifecycle.harness import System, pause_to_zero, running_system
 
 COMMAND = "echo started >> started.log; exec sleep 1000"
 
@@ -65,12 +65,7 @@ async def test_seed_cycle_on_kubernetes(system: System) -> None:
         access_token=rec.envd_access_token,
     )
 
-    paused = await system.lifecycle.pause("sbx-k8s", owner="alice", wait=120)
-    assert paused.state == SandboxState.PAUSED
-    rs = await system.runtime.get("sbx-k8s")
-    assert rs is not None
-    assert rs.replicas == 0
-    assert rs.pod_uid is None
+    paused, rs = await pause_to_zero(system, "sbx-k8s", wait=120)
     doc = json.loads(base64.b64decode(rs.annotations[ANNOTATION_SNAPSHOT]))
     assert [(p["config"]["args"], p["pid"]) for p in doc["processes"]] == [
         (["-l", "-c", COMMAND], pid)

@@ -22,7 +22,7 @@ from shared.ports.lifecycle import CreateRequest
 from shared.ports.workloads import ANNOTATION_SNAPSHOT, Endpoint
 from shared.runtime.local import LocalRuntime
 from tests.conftest import skip_or_fail
-from tests.lifecycle.harness import System, running_system
+from tests.lifecycle.harness import System, pause_to_zero, running_system
 
 COMMAND = "date +%s%N >> started.log; exec sleep 1000"
 
@@ -77,12 +77,7 @@ async def test_seed_cycle_on_local_runtime(system: System, tmp_path: Path) -> No
     first_start = await _lines(log_before)
     assert len(first_start) == 1
 
-    paused = await system.lifecycle.pause("sbx-local", owner="alice", wait=60)
-    assert paused.state == SandboxState.PAUSED
-    workload = await system.runtime.get("sbx-local")
-    assert workload is not None
-    assert workload.replicas == 0
-    assert workload.pod_uid is None
+    paused, workload = await pause_to_zero(system, "sbx-local", wait=60)
     assert not await system.envd.health(first, timeout=1)  # the pod is gone...
     assert not (tmp_path / "rt" / "pods" / rec.pod_uid).exists()  # ...and its folder
     kept = tmp_path / "rt" / "layers" / "sbx-local" / "mnt"

@@ -6,7 +6,6 @@ answers, never forward an ambiguous request, and never let one exchange spill in
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import socket
 import socketserver
@@ -17,14 +16,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from services.proxy.app import ProxyApp, ProxyWiring
-from services.proxy.settings import ProxySettings
+from services.proxy.app import ProxyApp
 from shared.domain.record import SandboxRecord
-from shared.ports.lifecycle import CreateRequest
 from shared.web.limits import HttpLimits
-from tests.api.fakes import FakeLifecycle, FakeRecords
 from tests.proxy.conftest import Rig
-from tests.proxy.upstream import UpstreamState, build_upstream
+from tests.proxy.guarded import Guarded, guarded_proxy
 from tests.security.rawhttp import (
     Answer,
     authority,
@@ -34,9 +30,7 @@ from tests.security.rawhttp import (
     head,
     read_answer,
     read_answers,
-    serve_guarded,
 )
-from tests.support.serving import serve
 
 from .test_proxy import make, to
 
@@ -166,24 +160,13 @@ SMALL = HttpLimits(header_timeout=1.0, body_idle_timeout=1.0)
 
 
 @pytest.fixture
-def small() -> Iterator[tuple[str, SandboxRecord, int, UpstreamState]]:
-    state = UpstreamState()
-    lifecycle = FakeLifecycle(host=HOSTILE_HOST)
-    app = ProxyApp(
-        ProxySettings(body_timeout=5.0),
-        wiring=ProxyWiring(records=FakeRecords(lifecycle), lifecycle=lifecycle, keys=None),
-        limits=SMALL,
-    )
-    with (
-        serve(build_upstream(state), host=HOSTILE_HOST) as upstream,
-        serve_guarded(app, SMALL) as url,
-    ):
-        record = asyncio.run(lifecycle.create(CreateRequest(owner="alice")))
-        yield url, record, int(upstream.rsplit(":", 1)[1]), state
+def small() -> Iterator[Guarded]:
+    with guarded_proxy(HOSTILE_HOST, SMALL) as proxy:
+        yield proxy
 
 
 def test_slowloris_head_is_408_while_fast_requests_flow(
-    small: tuple[str, SandboxRecord, int, UpstreamState],
+    small: Guarded,
 ) -> None:
     url, sbx, port, _ = small
     headers = to(sbx, port)
@@ -197,7 +180,7 @@ def test_slowloris_head_is_408_while_fast_requests_flow(
 
 
 def test_a_body_that_stops_short_is_408_and_the_sandbox_sees_nothing(
-    small: tuple[str, SandboxRecord, int, UpstreamState],
+    small: Guarded,
 ) -> None:
     url, sbx, port, state = small
     raw = head("POST", "/echo", authority(url), [*to(sbx, port).items(), ("Content-Length", "10")])

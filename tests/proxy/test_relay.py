@@ -22,6 +22,7 @@ from shared.ports.lifecycle import CreateRequest
 from shared.web.limits import HttpLimits
 from tests.api.fakes import FakeLifecycle, FakeRecords
 from tests.proxy.conftest import Rig
+from tests.proxy.guarded import Guarded, guarded_proxy
 from tests.proxy.upstream import UpstreamState, build_upstream
 from tests.security.rawhttp import (
     authority,
@@ -219,23 +220,12 @@ SMALL = HttpLimits(header_timeout=0.5, body_idle_timeout=0.5)
 
 
 @pytest.fixture(scope="module")
-def small() -> Iterator[tuple[str, SandboxRecord, int, UpstreamState]]:
-    state = UpstreamState()
-    lifecycle = FakeLifecycle(host=RELAY_HOST)
-    app = ProxyApp(
-        ProxySettings(body_timeout=5.0),
-        wiring=ProxyWiring(records=FakeRecords(lifecycle), lifecycle=lifecycle, keys=None),
-        limits=SMALL,
-    )
-    with (
-        serve(build_upstream(state), host=RELAY_HOST) as upstream,
-        serve_guarded(app, SMALL, timeout_keep_alive=1) as url,
-    ):
-        record = asyncio.run(lifecycle.create(CreateRequest(owner="alice")))
-        yield url, record, int(upstream.rsplit(":", 1)[1]), state
+def small() -> Iterator[Guarded]:
+    with guarded_proxy(RELAY_HOST, SMALL, timeout_keep_alive=1) as proxy:
+        yield proxy
 
 
-def test_a_silent_connection_is_408(small: tuple[str, SandboxRecord, int, UpstreamState]) -> None:
+def test_a_silent_connection_is_408(small: Guarded) -> None:
     url = small[0]
     with connect(url) as sock:
         answer = read_answer(sock)  # nothing sent at all
@@ -245,7 +235,7 @@ def test_a_silent_connection_is_408(small: tuple[str, SandboxRecord, int, Upstre
 
 
 def test_a_stalled_body_is_408_and_frees_its_count(
-    small: tuple[str, SandboxRecord, int, UpstreamState],
+    small: Guarded,
 ) -> None:
     url, sbx, port, state = small
     before = state.requests
@@ -258,7 +248,7 @@ def test_a_stalled_body_is_408_and_frees_its_count(
 
 
 def test_an_idle_kept_alive_connection_is_closed_quietly(
-    small: tuple[str, SandboxRecord, int, UpstreamState],
+    small: Guarded,
 ) -> None:
     url, sbx, port, _ = small
     with connect(url) as sock:

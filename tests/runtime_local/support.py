@@ -5,17 +5,32 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.local import LocalRuntime
 
 TEMPLATES: Path | None = None  # the packaged templates: sandbox-base runs the real daemon
 
 LocalRuntimeFactory = Callable[..., Awaitable[LocalRuntime]]
+
+
+def new_name() -> str:
+    return f"sbx-{uuid.uuid4().hex[:10]}"
+
+
+async def started(
+    rt: LocalRuntime, template: str = "sandbox-base", *, timeout: float = 30.0
+) -> tuple[str, Endpoint]:
+    """A new workload of alice's from ``template``, created and ready: its name and endpoint."""
+    name = new_name()
+    await rt.create(WorkloadSpec(name=name, owner="alice", template=template))
+    return name, await rt.wait_ready(name, timeout=timeout)
 
 
 def runtime_kwargs(nats_url: str, data_dir: Path, bucket: str) -> dict[str, Any]:

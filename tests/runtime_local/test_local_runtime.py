@@ -17,14 +17,10 @@ from shared.runtime.local import limits as local_limits
 from shared.runtime.local import procfs
 from shared.runtime.local.layers import Layers
 from tests.contract.harness import healthy, read_file, write_file
-from tests.runtime_local.support import LocalRuntimeFactory, start_owner
+from tests.runtime_local.support import LocalRuntimeFactory, new_name, start_owner, started
 
 pytestmark = pytest.mark.timeout(180)
 READY = 30.0
-
-
-def new_name() -> str:
-    return f"sbx-{uuid.uuid4().hex[:10]}"
 
 
 def daemon_pid(data_dir: Path, pod_uid: str) -> int:
@@ -71,9 +67,7 @@ async def test_files_are_kept_across_pods_and_deleted_with_the_workload(
     local_runtime: LocalRuntimeFactory, data_dir: Path
 ) -> None:
     rt = await local_runtime()
-    name = new_name()
-    await rt.create(WorkloadSpec(name=name, owner="alice"))
-    first = await rt.wait_ready(name, timeout=READY)
+    name, first = await started(rt, timeout=READY)
     await write_file(first, "/workspace/scratch.txt", b"local disk")
     await write_file(first, "/home/user/notes.txt", b"in the home")
     await write_file(first, "/mnt/shared/kept.txt", b"network storage")
@@ -140,9 +134,7 @@ async def test_resource_limits_apply_to_the_daemon(
     local_runtime: LocalRuntimeFactory, data_dir: Path
 ) -> None:
     rt = await local_runtime()
-    name = new_name()
-    await rt.create(WorkloadSpec(name=name, owner="alice"))
-    ep = await rt.wait_ready(name, timeout=READY)
+    _, ep = await started(rt, timeout=READY)
     limits = (await read_file(ep, "/proc/self/limits") or b"").decode()
     open_files = next(line for line in limits.splitlines() if line.startswith("Max open files"))
     nofile = str(local_limits.capped_rlimit(resource.RLIMIT_NOFILE, 65536))  # from sandbox-base
@@ -174,9 +166,7 @@ async def test_crashed_pod_is_restarted_with_a_new_uid(
     local_runtime: LocalRuntimeFactory, data_dir: Path
 ) -> None:
     rt = await local_runtime()
-    name = new_name()
-    await rt.create(WorkloadSpec(name=name, owner="alice"))
-    first = await rt.wait_ready(name, timeout=READY)
+    name, first = await started(rt, timeout=READY)
     os.kill(daemon_pid(data_dir, first.pod_uid), signal.SIGKILL)
     deadline = asyncio.get_running_loop().time() + READY
     while True:

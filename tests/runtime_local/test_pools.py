@@ -21,17 +21,13 @@ from shared.runtime.local import LocalRuntime, procfs
 from shared.runtime.local import limits as local_limits
 from shared.runtime.local.pools import slot_name
 from tests.conftest import skip_or_fail
-from tests.runtime_local.support import TEMPLATES, runtime_kwargs
+from tests.runtime_local.support import TEMPLATES, new_name, runtime_kwargs
 from tests.support.pods import release_pods
 
 pytestmark = pytest.mark.timeout(240)
 READY = 60.0
 TEMPLATE = "sandbox-base"
 SIZE = 2
-
-
-def new_name() -> str:
-    return f"sbx-{uuid.uuid4().hex[:10]}"
 
 
 def token_of(name: str) -> str:

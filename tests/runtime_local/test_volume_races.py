@@ -25,16 +25,14 @@ from shared.errors import PodNotReady, RuntimeFailure
 from shared.ports.workloads import WorkloadSpec
 from shared.runtime.local import bwrap, inject, spawning
 from tests.contract.harness import read_file, write_file
-from tests.runtime_local.support import LocalRuntimeFactory
+from tests.runtime_local.support import LocalRuntimeFactory, new_name
 
 pytestmark = pytest.mark.timeout(180)
 SECRET = b"host only\n"
 
 
-def _swap_last(volumes: Path, name: str, host: Path) -> Callable[[], None]:
-    """``volumes/alice/<name>`` becomes a symlink to ``host``; returns the undo."""
-    folder = volumes / "alice" / name
-    aside = folder.with_name(f"{name}.aside")
+def _swap(folder: Path, aside: Path, host: Path) -> Callable[[], None]:
+    """``folder`` moves to ``aside`` and becomes a symlink to ``host``; returns the undo."""
     os.rename(folder, aside)
     os.symlink(host, folder)
 
@@ -43,20 +41,17 @@ def _swap_last(volumes: Path, name: str, host: Path) -> Callable[[], None]:
         os.rename(aside, folder)
 
     return undo
+
+
+def _swap_last(volumes: Path, name: str, host: Path) -> Callable[[], None]:
+    """``volumes/alice/<name>`` becomes a symlink to ``host``."""
+    folder = volumes / "alice" / name
+    return _swap(folder, folder.with_name(f"{name}.aside"), host)
 
 
 def _swap_parent(volumes: Path, name: str, host: Path) -> Callable[[], None]:
     """``volumes/alice`` becomes a symlink to ``host`` (which holds ``<name>/``)."""
-    folder = volumes / "alice"
-    aside = volumes / "alice.aside"
-    os.rename(folder, aside)
-    os.symlink(host, folder)
-
-    def undo() -> None:
-        os.unlink(folder)
-        os.rename(aside, folder)
-
-    return undo
+    return _swap(volumes / "alice", volumes / "alice.aside", host)
 
 
 @pytest.mark.parametrize("swap", [_swap_last, _swap_parent], ids=["last-name", "parent"])
@@ -67,7 +62,7 @@ async def test_a_volume_swapped_for_a_symlink_before_its_bind_binds_no_host_fold
     monkeypatch: pytest.MonkeyPatch,
     swap: Callable[[Path, str, Path], Callable[[], None]],
 ) -> None:
-    name = f"sbx-{uuid.uuid4().hex[:10]}"
+    name = new_name()
     host = tmp_path / "host"
     secret_dir = host if swap is _swap_last else host / name
     secret_dir.mkdir(parents=True)

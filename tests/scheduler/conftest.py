@@ -108,6 +108,13 @@ class Bus:
                 out.append(got)
         return out
 
+    async def command(self, verb: str, *, timeout: float) -> Command:
+        """The next command, which must come within ``timeout`` seconds and be a ``verb``."""
+        cmd = await self.next_command(timeout=timeout)
+        assert cmd is not None
+        assert cmd.verb == verb
+        return cmd
+
     async def next_command(self, *, timeout: float) -> Command | None:
         """The next command on either durable, or None after ``timeout`` seconds."""
         loop = asyncio.get_running_loop()

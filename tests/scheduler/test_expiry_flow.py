@@ -12,6 +12,7 @@ from shared.bus.topology import STREAM_TIMERS
 from shared.domain.record import SandboxRecord
 from shared.domain.states import SandboxState
 from shared.models.messages import SandboxActivity, SandboxFailed, SandboxTimeoutSet
+from tests.fakes.records import paused_without_retention
 from tests.scheduler.conftest import Bus, StartScheduler, now
 
 
@@ -89,9 +90,7 @@ async def test_activity_every_second_keeps_it_running(
                 lambda r: r.model_copy(update={"deadline": now() + timedelta(seconds=2)}),
             )
         assert await bus.next_command(timeout=0.01) is None
-    cmd = await bus.next_command(timeout=6)  # activity stopped: it expires about 2 s later
-    assert cmd is not None
-    assert cmd.verb == "pause"
+    cmd = await bus.command("pause", timeout=6)  # activity stopped: it expires about 2 s later
     assert 1.9 < (cmd.stored_at - last).total_seconds() < 4.0
 
 
@@ -110,9 +109,7 @@ async def test_set_timeout_may_shorten_the_deadline(
         SandboxTimeoutSet(sandbox_id="sbx-short", generation=1, at=now(), deadline=rec.deadline),
         subjects.EVT_TIMEOUT_SET,
     )
-    cmd = await bus.next_command(timeout=5)
-    assert cmd is not None
-    assert cmd.verb == "pause"
+    cmd = await bus.command("pause", timeout=5)
     assert (cmd.stored_at - rec.deadline).total_seconds() < 2.0
 
 
@@ -121,9 +118,7 @@ async def test_resume_after_expiry_pause_starts_a_new_full_timeout(
 ) -> None:
     await start_scheduler(pause_resume="true", retention_seconds=3600)
     await bus.put("sbx-cycle", timeout=3)
-    first = await bus.next_command(timeout=8)
-    assert first is not None
-    assert first.verb == "pause"
+    await bus.command("pause", timeout=8)
     paused = await bus.complete_pause("sbx-cycle", retention=timedelta(hours=1))
     await asyncio.sleep(0.5)  # the scheduler swaps the timeout holder for the retention one
     info = await bus.js.stream_info(STREAM_TIMERS, subjects_filter="sandbox.sched.>")
@@ -131,9 +126,7 @@ async def test_resume_after_expiry_pause_starts_a_new_full_timeout(
     assert await bus.next_command(timeout=3) is None  # paused: no timeout while paused
     resumed = await bus.complete_resume("sbx-cycle")
     assert resumed.generation == paused.generation + 1
-    second = await bus.next_command(timeout=8)
-    assert second is not None
-    assert second.verb == "pause"
+    second = await bus.command("pause", timeout=8)
     assert second.msg_id == f"pause:sbx-cycle:g{resumed.generation}"
     assert resumed.deadline is not None
     waited = (second.stored_at - resumed.started_at).total_seconds()
@@ -164,9 +157,7 @@ async def test_a_failed_timeout_pause_gets_the_sandbox_killed(
 ) -> None:
     await start_scheduler(pause_resume="true", pause_check_seconds=30)
     await bus.put("sbx-fail", timeout=1)
-    cmd = await bus.next_command(timeout=6)
-    assert cmd is not None
-    assert cmd.verb == "pause"
+    await bus.command("pause", timeout=6)
 
     def fail(r: SandboxRecord) -> SandboxRecord:  # what the snapshotter's give_up writes
         return r.model_copy(
@@ -196,17 +187,7 @@ async def test_retention_deletes_an_old_paused_sandbox(
     await bus.put("sbx-old", timeout=600, announce=False)
     # Paused by the scaler without a retain_until: the scheduler computes and records it.
     at = now()
-    await bus.store.update(
-        "sbx-old",
-        lambda r: r.model_copy(
-            update={
-                "state": SandboxState.PAUSED,
-                "generation": 2,
-                "deadline": None,
-                "paused_at": at,
-            }
-        ),
-    )
+    await bus.store.update("sbx-old", paused_without_retention(at, generation=2))
     from shared.models.messages import SandboxPaused
 
     await bus.event(SandboxPaused(sandbox_id="sbx-old", generation=2, at=at), subjects.EVT_PAUSED)

@@ -20,8 +20,8 @@ from services.api.deps import Wiring
 from services.api.settings import ApiSettings
 from shared.web.limits import HttpLimits
 from tests.api.fakes import FakeKeys, FakeLifecycle
+from tests.api.guarded import guarded_api
 from tests.conftest import skip_or_fail
-from tests.security.rawhttp import serve_guarded
 from tests.support.keys import key_store
 from tests.support.stack import Stack
 
@@ -134,16 +134,7 @@ def test_revoking_the_key_ends_its_sessions(stack: Stack) -> None:
 
 @pytest.fixture
 def behind_proxy() -> Iterator[str]:
-    keys = FakeKeys()
-    keys.add(KEY, "alice")
-    settings = ApiSettings()
-    limits = HttpLimits(trusted_proxies="127.0.0.1/32")
-    app = create_app(
-        settings,
-        wiring=Wiring(settings=settings, lifecycle=FakeLifecycle(), keys=keys),
-        limits=limits,
-    )
-    with serve_guarded(app, limits) as url:
+    with guarded_api(ApiSettings(), HttpLimits(trusted_proxies="127.0.0.1/32"), KEY) as url:
         yield url
 
 

@@ -9,7 +9,6 @@ to reach it quickly."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import time
 from collections.abc import Iterator
@@ -18,15 +17,11 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from services.api.app import create_app
-from services.api.deps import Wiring
 from services.api.settings import ApiSettings
-from services.proxy.app import ProxyApp, ProxyWiring
 from services.proxy.settings import ENVD_PORT, ProxySettings
-from shared.ports.lifecycle import CreateRequest
 from shared.web.limits import HttpLimits
-from tests.api.fakes import FakeKeys, FakeLifecycle, FakeRecords
-from tests.proxy.upstream import UpstreamState, build_upstream
+from tests.api.guarded import guarded_api
+from tests.proxy.guarded import guarded_proxy
 from tests.security.rawhttp import (
     Answer,
     authority,
@@ -35,15 +30,26 @@ from tests.security.rawhttp import (
     exchange,
     head,
     read_answer,
-    serve_guarded,
 )
-from tests.support.serving import serve
 from tests.support.stack import Stack
 
 OTHER_CLIENT = "127.0.0.2"  # loopback, a different client address than 127.0.0.1
 POD_HOST = "127.0.9.77"  # this file's stand-in sandbox (unique: other test files use others)
 KEY = "e2b_" + "1" * 40
 HUGE = 100 * 1024 * 1024
+
+
+def _answered(sock: socket.socket) -> Answer | None:
+    """The server's answer once it has begun one (peeked within the socket's timeout), read
+    whole; None while it has not."""
+    try:
+        data = sock.recv(65536, socket.MSG_PEEK)
+    except TimeoutError:
+        return None
+    if not data:
+        return None
+    sock.settimeout(30)
+    return read_answer(sock)
 
 
 def assert_refusal(answer: Answer, status: int) -> None:
@@ -142,13 +148,7 @@ def test_a_trickled_request_head_is_cut_off_while_others_flow(stack: Stack, serv
             if i == 4:
                 other_client_works(url)  # the server is not blocked by the slow client
             slow.settimeout(0.25)
-            try:
-                data = slow.recv(65536, socket.MSG_PEEK)
-            except TimeoutError:
-                continue
-            if data:
-                slow.settimeout(30)
-                answer = read_answer(slow)
+            if (answer := _answered(slow)) is not None:
                 break
         assert answer is not None, "the trickling client was never cut off"
         assert_refusal(answer, 408)
@@ -197,15 +197,7 @@ SMALL = HttpLimits(
 
 @pytest.fixture
 def small_api() -> Iterator[str]:
-    keys = FakeKeys()
-    keys.add(KEY, "alice")
-    settings = ApiSettings(body_timeout=3.0)
-    app = create_app(
-        settings,
-        wiring=Wiring(settings=settings, lifecycle=FakeLifecycle(), keys=keys),
-        limits=SMALL,
-    )
-    with serve_guarded(app, SMALL) as url:
+    with guarded_api(ApiSettings(body_timeout=3.0), SMALL, KEY) as url:
         yield url
 
 
@@ -242,12 +234,9 @@ def test_slow_bodies_are_408(small_api: str) -> None:
         for _ in range(40):
             try:
                 trickle.sendall(b" ")
-                data = trickle.recv(65536, socket.MSG_PEEK)
             except TimeoutError:
                 continue
-            if data:
-                trickle.settimeout(30)
-                answer = read_answer(trickle)
+            if (answer := _answered(trickle)) is not None:
                 break
         assert answer is not None
         assert_refusal(answer, 408)
@@ -297,18 +286,9 @@ def test_connections_per_client_are_bounded(small_api: str) -> None:
 
 @pytest.fixture
 def small_proxy() -> Iterator[tuple[str, str, str]]:
-    lifecycle = FakeLifecycle(host=POD_HOST)
-    app = ProxyApp(
-        ProxySettings(max_body_bytes=256 * 1024, body_timeout=5.0),
-        wiring=ProxyWiring(records=FakeRecords(lifecycle), lifecycle=lifecycle, keys=None),
-        limits=SMALL,
-    )
-    with (
-        serve(build_upstream(UpstreamState()), host=POD_HOST) as upstream,
-        serve_guarded(app, SMALL) as url,
-    ):
-        record = asyncio.run(lifecycle.create(CreateRequest(owner="alice")))
-        yield url, record.sandbox_id, upstream.rsplit(":", 1)[1]
+    settings = ProxySettings(max_body_bytes=256 * 1024, body_timeout=5.0)
+    with guarded_proxy(POD_HOST, SMALL, settings) as (url, record, port, _):
+        yield url, record.sandbox_id, str(port)
 
 
 def test_proxy_streams_a_body_until_it_is_too_large(small_proxy: tuple[str, str, str]) -> None:

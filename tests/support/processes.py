@@ -49,6 +49,17 @@ def kill9(proc: subprocess.Popen[bytes]) -> bool:
     return True
 
 
+def terminate(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM ``proc`` (the process alone, not its group); SIGKILL it if it is still there 10 s
+    later. Nothing to do for one that has exited."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 def stop(
     procs: Iterable[subprocess.Popen[bytes]],
     *,

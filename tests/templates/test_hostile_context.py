@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
 import tarfile
 from pathlib import Path
@@ -20,6 +19,7 @@ from shared.runtime.local import template_layers
 from tests.support.host_state import tree_state
 from tests.support.tar_members import member as _member
 from tests.support.tar_members import write_tar
+from tests.templates.copying import copy_step
 
 pytestmark = pytest.mark.unit
 
@@ -33,36 +33,6 @@ def host(tmp_path: Path) -> Path:
     os.chmod(folder / "secret", 0o600)
     os.chmod(folder / "dir", 0o700)
     return folder
-
-
-def _copy(
-    tmp_path: Path,
-    archive: Path,
-    src: str,
-    dest: str,
-    lowers: list[Path] | None = None,
-    limits: template_layers.ContextLimits | None = None,
-) -> Path:
-    tree = tmp_path / "layer"
-    tree.mkdir(exist_ok=True)
-    scratch = tmp_path / "scratch"
-    shutil.rmtree(scratch, ignore_errors=True)  # one build step's scratch per call
-    scratch.mkdir()
-    lower = tmp_path / "lower"
-    lower.mkdir(exist_ok=True)
-    template_layers.copy_in(
-        archive,
-        tree,
-        src=src,
-        dest=dest,
-        workdir="/home/user",
-        owner=1000,
-        mode=None,
-        lowers=[*(lowers or []), lower],
-        scratch=scratch,
-        limits=limits,
-    )
-    return tree
 
 
 def _relative_to_host(host: Path, depth: int) -> str:
@@ -93,7 +63,7 @@ def test_a_later_match_never_writes_through_a_symlink_an_earlier_match_planted(
         (_member(f"b/{prefix}s/dir/deep"), b"deep\n"),
     ]
     archive = write_tar(tmp_path / "a.tar", members)
-    tree = _copy(tmp_path, archive, "*", "/opt/app/")
+    tree = copy_step(tmp_path, archive, "*", "/opt/app/")
     assert tree_state(host) == before
     landed = tree / "opt/app" / prefix / "s"
     assert landed.is_dir() and not landed.is_symlink()  # the later match replaced the link
@@ -114,7 +84,7 @@ def test_a_symlink_to_a_host_file_is_replaced_not_written_through(
         (_member("b/f", tarfile.DIRTYPE), None),  # a folder where the link was: rmtree of it
         (_member("b/f/x"), b"x"),
     ]
-    tree = _copy(tmp_path, write_tar(tmp_path / "a.tar", members), "*", "/opt/")
+    tree = copy_step(tmp_path, write_tar(tmp_path / "a.tar", members), "*", "/opt/")
     assert tree_state(host) == before
     assert (tree / "opt/f/x").read_bytes() == b"x"
 
@@ -128,9 +98,9 @@ def test_a_symlink_planted_by_an_earlier_step_is_never_passed(tmp_path: Path, ho
     os.symlink(str(host), earlier / "opt" / "app")
     archive = write_tar(tmp_path / "a.tar", [(_member("secret"), b"tenant\n")])
     with pytest.raises(RuntimeFailure, match=r"not a folder|symlink"):
-        _copy(tmp_path, archive, "secret", "/opt/app/", lowers=[earlier])
+        copy_step(tmp_path, archive, "secret", "/opt/app/", lowers=[earlier])
     with pytest.raises(RuntimeFailure, match=r"not a folder|symlink"):
-        _copy(tmp_path, archive, "secret", "/opt/app/sub/", lowers=[earlier])
+        copy_step(tmp_path, archive, "secret", "/opt/app/sub/", lowers=[earlier])
     assert tree_state(host) == before
 
 
@@ -145,7 +115,7 @@ def test_a_member_through_a_symlink_member_is_refused(
         (_member("l/secret", mode=0o777), b"overwritten\n"),
     ]
     with pytest.raises(RuntimeFailure):
-        _copy(tmp_path, write_tar(tmp_path / "a.tar", members), "*", "/opt/")
+        copy_step(tmp_path, write_tar(tmp_path / "a.tar", members), "*", "/opt/")
     assert tree_state(host) == before
 
 
@@ -174,7 +144,7 @@ def test_the_long_path_filter_bypass_cve_2025_4517_is_refused(tmp_path: Path, ho
     members.append((_member("leak2", tarfile.LNKTYPE, linkname="escape/secret"), None))
     archive = write_tar(tmp_path / "a.tar", members)
     with contextlib.suppress(RuntimeFailure):  # refused, or copied harmlessly: either is fine
-        _copy(tmp_path, archive, "leak*", "/opt/")
+        copy_step(tmp_path, archive, "leak*", "/opt/")
     assert tree_state(host) == before
     assert not [
         p for p in (tmp_path / "layer").rglob("*") if p.is_file() and b"host" in p.read_bytes()
@@ -205,7 +175,7 @@ def test_links_out_devices_and_fifos_are_refused(
         (_member("later"), b"later\n"),
     ]
     with pytest.raises(RuntimeFailure):
-        _copy(tmp_path, write_tar(tmp_path / "a.tar", members), "*", "/opt/")
+        copy_step(tmp_path, write_tar(tmp_path / "a.tar", members), "*", "/opt/")
     assert tree_state(host) == before, name
     assert not list((tmp_path / "layer").rglob("*"))
 
@@ -226,7 +196,7 @@ def test_a_tar_bomb_by_size_is_refused_before_it_is_written(tmp_path: Path) -> N
     with tarfile.open(archive) as tar:
         assert tar.getmembers()[0].size == 9 * 2**30  # the bomb as tarfile sees it
     with pytest.raises(RuntimeFailure, match=r"more than \d+ bytes"):
-        _copy(tmp_path, archive, "nothing-matches", "/opt/")
+        copy_step(tmp_path, archive, "nothing-matches", "/opt/")
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.stat().st_size > 2**20]
 
 
@@ -240,7 +210,7 @@ def test_a_tar_bomb_by_member_count_is_refused(tmp_path: Path) -> None:
             tar.addfile(info)
     limits = template_layers.ContextLimits(members=100)
     with pytest.raises(RuntimeFailure, match="more than 100 entries"):
-        _copy(tmp_path, archive, "f1", "/opt/", limits=limits)
+        copy_step(tmp_path, archive, "f1", "/opt/", limits=limits)
     assert len(os.listdir(tmp_path / "scratch" / "context")) == 100  # stopped at the bound
     assert template_layers.ContextLimits().members == 100_000
 
@@ -249,7 +219,7 @@ def test_a_path_longer_than_the_bound_is_refused(tmp_path: Path) -> None:
     deep = "/".join(["x" * 200] * 6)  # 1205 bytes
     archive = write_tar(tmp_path / "a.tar", [(_member(deep), b"x")])
     with pytest.raises(RuntimeFailure, match="longer than 1024 bytes"):
-        _copy(tmp_path, archive, "*", "/opt/")
+        copy_step(tmp_path, archive, "*", "/opt/")
 
 
 def test_a_benign_context_keeps_files_modes_and_in_context_links(tmp_path: Path) -> None:
@@ -262,7 +232,7 @@ def test_a_benign_context_keeps_files_modes_and_in_context_links(tmp_path: Path)
         (_member("app/again", tarfile.LNKTYPE, linkname="app/conf/a.txt"), None),
         (_member("app/dangling", tarfile.SYMTYPE, linkname="/usr/lib/whatever"), None),
     ]
-    tree = _copy(tmp_path, write_tar(tmp_path / "a.tar", members), "app", "/opt/app/")
+    tree = copy_step(tmp_path, write_tar(tmp_path / "a.tar", members), "app", "/opt/app/")
     app = tree / "opt/app"
     assert (app / "run.sh").read_bytes() == b"#!/bin/sh\necho hi\n"
     assert stat.S_IMODE((app / "run.sh").stat().st_mode) == 0o755
@@ -316,9 +286,9 @@ def test_globs_match_beneath_the_context_and_never_enter_a_link(
     archive = write_tar(tmp_path / "a.tar", members)
     if expected is None:
         with pytest.raises(RuntimeFailure, match="matched no file"):
-            _copy(tmp_path, archive, src, "/opt/out/")
+            copy_step(tmp_path, archive, src, "/opt/out/")
         return
-    tree = _copy(tmp_path, archive, src, "/opt/out/")
+    tree = copy_step(tmp_path, archive, src, "/opt/out/")
     out = tree / "opt/out"
     files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and not p.is_symlink()}
     assert files == expected

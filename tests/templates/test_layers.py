@@ -14,6 +14,7 @@ import pytest
 from shared.errors import RuntimeFailure
 from shared.runtime.local import template_layers
 from shared.runtime.local.layers import shift_ids
+from tests.templates.copying import copy_step
 
 pytestmark = pytest.mark.unit
 
@@ -33,25 +34,10 @@ def _file(name: str, data: bytes) -> tarfile.TarInfo:
 
 
 def _copy(tmp_path: Path, archive: Path, src: str, dest: str) -> Path:
-    tree = tmp_path / "layer"
-    tree.mkdir(parents=True, exist_ok=True)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir(parents=True, exist_ok=True)
-    lower = tmp_path / "lower"
-    (lower / "home" / "user").mkdir(parents=True, exist_ok=True)
-    os.chown(lower / "home" / "user", 1000, 1000)
-    template_layers.copy_in(
-        archive,
-        tree,
-        src=src,
-        dest=dest,
-        workdir="/home/user",
-        owner=1000,
-        mode=None,
-        lowers=[lower],
-        scratch=scratch,
-    )
-    return tree
+    home = tmp_path / "lower" / "home" / "user"  # in the step's lower: /home/user is 1000's
+    home.mkdir(parents=True, exist_ok=True)
+    os.chown(home, 1000, 1000)
+    return copy_step(tmp_path, archive, src, dest)
 
 
 def test_a_hostile_archive_writes_nothing_outside(tmp_path: Path) -> None:

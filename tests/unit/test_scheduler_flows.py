@@ -29,7 +29,7 @@ from shared.models.messages import (
 from shared.settings import FeatureFlags
 from tests.fakes.clock import FakeClock
 from tests.fakes.publisher import RecordingPublisher
-from tests.fakes.records import running_record
+from tests.fakes.records import paused_without_retention, running_record
 from tests.fakes.store import InMemorySandboxStore
 from tests.fakes.timers import FakeTimers
 
@@ -221,17 +221,7 @@ async def test_retention_kills_an_old_paused_sandbox_and_records_when() -> None:
     s = scheduler(retention=2)
     await s.put("sbx-old", timeout=600)
     paused_at = s.clock()
-    await s.store.update(
-        "sbx-old",
-        lambda r: r.model_copy(
-            update={
-                "state": SandboxState.PAUSED,
-                "generation": 2,
-                "deadline": None,
-                "paused_at": paused_at,
-            }
-        ),
-    )
+    await s.store.update("sbx-old", paused_without_retention(paused_at, generation=2))
     assert await s.event(SandboxPaused(sandbox_id="sbx-old", generation=2, at=paused_at)) == (
         "retained"
     )

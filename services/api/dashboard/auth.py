@@ -105,28 +105,36 @@ def cookie_secure(request: Request, w: Wiring) -> bool:
     return w.settings.cookie_secure or request.url.scheme == "https"
 
 
-def set_login_csrf(request: Request, response: Response, w: Wiring, token: str) -> None:
+def _set_cookie(
+    request: Request,
+    response: Response,
+    w: Wiring,
+    name: str,
+    value: str,
+    *,
+    max_age: int,
+    path: str,
+) -> None:
+    # Every dashboard cookie: out of scripts' reach, never sent cross-site, https-only over https.
     response.set_cookie(
-        LOGIN_COOKIE,
-        token,
-        max_age=LOGIN_CSRF_SECONDS,
-        path="/dashboard",
+        name,
+        value,
+        max_age=max_age,
+        path=path,
         httponly=True,
         samesite="strict",
         secure=cookie_secure(request, w),
+    )
+
+
+def set_login_csrf(request: Request, response: Response, w: Wiring, token: str) -> None:
+    _set_cookie(
+        request, response, w, LOGIN_COOKIE, token, max_age=LOGIN_CSRF_SECONDS, path="/dashboard"
     )
 
 
 def set_session(request: Request, response: Response, w: Wiring, session_id: str) -> None:
-    response.set_cookie(
-        COOKIE,
-        session_id,
-        max_age=SESSION_SECONDS,
-        path="/",
-        httponly=True,
-        samesite="strict",
-        secure=cookie_secure(request, w),
-    )
+    _set_cookie(request, response, w, COOKIE, session_id, max_age=SESSION_SECONDS, path="/")
     response.delete_cookie(LOGIN_COOKIE, path="/dashboard", httponly=True, samesite="strict")
 
 

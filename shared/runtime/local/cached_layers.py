@@ -7,11 +7,11 @@ pod uses. Not built: one line naming the script."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from shared.errors import RuntimeFailure
+from shared.runtime.local.caches import cache_folder
 
 PREFIX = "cached:"
 ENV_CACHE = "TORPOR_LAYER_CACHE"
@@ -24,11 +24,7 @@ def is_cached(key: str) -> bool:
 
 
 def cache_dir() -> Path:
-    explicit = os.environ.get(ENV_CACHE)
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "torpor" / "layers"
+    return cache_folder(ENV_CACHE, "layers")
 
 
 def tree(key: str) -> Path:

@@ -23,6 +23,7 @@ import ctypes.util
 import os
 import platform
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,50 +126,39 @@ def apply(pid: int, binds: list[Bind], *, hostname: str | None = None) -> None:
 def _in_child(
     mnt_ns: int, uts_ns: int, trees: list[tuple[int, Bind]], hostname: str | None
 ) -> None:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: system calls only, then _exit
-        code, step = 0, 0
-        try:
-            os.close(read)
-            step = 1
-            if _libc.setns(uts_ns, _CLONE_NEWUTS) != 0:
-                raise OSError(ctypes.get_errno(), "setns uts")
-            if hostname is not None:
-                name = hostname.encode()
-                step = 2
-                if _libc.sethostname(name, len(name)) != 0:
-                    raise OSError(ctypes.get_errno(), "sethostname")
-            step = 3
-            if _libc.setns(mnt_ns, _CLONE_NEWNS) != 0:
-                raise OSError(ctypes.get_errno(), "setns mnt")
-            os.chdir("/")
-            for i, (tree, bind) in enumerate(trees):
-                step = 10 + i
-                _make_dirs(bind.target, bind.owner)
-                syscall = _libc.syscall
-                syscall.restype = ctypes.c_long
-                if (
-                    syscall(
-                        _SYS_MOVE_MOUNT,
-                        tree,
-                        b"",
-                        _AT_FDCWD,
-                        bind.target.encode(),
-                        _MOVE_MOUNT_F_EMPTY_PATH,
-                    )
-                    != 0
-                ):
-                    raise OSError(ctypes.get_errno(), "move_mount")
-        except OSError as e:
-            code = e.errno or 1
-        except BaseException:
-            code = 255
-        with contextlib.suppress(BaseException):
-            os.write(write, struct.pack("ii", code, step))
-        os._exit(0)
-    os.close(write)
-    code, step = _outcome(pid, read)
+
+    def enter(at: _Step) -> None:
+        at.step = 1
+        if _libc.setns(uts_ns, _CLONE_NEWUTS) != 0:
+            raise OSError(ctypes.get_errno(), "setns uts")
+        if hostname is not None:
+            name = hostname.encode()
+            at.step = 2
+            if _libc.sethostname(name, len(name)) != 0:
+                raise OSError(ctypes.get_errno(), "sethostname")
+        at.step = 3
+        if _libc.setns(mnt_ns, _CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "setns mnt")
+        os.chdir("/")
+        for i, (tree, bind) in enumerate(trees):
+            at.step = 10 + i
+            _make_dirs(bind.target, bind.owner)
+            syscall = _libc.syscall
+            syscall.restype = ctypes.c_long
+            if (
+                syscall(
+                    _SYS_MOVE_MOUNT,
+                    tree,
+                    b"",
+                    _AT_FDCWD,
+                    bind.target.encode(),
+                    _MOVE_MOUNT_F_EMPTY_PATH,
+                )
+                != 0
+            ):
+                raise OSError(ctypes.get_errno(), "move_mount")
+
+    code, step = _forked(enter)
     if code:
         what = (
             "cannot set the pod's hostname"
@@ -228,53 +218,70 @@ def _kind(pid: int, point: str) -> bool:
 
 
 def _in_child_switch(mnt_ns: int, tree: int, points: list[tuple[str, bool]], owner: int) -> None:
+
+    def switch(at: _Step) -> None:
+        syscall = _libc.syscall
+        syscall.restype = ctypes.c_long
+        if _libc.setns(mnt_ns, _CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "setns mnt")
+        os.chdir("/")
+        at.step = 1
+        _make_dirs(NEXT_ROOT, 0)
+        if syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, NEXT_ROOT.encode(), 4) != 0:
+            raise OSError(ctypes.get_errno(), "move_mount")
+        for i, (point, is_dir) in enumerate(points):
+            at.step = 10 + i
+            target = NEXT_ROOT + point
+            if is_dir:
+                _make_dirs(target, owner)
+            else:
+                parent = target.rsplit("/", 1)[0]
+                _make_dirs(parent, owner)
+                if not os.path.lexists(target):
+                    os.close(os.open(target, os.O_WRONLY | os.O_CREAT, 0o644))
+                    os.chown(target, owner, owner)
+            if _libc.mount(point.encode(), target.encode(), None, _MS_BIND | _MS_REC, None):
+                raise OSError(ctypes.get_errno(), "bind")
+        at.step = 2
+        os.chdir(NEXT_ROOT)
+        if _libc.syscall(_SYS_PIVOT_ROOT, b".", b".") != 0:
+            raise OSError(ctypes.get_errno(), "pivot_root")
+        at.step = 3
+        if _libc.umount2(b".", _MNT_DETACH) != 0:
+            raise OSError(ctypes.get_errno(), "umount")
+
+    code, step = _forked(switch)
+    if code:
+        reason = os.strerror(code) if code != 255 else "error"
+        raise RuntimeFailure(f"cannot switch the pod's root (step {step}): {reason}")
+
+
+@dataclass
+class _Step:
+    """How far the forked helper got (its failure message names the step)."""
+
+    step: int = 0
+
+
+def _forked(body: Callable[[_Step], None]) -> tuple[int, int]:
+    """Run ``body`` in a forked helper (system calls only there, then ``_exit``); its (errno, or
+    255 for any other failure, or 0; the step it reached)."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:
-        code, step = 0, 0
+    if pid == 0:  # the child
+        code, at = 0, _Step()
         try:
             os.close(read)
-            syscall = _libc.syscall
-            syscall.restype = ctypes.c_long
-            if _libc.setns(mnt_ns, _CLONE_NEWNS) != 0:
-                raise OSError(ctypes.get_errno(), "setns mnt")
-            os.chdir("/")
-            step = 1
-            _make_dirs(NEXT_ROOT, 0)
-            if syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, NEXT_ROOT.encode(), 4) != 0:
-                raise OSError(ctypes.get_errno(), "move_mount")
-            for i, (point, is_dir) in enumerate(points):
-                step = 10 + i
-                target = NEXT_ROOT + point
-                if is_dir:
-                    _make_dirs(target, owner)
-                else:
-                    parent = target.rsplit("/", 1)[0]
-                    _make_dirs(parent, owner)
-                    if not os.path.lexists(target):
-                        os.close(os.open(target, os.O_WRONLY | os.O_CREAT, 0o644))
-                        os.chown(target, owner, owner)
-                if _libc.mount(point.encode(), target.encode(), None, _MS_BIND | _MS_REC, None):
-                    raise OSError(ctypes.get_errno(), "bind")
-            step = 2
-            os.chdir(NEXT_ROOT)
-            if _libc.syscall(_SYS_PIVOT_ROOT, b".", b".") != 0:
-                raise OSError(ctypes.get_errno(), "pivot_root")
-            step = 3
-            if _libc.umount2(b".", _MNT_DETACH) != 0:
-                raise OSError(ctypes.get_errno(), "umount")
+            body(at)
         except OSError as e:
             code = e.errno or 1
         except BaseException:
             code = 255
         with contextlib.suppress(BaseException):
-            os.write(write, struct.pack("ii", code, step))
+            os.write(write, struct.pack("ii", code, at.step))
         os._exit(0)
     os.close(write)
-    code, step = _outcome(pid, read)
-    if code:
-        reason = os.strerror(code) if code != 255 else "error"
-        raise RuntimeFailure(f"cannot switch the pod's root (step {step}): {reason}")
+    return _outcome(pid, read)
 
 
 def _outcome(pid: int, read: int) -> tuple[int, int]:

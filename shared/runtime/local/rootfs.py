@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from shared.errors import ConfigError
+from shared.runtime.local.caches import cache_folder
 
 ENV_ROOTFS = "TORPOR_ROOTFS"
 ENV_CACHE = "TORPOR_ROOTFS_CACHE"
@@ -23,11 +24,7 @@ BUILD_HINT = (
 
 
 def cache_dir() -> Path:
-    explicit = os.environ.get(ENV_CACHE)
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "torpor" / "rootfs"
+    return cache_folder(ENV_CACHE, "rootfs")
 
 
 def locate(explicit: Path | None = None) -> Path:
