@@ -357,10 +357,17 @@ def test_a_volume_names_no_host_path(stack: Stack) -> None:
 def test_no_host_path_of_the_code_from_inside(stack: Stack) -> None:
     """The daemon's interpreter, venv and code, as sandbox root sees them: no host path of the
     checkout, the venv or the interpreter in any process's command line, environment, maps,
-    mount table or links."""
+    mount table or links, nor in a file name under /run/torpor-daemon (the bytecode cache's
+    folders are its sources' paths, without the leading slash)."""
     sbx = create(stack)
     try:
         leaked = leaks(walk(sbx), code_paths())
         assert not leaked, "\n".join(leaked)
+        code, names = run(sbx, "find /run/torpor-daemon", user="root", timeout=120)
+        assert code == 0 and "/run/torpor-daemon/py/bin/" in names, names[-500:]
+        named = [
+            line for line in names.splitlines() if any(p.strip("/") in line for p in code_paths())
+        ]
+        assert not named, "\n".join(named[:20])
     finally:
         sbx.kill()

@@ -2,8 +2,9 @@
 
 Pods see the code read-only, so a daemon without fresh bytecode compiles its imports on every
 start (a few hundred ms to seconds). The runtime never writes into the source tree: bytecode
-goes to a ``pycache_prefix`` directory in the venv (shared by every runtime of that interpreter,
-so a fresh data dir costs nothing), or under the data dir when the venv is read-only. The daemon
+goes to a ``pycache_prefix`` directory beside the daemon's interpreter tree (see
+.daemon_python: in the venv, shared by every runtime of that interpreter, so a fresh data dir
+costs nothing, or under the data dir when the venv is read-only). The daemon
 is started with ``-X pycache_prefix=<dir>``, which (unlike ``PYTHONPYCACHEPREFIX``) is not
 inherited by the processes it runs for the sandbox.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from shared.runtime.local import bwrap, daemon_python, mounts
+from shared.runtime.local import bwrap, mounts
 from shared.runtime.local.daemon_python import DaemonPython
 from shared.runtime.local.pod_commands import DAEMON_CODE, DAEMON_DIR, bootstrap, daemon_flags
 
@@ -28,9 +29,10 @@ _SENTINELS = ("uvicorn", "connectrpc", "protobuf")  # big third-party imports
 _precompiled: set[tuple[str, str]] = set()  # (interpreter, cache dir) this process checked
 
 
-def cache_dir(data_dir: Path) -> Path:
-    """Where the daemon's bytecode lives (created if missing)."""
-    return daemon_python.cache_dir(data_dir, "pycache")
+def cache_dir(daemon: DaemonPython) -> Path:
+    """Where the daemon's bytecode lives (created if missing): beside its interpreter tree."""
+    daemon.pycache.mkdir(mode=0o755, exist_ok=True)
+    return daemon.pycache
 
 
 def _pyc(prefix: Path, source: Path) -> Path:

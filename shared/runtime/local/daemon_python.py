@@ -70,6 +70,13 @@ class DaemonPython:
     tree: Path  # on the host
     executable: str  # inside pods
 
+    @property
+    def pycache(self) -> Path:
+        """The daemon's bytecode cache (see .bytecode), one per tree: it only ever holds what
+        was compiled under the paths pods see (its folders are the sources' paths), never a
+        host path an older layout compiled under."""
+        return self.tree.with_name(f"{self.tree.name}.pycache")
+
     def inside(self, host_site_file: Path) -> Path:
         """Where a file of the host's ``site-packages`` is inside pods (its bytecode's name)."""
         for site in _site_dirs():
@@ -296,5 +303,6 @@ def _prune(root: Path, keep: Path) -> None:
     )
     for old in trees[:-_KEEP] if len(trees) > _KEEP else []:
         shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old.with_name(f"{old.name}.pycache"), ignore_errors=True)
     for half in root.glob(".build-*"):
         shutil.rmtree(half, ignore_errors=True)

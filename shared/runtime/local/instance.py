@@ -113,7 +113,7 @@ class RuntimeInstance:
             limits.Cgroups.detect, limits.instance_name(self._data_dir)
         )
         daemon = await asyncio.to_thread(daemon_python.ensure, self._data_dir)
-        pycache = await asyncio.to_thread(bytecode.cache_dir, self._data_dir)
+        pycache = await asyncio.to_thread(bytecode.cache_dir, daemon)
         await bytecode.ensure(daemon, pycache)
         self._launcher = PodLauncher(
             data_dir=self._data_dir,
