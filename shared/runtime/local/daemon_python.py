@@ -218,18 +218,8 @@ def _names_host(path: Path) -> bool:
 
 def _loaded_files() -> list[Path]:
     with tempfile.TemporaryDirectory() as cwd:
-        done = subprocess.run(
-            [sys.executable, "-I", "-c", _CLOSURE],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    if done.returncode != 0:
-        msg = f"cannot list the daemon's imports: {done.stderr.strip()[-300:]}"
-        raise ConfigError(msg)
-    return [Path(p).resolve() for p in json.loads(done.stdout.splitlines()[-1])]
+        out = _run([sys.executable, "-I", "-c", _CLOSURE], cwd=cwd, timeout=120)
+    return [Path(p).resolve() for p in json.loads(out.splitlines()[-1])]
 
 
 def _relocate_elf(tree: Path, base: Path) -> None:
@@ -288,10 +278,14 @@ def _patchelf() -> str:
     return which
 
 
-def _run(argv: list[str]) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+def _run(argv: list[str], *, cwd: str | None = None, timeout: float = 60) -> str:
+    """Its output; a failure is a ConfigError naming the command (not its script or file)."""
+    done = subprocess.run(
+        argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
     if done.returncode != 0:
-        msg = f"{Path(argv[0]).name} {' '.join(argv[1:-1])} failed: {done.stderr.strip()[-300:]}"
+        what = " ".join([Path(argv[0]).name, *(a for a in argv[1:-1] if "\n" not in a)])
+        msg = f"{what} failed: {done.stderr.strip()[-300:]}"
         raise ConfigError(msg)
     return done.stdout
 
