@@ -79,6 +79,10 @@ class Context:
         # instead of sending to the old one's channels, where nothing would ever answer it.
         self._settled = asyncio.Event()
         self._settled.set()
+        # One restart at a time: a user's restart kills the kernel, and the watcher, seeing it
+        # dead meanwhile, restarting it too ran two of jupyter_client's restarts at once (its
+        # pending-state future is then resolved twice: "invalid state").
+        self._restarting = asyncio.Lock()
         self.restarts = 0
 
     def describe(self) -> dict[str, str]:
@@ -133,6 +137,10 @@ class Context:
     async def restart(self, reason: str = "Context was restarted") -> None:
         """A fresh kernel for this context (its state is gone); a running execution ends with
         a ``ContextRestarting`` error, the next one waits for the new kernel."""
+        async with self._restarting:
+            await self._restart(reason)
+
+    async def _restart(self, reason: str) -> None:
         self._settled.clear()
         try:
             self._fail_all("ContextRestarting", reason)
@@ -165,17 +173,23 @@ class Context:
         """Supervision: a kernel that died (killed, out of memory) is started again."""
         while not self._closing:
             await asyncio.sleep(WATCH_INTERVAL)
-            try:
-                alive = await self._km.is_alive()
-            except Exception:
-                alive = False
-            if alive or self._closing:
-                continue
-            log.warning("kernel of context %s died; starting it again", self.id)
-            try:
-                await self.restart("The kernel died (its state is lost); it was started again")
-            except ContextError as e:
-                log.error("context %s: %s", self.id, e)
+            alive = await self._alive()
+            if alive or self._closing or self._restarting.locked():
+                continue  # a restart in progress has the kernel down on purpose
+            async with self._restarting:
+                if self._closing or await self._alive():  # restarted meanwhile
+                    continue
+                log.warning("kernel of context %s died; starting it again", self.id)
+                try:
+                    await self._restart("The kernel died (its state is lost); it was started again")
+                except ContextError as e:
+                    log.error("context %s: %s", self.id, e)
+
+    async def _alive(self) -> bool:
+        try:
+            return bool(await self._km.is_alive())
+        except Exception:
+            return False
 
     # ---- messages -------------------------------------------------------------------------
     async def _read(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:

@@ -22,7 +22,8 @@ from kubernetes.aio import client as k8s
 
 from shared.ports.workloads import Endpoint, WorkloadSpec
 from shared.runtime.kubernetes import DEFAULT_TEMPLATES, KubernetesRuntime, PodTemplates
-from tests.k8s.test_runtime_kubernetes import health, pods_of
+from tests.contract.harness import healthy
+from tests.k8s.test_runtime_kubernetes import pods_of
 from tests.support.k8s.realnode import RealNodeAccess
 
 # 1200 s: the first test also pays for the session fixture, which rebuilds the images when
@@ -102,7 +103,7 @@ async def test_sandbox_pod_is_a_container_paused_gone_and_resumed(
     first = await rt.wait_ready(name, timeout=180)
     assert ipaddress.ip_address(first.host) in real_node.pod_cidr
     assert first.port == 49983
-    assert await health(first)
+    assert await healthy(first)
 
     api = await admin_client(real_node.cluster)
     try:
@@ -131,14 +132,14 @@ async def test_sandbox_pod_is_a_container_paused_gone_and_resumed(
         await rt.wait_stopped(name, timeout=120)
         assert await pods_of(api, rt.namespace, name) == []
         assert container_id not in ctr(real_node, "tasks", "ls", "-q").split()
-        assert not await health(first)
+        assert not await healthy(first)
 
         # resume: a new pod (new uid, new container) from the same image
         await rt.scale(name, 1)
         second = await rt.wait_ready(name, timeout=180)
         assert second.pod_uid != first.pod_uid
         assert ipaddress.ip_address(second.host) in real_node.pod_cidr
-        assert await health(second)
+        assert await healthy(second)
     finally:
         await api.close()  # type: ignore[no-untyped-call]
     await rt.delete(name)
@@ -265,7 +266,7 @@ async def test_resume_runs_the_upgraded_template_image(
         assert env["TEMPLATE_VERSION"] == "2"
         assert env["MINE"] == "kept"
         assert env["ENVD_ACCESS_TOKEN"] == TOKEN
-        assert await health(ep)
+        assert await healthy(ep)
         await rt.delete(name)
     finally:
         await api.close()  # type: ignore[no-untyped-call]
